@@ -1,0 +1,91 @@
+"""Configuration from ``PALACE_*`` environment variables.
+
+One settings object is built at process start (``Settings()``) and passed down explicitly; nothing
+reads the environment at import time, so tests can build settings with overrides.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+__all__ = ["Settings"]
+
+
+class Settings(BaseSettings):
+    """Every knob Palace has. Each field maps to ``PALACE_<FIELD>`` (README, Configuration)."""
+
+    model_config = SettingsConfigDict(env_prefix="PALACE_", extra="ignore")
+
+    # --- servers -------------------------------------------------------------------------------
+    database_url: str | None = Field(
+        None, description="PostgreSQL URL. Unset: the embedded pgserver stack under devstack_dir."
+    )
+    nats_url: str | None = Field(None, description="NATS URL(s), comma-separated. Unset: embedded nats-server.")
+    nats_user: str | None = Field(None, description="NATS user name (optional).")
+    nats_password: str | None = Field(None, description="NATS password (optional).")
+    nats_token: str | None = Field(None, description="NATS token (optional).")
+    nats_creds: str | None = Field(None, description="Path to a NATS .creds file (optional).")
+    nats_tls_ca: str | None = Field(None, description="CA bundle for NATS TLS (optional).")
+    devstack_dir: Path = Field(Path(".devstack"), description="Where the embedded PostgreSQL and NATS keep data.")
+    db_pool_min: int = Field(1, description="Minimum connections per service pool.")
+    db_pool_max: int = Field(8, description="Maximum connections per service pool.")
+
+    # --- JetStream -----------------------------------------------------------------------------
+    stream_name: str = Field("PALACE", description="JetStream stream holding the pipeline subjects.")
+    dlq_stream_name: str = Field("PALACE_DLQ", description="JetStream stream holding dead letters.")
+    stream_max_age_days: float = Field(7.0, description="How long pipeline events stay in the stream.")
+    max_deliver: int = Field(5, description="Delivery attempts before a message is dead-lettered.")
+    backoff_s: list[float] = Field(
+        [1.0, 5.0, 15.0, 30.0], description="NAK delays between attempts (JSON list, seconds)."
+    )
+    ack_wait_s: float = Field(60.0, description="Seconds JetStream waits for an ack before redelivering.")
+    max_ack_pending: int = Field(256, description="Un-acked messages a consumer may hold (backpressure).")
+    fetch_batch: int = Field(16, description="Messages fetched per pull request.")
+    max_event_bytes: int = Field(1_000_000, description="Largest event accepted (bytes).")
+    max_messages_per_session: int = Field(5_000, description="Largest session accepted (messages).")
+    max_message_chars: int = Field(100_000, description="Longest single message accepted (characters).")
+
+    # --- memory pipeline -----------------------------------------------------------------------
+    chunk_chars: int = Field(800, description="Content longer than this is chunked at sentence boundaries.")
+    chunk_overlap: int = Field(100, description="Characters of overlap between consecutive chunks.")
+    min_chars: int = Field(12, description="Messages shorter than this (stripped) are noise.")
+    embed_provider: str = Field("local", description="'local' (in-process model) or 'openai' (any /v1/embeddings).")
+    embed_model: str = Field(
+        "all-MiniLM-L6-v2", description="Local model name (bundled package) or remote model id."
+    )
+    embed_dim: int = Field(384, description="Embedding dimension; must match the model (vector(D) column).")
+    embed_base_url: str | None = Field(None, description="OpenAI-compatible base URL; setting it selects 'openai'.")
+    embed_api_key: str | None = Field(None, description="API key for the embedding endpoint.")
+    embed_batch: int = Field(64, description="Texts per embedding call.")
+    embed_timeout_s: float = Field(30.0, description="Timeout of one remote embedding call.")
+    heuristic_high: float = Field(0.8, description="Classifier confidence trusted without further tiers.")
+    heuristic_low: float = Field(0.5, description="Below high and above this, the centroid tier may decide.")
+    dedup_threshold: float = Field(0.97, description="Cosine above which a new drawer is merged into a twin.")
+    llm_base_url: str | None = Field(None, description="OpenAI-compatible chat endpoint (optional).")
+    llm_api_key: str | None = Field(None, description="API key for the LLM endpoint.")
+    llm_model: str = Field("gpt-4o-mini", description="Chat model used when llm_base_url is set.")
+
+    # --- maintenance ---------------------------------------------------------------------------
+    maintain_interval_s: float = Field(60.0, description="Seconds between maintenance sweeps.")
+    stuck_after_s: float = Field(300.0, description="A drawer raw for this long is re-driven by maintain.")
+    decay_after_days: float = Field(30.0, description="Drawers older than this and unused decay.")
+    decay_factor: float = Field(0.98, description="Importance multiplier per decay sweep.")
+    prune_keep_min: int = Field(100, description="Pruning never leaves a workspace with fewer drawers.")
+
+    # --- HTTP ----------------------------------------------------------------------------------
+    api_host: str = Field("127.0.0.1", description="API bind address.")
+    api_port: int = Field(8080, description="API port (also serves /metrics and /healthz).")
+    metrics_port: int = Field(9100, description="Metrics and health port of a worker service.")
+    max_request_bytes: int = Field(1_000_000, description="Largest HTTP request body accepted.")
+    search_limit_max: int = Field(50, description="Largest k a search may ask for.")
+    log_level: str = Field("INFO", description="Log level.")
+    log_json: bool = Field(True, description="JSON log lines (false: human-readable console).")
+    shutdown_grace_s: float = Field(20.0, description="Seconds a service drains in-flight work on SIGTERM.")
+
+    @property
+    def embedded(self) -> bool:
+        """True when neither server is configured, so the embedded stack supplies both."""
+        return self.database_url is None and self.nats_url is None

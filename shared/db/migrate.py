@@ -1,0 +1,92 @@
+"""Versioned SQL migrations (``shared/db/migrations/NNNN_name.sql``), applied in order, once.
+
+A session-level advisory lock serialises concurrent runners (every service may call this at start),
+and each migration runs in its own transaction with its ``schema_migrations`` row, so a crash
+mid-migration leaves the previous version intact. The embedding dimension is fixed at the first
+migration and checked on every later run, because changing it needs a re-embed backfill.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+from importlib import resources
+
+import psycopg
+from psycopg import sql
+
+__all__ = ["Migration", "apply_migrations", "load_migrations"]
+
+_LOCK_KEY = 0x5A1ACE  # arbitrary, constant advisory-lock key
+_NAME = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
+
+
+@dataclass(frozen=True)
+class Migration:
+    version: int
+    name: str
+    text: str
+
+    @property
+    def checksum(self) -> str:
+        return hashlib.sha256(self.text.encode()).hexdigest()[:16]
+
+
+def load_migrations() -> list[Migration]:
+    """All migrations shipped in the package, sorted by version."""
+    out = []
+    for entry in resources.files("shared.db.migrations").iterdir():
+        m = _NAME.match(entry.name)
+        if m:
+            out.append(Migration(int(m.group(1)), m.group(2), entry.read_text()))
+    return sorted(out, key=lambda m: m.version)
+
+
+def _render(text: str, embed_dim: int) -> sql.Composed:
+    # Identifiers/literals through psycopg.sql, never str.format on values.
+    return sql.SQL(text.replace("{", "{{").replace("}", "}}").replace("{{embed_dim}}", "{embed_dim}")).format(
+        embed_dim=sql.Literal(int(embed_dim))
+    )
+
+
+def apply_migrations(database_url: str, embed_dim: int) -> list[str]:
+    """Apply pending migrations; returns the names applied (empty when up to date).
+
+    Args:
+        database_url: PostgreSQL URL.
+        embed_dim: dimension of the ``vector`` columns; must equal the one the database was created with.
+    """
+    applied: list[str] = []
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute("SELECT pg_advisory_lock(%s)", (_LOCK_KEY,))
+        try:
+            conn.execute(
+                "CREATE TABLE IF NOT EXISTS schema_migrations (version integer PRIMARY KEY, name text NOT NULL,"
+                " checksum text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())"
+            )
+            conn.execute("CREATE TABLE IF NOT EXISTS palace_meta (key text PRIMARY KEY, value text NOT NULL)")
+            row = conn.execute("SELECT value FROM palace_meta WHERE key = 'embed_dim'").fetchone()
+            if row and int(row[0]) != embed_dim:
+                raise RuntimeError(
+                    f"database was created with embedding dimension {row[0]}, configuration says {embed_dim}: "
+                    "set PALACE_EMBED_DIM to match, or re-embed into a new database"
+                )
+            done = {r[0] for r in conn.execute("SELECT version FROM schema_migrations")}
+            for mig in load_migrations():
+                if mig.version in done:
+                    continue
+                with conn.transaction():
+                    conn.execute(_render(mig.text, embed_dim))
+                    conn.execute(
+                        "INSERT INTO schema_migrations (version, name, checksum) VALUES (%s, %s, %s)",
+                        (mig.version, mig.name, mig.checksum),
+                    )
+                    conn.execute(
+                        "INSERT INTO palace_meta (key, value) VALUES ('embed_dim', %s) ON CONFLICT (key) DO NOTHING",
+                        (str(embed_dim),),
+                    )
+                applied.append(f"{mig.version:04d}_{mig.name}")
+        finally:
+            conn.execute("SELECT pg_advisory_unlock(%s)", (_LOCK_KEY,))
+    return applied

@@ -1,0 +1,238 @@
+"""Event contracts: every message on the bus is one of these models.
+
+They are the single source of the JSON Schemas in ``schemas/`` (``palace schemas`` regenerates them
+and a test fails when they drift). Models forbid unknown fields and use strict types: a producer
+that sends the wrong shape gets a precise dead-letter reason instead of silently lossy coercion.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
+
+from shared.ids import content_hash, event_id_for
+
+__all__ = [
+    "EVENT_MODELS",
+    "MAX_MESSAGES",
+    "MAX_MESSAGE_CHARS",
+    "SCHEMA_VERSION",
+    "DeadLetterInfo",
+    "DrawerBatchEvent",
+    "DrawerClassified",
+    "DrawerCreated",
+    "DrawerEmbedded",
+    "EntityUpserted",
+    "EpisodicCreated",
+    "Event",
+    "Message",
+    "SessionCompleted",
+    "SessionStored",
+]
+
+SCHEMA_VERSION = "1"
+MAX_MESSAGES = 10_000
+MAX_MESSAGE_CHARS = 100_000
+
+WorkspaceId = Annotated[
+    str,
+    StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}$"),
+    Field(description="Tenant key. Every row and query is scoped by it. 1-128 chars of [A-Za-z0-9._:@-]."),
+]
+Identifier = Annotated[str, StringConstraints(min_length=1, max_length=256, pattern=r"^[^\x00-\x1f]+$")]
+DrawerIds = Annotated[
+    list[Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{32}$")]],
+    Field(min_length=1, max_length=1000, description="Ids of the drawers this event concerns."),
+]
+
+
+def _no_nul(value: str) -> str:
+    if "\x00" in value:
+        raise ValueError("text contains NUL bytes, which PostgreSQL text cannot store")
+    return value
+
+
+def _no_nul_json(value: Any) -> Any:
+    """JSONB cannot hold U+0000 either, so reject it anywhere inside free metadata."""
+    if isinstance(value, str):
+        _no_nul(value)
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            _no_nul(k)
+            _no_nul_json(v)
+    elif isinstance(value, list):
+        for v in value:
+            _no_nul_json(v)
+    return value
+
+
+class Event(BaseModel):
+    """Fields every event carries."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+    subject: ClassVar[str] = ""
+
+    schema_version: Literal["1"] = Field(
+        SCHEMA_VERSION, description="Contract version; consumers reject versions they do not know."
+    )
+    event_id: Identifier = Field(
+        description="Unique id of this event; also the JetStream de-duplication id (Nats-Msg-Id)."
+    )
+    workspace_id: WorkspaceId
+
+
+class Message(BaseModel):
+    """One conversation turn, stored verbatim."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+    role: Literal["user", "assistant", "system", "tool"] = Field(description="Who produced the turn.")
+    content: str = Field(max_length=MAX_MESSAGE_CHARS, description="Verbatim text of the turn.")
+    created_at: datetime | None = Field(None, description="When the turn was said (ISO 8601).")
+    name: Annotated[str, StringConstraints(max_length=200)] | None = Field(
+        None, description="Speaker's display name, when the platform knows it."
+    )
+    metadata: dict[str, Any] = Field(
+        default_factory=dict, description="Free producer metadata kept with the raw message."
+    )
+
+    @field_validator("content")
+    @classmethod
+    def _check_content(cls, v: str) -> str:
+        return _no_nul(v)
+
+    @field_validator("metadata")
+    @classmethod
+    def _check_metadata(cls, v: dict[str, Any]) -> dict[str, Any]:
+        return _no_nul_json(v)
+
+
+class SessionCompleted(Event):
+    """``session.completed``: a producer finished a conversation session. Subject fixed by users."""
+
+    subject: ClassVar[str] = "session.completed"
+
+    event_id: Identifier | None = Field(  # type: ignore[assignment]
+        None,
+        description="Unique id; when omitted it is derived from workspace, session and content, "
+        "so re-publishing the same session is recognised as a repeat.",
+    )
+    session_id: Identifier = Field(description="Producer's session id, unique within the workspace.")
+    agent_id: Identifier | None = Field(None, description="Agent that took part in the session.")
+    user_id: Identifier | None = Field(None, description="End user the session was with.")
+    messages: list[Message] = Field(
+        min_length=1, max_length=MAX_MESSAGES, description="The turns, in order."
+    )
+    started_at: datetime | None = Field(None, description="Session start (ISO 8601).")
+    completed_at: datetime | None = Field(None, description="Session end (ISO 8601).")
+    metadata: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Free metadata. 'wing', 'room' and 'hall' (strings) choose where drawers are filed.",
+    )
+
+    @field_validator("metadata")
+    @classmethod
+    def _check_metadata(cls, v: dict[str, Any]) -> dict[str, Any]:
+        return _no_nul_json(v)
+
+    @model_validator(mode="after")
+    def _derive_event_id(self) -> SessionCompleted:
+        if self.event_id is None:
+            digest = content_hash("\x1e".join(f"{m.role}\x1f{m.content}" for m in self.messages))
+            object.__setattr__(
+                self, "event_id", event_id_for("session.completed", self.workspace_id, self.session_id, digest)
+            )
+        return self
+
+
+class SessionStored(Event):
+    """``session.stored``: ingest committed the raw session and its drawers."""
+
+    subject: ClassVar[str] = "session.stored"
+
+    session_id: Identifier
+    message_count: int = Field(ge=0, description="Messages stored raw.")
+    drawer_ids: list[str] = Field(description="Drawers filed from this session (after noise filtering).")
+
+
+class DrawerBatchEvent(Event):
+    """Base of the per-stage drawer events: a batch of drawer ids in one workspace."""
+
+    session_id: Identifier | None = Field(None, description="Session the drawers came from, if any.")
+    drawer_ids: DrawerIds
+
+
+class DrawerCreated(DrawerBatchEvent):
+    """``drawer.created``: drawers were written in state raw and need embedding."""
+
+    subject: ClassVar[str] = "drawer.created"
+
+
+class DrawerEmbedded(DrawerBatchEvent):
+    """``drawer.embedded``: drawers have embeddings and need classification."""
+
+    subject: ClassVar[str] = "drawer.embedded"
+
+
+class DrawerClassified(DrawerBatchEvent):
+    """``drawer.classified``: drawers are processed; the cluster service de-duplicates them."""
+
+    subject: ClassVar[str] = "drawer.classified"
+
+
+class EpisodicCreated(Event):
+    """``episodic.created``: a session was summarised into an episode. Subject fixed by users."""
+
+    subject: ClassVar[str] = "episodic.created"
+
+    episode_id: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{32}$")]
+    session_id: Identifier
+    summary: str = Field(description="Extractive (or LLM) summary of the session.")
+    abstract: str = Field(description="L0 abstract, at most 200 characters.")
+    topics: list[str] = Field(default_factory=list, description="Key topics of the session.")
+
+
+class EntityUpserted(Event):
+    """``entity.upserted``: entities were created or refreshed. Subject fixed by users."""
+
+    subject: ClassVar[str] = "entity.upserted"
+
+    entity_ids: list[str] = Field(min_length=1, description="Ids of the upserted entities.")
+    names: list[str] = Field(description="Display names, aligned with entity_ids.")
+    source_episode_id: str | None = Field(None, description="Episode the entities were found in.")
+
+
+class DeadLetterInfo(BaseModel):
+    """What a dead letter records about a failed message (NATS headers on the ``dlq.*`` copy).
+
+    The dead letter's body is the original payload byte for byte, so nothing is lost even when it
+    is not valid UTF-8 or JSON, and ``palace dlq redrive`` can republish it unchanged.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    schema_version: Literal["1"] = SCHEMA_VERSION
+    subject: str = Field(description="Subject the message was consumed from.")
+    service: str = Field(description="Service that gave up on it.")
+    reason: str = Field(description="Human-readable reason.")
+    error_type: str = Field(description="'invalid' (poison input) or the exception class name.")
+    deliveries: int = Field(description="Delivery attempts made.")
+    failed_at: datetime
+    event_id: str | None = Field(None, description="Event id, when the payload could be parsed that far.")
+    workspace_id: str | None = None
+    size: int = Field(description="Payload size in bytes.")
+    stream_seq: int | None = Field(None, description="Sequence in the dead-letter stream (when listed).")
+
+
+EVENT_MODELS: dict[str, type[BaseModel]] = {
+    "session.completed": SessionCompleted,
+    "session.stored": SessionStored,
+    "drawer.created": DrawerCreated,
+    "drawer.embedded": DrawerEmbedded,
+    "drawer.classified": DrawerClassified,
+    "episodic.created": EpisodicCreated,
+    "entity.upserted": EntityUpserted,
+    "dead_letter": DeadLetterInfo,
+}
