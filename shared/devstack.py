@@ -256,8 +256,8 @@ class DevStack:
         conf = self.nats_dir / "nats.conf"
         conf.write_text(
             "\n".join([
-                "listen: 127.0.0.1:%d" % port,
-                "http: 127.0.0.1:%d" % mport,
+                f"listen: 127.0.0.1:{port}",
+                f"http: 127.0.0.1:{mport}",
                 "max_payload: 16MB",
                 "jetstream {",
                 f'  store_dir: "{self.nats_dir / "js"}"',
@@ -308,7 +308,7 @@ class DevStack:
         self.root.mkdir(parents=True, exist_ok=True)
         self.kill_recorded_services()
         db_url = self.start_postgres()
-        nats_url = self.start_nats()
+        self.start_nats()
         self.write_state(database_url=db_url, owner_pid=os.getpid())
         info = self.info()
         assert info is not None

@@ -1,0 +1,1 @@
+"""Palace services: transport only (NATS subscribers, HTTP routes). Logic lives in ``shared``."""

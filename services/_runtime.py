@@ -1,0 +1,153 @@
+"""Process runtime shared by every service: logging, database pool, broker, health and metrics
+endpoints, consumer-lag gauges, and a graceful stop on SIGTERM/SIGINT (stop fetching, let in-flight
+handlers commit and ack, then close).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import uvicorn
+from faststream.nats import NatsBroker
+from prometheus_client import make_asgi_app
+from psycopg_pool import AsyncConnectionPool
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Mount, Route
+
+from shared import metrics
+from shared.bus import build_broker, ensure_consumer, ensure_streams
+from shared.config import Settings
+from shared.db.migrate import apply_migrations
+from shared.db.pool import open_pool, wait_for_database
+from shared.endpoints import resolve_urls
+from shared.logging import configure_logging, get_logger
+from shared.ports import Embedder
+
+__all__ = ["Deps", "QuietServer", "WorkerSpec", "run_worker", "serve_worker"]
+
+
+@dataclass
+class Deps:
+    """What handlers need, built once per process (never per message)."""
+
+    settings: Settings
+    service: str
+    pool: AsyncConnectionPool
+    broker: NatsBroker
+    embedder: Embedder | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class WorkerSpec:
+    """A service: its name, its consumers (durable, subject), and how it registers handlers."""
+
+    name: str
+    consumers: list[tuple[str, str]]
+    register: Callable[[Deps], None]
+    needs_embedder: bool = False
+    background: list[Callable[[Deps, asyncio.Event], Awaitable[None]]] = field(default_factory=list)
+
+
+class QuietServer(uvicorn.Server):
+    """uvicorn without its own signal handling: the service decides when to stop."""
+
+    @contextlib.contextmanager
+    def capture_signals(self):  # type: ignore[no-untyped-def,override]
+        yield
+
+
+def _health_app(deps_ref: dict[str, Deps]) -> Starlette:
+    async def healthz(_: Request) -> JSONResponse:
+        deps = deps_ref.get("deps")
+        ok = deps is not None and deps.broker._connection is not None and deps.broker._connection.is_connected
+        db_ok = False
+        if deps is not None:
+            with contextlib.suppress(Exception):
+                async with deps.pool.connection(timeout=2) as conn:
+                    await conn.execute("SELECT 1")
+                    db_ok = True
+        body = {"service": deps.service if deps else None, "nats": ok, "database": db_ok}
+        return JSONResponse(body, status_code=200 if ok and db_ok else 503)
+
+    return Starlette(routes=[Route("/healthz", healthz), Route("/readyz", healthz), Mount("/metrics", make_asgi_app())])
+
+
+async def _lag_loop(deps: Deps, consumers: list[tuple[str, str]], stop: asyncio.Event) -> None:
+    js = deps.broker.config.connection_state.stream
+    while not stop.is_set():
+        for durable, _ in consumers:
+            with contextlib.suppress(Exception):
+                info = await js.consumer_info(deps.settings.stream_name, durable)
+                metrics.CONSUMER_PENDING.labels(deps.service, durable).set(info.num_pending or 0)
+                metrics.CONSUMER_ACK_PENDING.labels(deps.service, durable).set(info.num_ack_pending or 0)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), 5.0)
+
+
+async def serve_worker(spec: WorkerSpec, settings: Settings, stop: asyncio.Event) -> None:
+    """Run one service until ``stop`` is set, then drain and close."""
+    log = get_logger(f"palace.{spec.name}")
+    db_url, nats_url = resolve_urls(settings)
+    deps_ref: dict[str, Deps] = {}
+    http = QuietServer(uvicorn.Config(_health_app(deps_ref), host="0.0.0.0", port=settings.metrics_port,
+                                      log_level="warning", lifespan="off"))
+    http_task = asyncio.create_task(http.serve())
+    await wait_for_database(db_url)
+    await asyncio.to_thread(apply_migrations, db_url, settings.embed_dim)
+    pool = await open_pool(db_url, name=spec.name, min_size=settings.db_pool_min, max_size=settings.db_pool_max)
+    embedder = None
+    if spec.needs_embedder:
+        from shared.adapters import build_embedder
+
+        embedder = build_embedder(settings)
+        warm = getattr(embedder, "warm_up", None)
+        if warm is not None:
+            await warm()
+    broker = build_broker(settings, spec.name, nats_url)
+    deps = Deps(settings=settings, service=spec.name, pool=pool, broker=broker, embedder=embedder)
+    spec.register(deps)
+    await broker.connect()
+    await ensure_streams(broker, settings)
+    for durable, subject in spec.consumers:
+        await ensure_consumer(broker, settings, durable, subject)
+    await broker.start()
+    deps_ref["deps"] = deps
+    bg = [asyncio.create_task(_lag_loop(deps, spec.consumers, stop))]
+    bg += [asyncio.create_task(fn(deps, stop)) for fn in spec.background]
+    log.info("service_started", service=spec.name, consumers=[d for d, _ in spec.consumers])
+    await stop.wait()
+    log.info("service_stopping", service=spec.name)
+    # Stop fetching and wait for in-flight handlers (they commit, then ack) up to the grace period.
+    await broker.stop()
+    for t in bg:
+        t.cancel()
+    await asyncio.gather(*bg, return_exceptions=True)
+    await pool.close()
+    if embedder is not None:
+        await embedder.aclose()
+    http.should_exit = True
+    await http_task
+    log.info("service_stopped", service=spec.name)
+
+
+def run_worker(spec: WorkerSpec, settings: Settings | None = None) -> None:
+    """Entry point of ``python -m services.<name>``."""
+    settings = settings or Settings()
+    configure_logging(settings.log_level, settings.log_json)
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await serve_worker(spec, settings, stop)
+
+    asyncio.run(main())

@@ -1,0 +1,1 @@
+"""classify: ``drawer.embedded`` → memory type, confidence, importance (heuristic tier) → ``drawer.classified``."""

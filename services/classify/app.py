@@ -1,0 +1,12 @@
+"""Build and run the classify service."""
+
+from __future__ import annotations
+
+from services._runtime import WorkerSpec, run_worker
+from services.classify.handlers import DURABLE, register
+
+SPEC = WorkerSpec(name="classify", consumers=[(DURABLE, "drawer.embedded")], register=register)
+
+
+def main() -> None:
+    run_worker(SPEC)

@@ -1,0 +1,39 @@
+"""Subscribers of the classify service."""
+
+from __future__ import annotations
+
+from services._runtime import Deps
+from shared.bus import decode_event, publish_event, subscriber_kwargs
+from shared.db.drawers import drawers_by_id, save_classifications
+from shared.events import DrawerClassified, DrawerEmbedded
+from shared.ids import event_id_for
+from shared.memory.classify import classify
+from shared.metrics import DRAWERS
+
+__all__ = ["DURABLE", "register"]
+
+DURABLE = "classify"
+
+
+def register(deps: Deps) -> None:
+    s = deps.settings
+
+    @deps.broker.subscriber(**subscriber_kwargs(s, DURABLE, "drawer.embedded"))
+    async def on_drawer_embedded(body: bytes) -> None:
+        """drawer.embedded → (classify, then commit) → drawer.classified."""
+        ev: DrawerEmbedded = decode_event(DrawerEmbedded, body, s)
+        async with deps.pool.connection() as conn:
+            rows = [r for r in await drawers_by_id(conn, ev.workspace_id, ev.drawer_ids) if r.state == "raw"]
+        outcomes = []
+        for r in rows:
+            c = classify(r.content)
+            outcomes.append({"id": r.id, "memory_type": c.memory_type, "confidence": c.confidence,
+                             "importance": c.importance, "tier": "heuristic"})
+        if outcomes:
+            async with deps.pool.connection() as conn, conn.transaction():
+                await save_classifications(conn, ev.workspace_id, outcomes, event_id=ev.event_id, actor="classify")
+        DRAWERS.labels(deps.service, "processed").inc(len(outcomes))
+        await publish_event(deps.broker, s, DrawerClassified(
+            event_id=event_id_for("drawer.classified", ev.event_id), workspace_id=ev.workspace_id,
+            session_id=ev.session_id, drawer_ids=ev.drawer_ids,
+        ))

@@ -1,0 +1,1 @@
+"""embed: ``drawer.created`` → batch embeddings (cache by content hash) → ``drawer.embedded``."""

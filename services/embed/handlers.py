@@ -1,0 +1,64 @@
+"""Subscribers of the embed service."""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+
+from services._runtime import Deps
+from shared.bus import Poison, decode_event, publish_event, subscriber_kwargs
+from shared.db.drawers import cached_embeddings, drawers_by_id, save_embeddings
+from shared.events import DrawerCreated, DrawerEmbedded
+from shared.ids import event_id_for
+from shared.metrics import DRAWERS, EMBED_SECONDS, EMBED_TEXTS
+
+__all__ = ["DURABLE", "register"]
+
+DURABLE = "embed"
+
+
+def register(deps: Deps) -> None:
+    s = deps.settings
+    embedder = deps.embedder
+    assert embedder is not None
+
+    @deps.broker.subscriber(**subscriber_kwargs(s, DURABLE, "drawer.created", batch=True))
+    async def on_drawer_created(bodies: list[bytes]) -> None:
+        """drawer.created (batched) → (embed, then commit) → drawer.embedded."""
+        events: list[DrawerCreated] = []
+        bad: list[str] = []
+        for b in bodies:
+            try:
+                events.append(decode_event(DrawerCreated, b, s))
+            except Poison as e:
+                bad.append(str(e))
+        if bad and not events:
+            raise Poison(bad[0])
+        by_ws: dict[str, list[DrawerCreated]] = defaultdict(list)
+        for ev in events:
+            by_ws[ev.workspace_id].append(ev)
+        for ws, evs in by_ws.items():
+            ids = list(dict.fromkeys(i for ev in evs for i in ev.drawer_ids))
+            async with deps.pool.connection() as conn:
+                rows = [r for r in await drawers_by_id(conn, ws, ids) if not r.has_embedding]
+                cached = await cached_embeddings(conn, ws, embedder.model_name, list({r.content_hash for r in rows}))
+            missing = [r for r in rows if r.content_hash not in cached]
+            if missing:
+                # Embed outside any transaction (network or CPU work never holds a connection).
+                texts = list(dict.fromkeys(r.content for r in missing))
+                t0 = time.perf_counter()
+                vecs = await embedder.embed_documents(texts)
+                EMBED_SECONDS.labels(embedder.model_name).observe(time.perf_counter() - t0)
+                EMBED_TEXTS.labels(embedder.model_name).inc(len(texts))
+                by_text = dict(zip(texts, vecs, strict=True))
+            else:
+                by_text = {}
+            out = [(r.id, r.content_hash, cached.get(r.content_hash, by_text.get(r.content))) for r in rows]
+            async with deps.pool.connection() as conn, conn.transaction():
+                await save_embeddings(conn, ws, embedder.model_name, [o for o in out if o[2] is not None])
+            DRAWERS.labels(deps.service, "embedded").inc(len(out))
+            for ev in evs:
+                await publish_event(deps.broker, s, DrawerEmbedded(
+                    event_id=event_id_for("drawer.embedded", ev.event_id), workspace_id=ws,
+                    session_id=ev.session_id, drawer_ids=ev.drawer_ids,
+                ))

@@ -1,0 +1,1 @@
+"""ingest: ``session.completed`` → raw session + messages + drawers (state raw) → ``drawer.created``."""

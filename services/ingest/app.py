@@ -1,0 +1,12 @@
+"""Build and run the ingest service."""
+
+from __future__ import annotations
+
+from services._runtime import WorkerSpec, run_worker
+from services.ingest.handlers import DURABLE, register
+
+SPEC = WorkerSpec(name="ingest", consumers=[(DURABLE, "session.completed")], register=register)
+
+
+def main() -> None:
+    run_worker(SPEC)

@@ -1,0 +1,55 @@
+"""Subscribers of the ingest service."""
+
+from __future__ import annotations
+
+from faststream.nats import NatsMessage
+
+from services._runtime import Deps
+from shared.bus import decode_event, publish_event, subscriber_kwargs
+from shared.db.sessions import store_session, unembedded_drawer_ids
+from shared.events import DrawerCreated, SessionCompleted, SessionStored
+from shared.ids import event_id_for
+from shared.memory.filing import plan_session
+from shared.metrics import DRAWERS
+
+__all__ = ["DURABLE", "register"]
+
+DURABLE = "ingest"
+_ANNOUNCE_CHUNK = 256
+
+
+def register(deps: Deps) -> None:
+    s = deps.settings
+
+    @deps.broker.subscriber(**subscriber_kwargs(s, DURABLE, "session.completed"))
+    async def on_session_completed(body: bytes, msg: NatsMessage) -> None:
+        """session.completed → (commit raw rows) → drawer.created, session.stored."""
+        event: SessionCompleted = decode_event(SessionCompleted, body, s)
+        if len(event.messages) > s.max_messages_per_session:
+            from shared.bus import Poison
+
+            raise Poison(f"session has {len(event.messages)} messages; the limit is {s.max_messages_per_session}")
+        too_long = [i for i, m in enumerate(event.messages) if len(m.content) > s.max_message_chars]
+        if too_long:
+            from shared.bus import Poison
+
+            raise Poison(f"messages {too_long[:5]} exceed {s.max_message_chars} characters")
+        plan = plan_session(event, chunk_chars=s.chunk_chars, chunk_overlap=s.chunk_overlap, min_chars=s.min_chars)
+        async with deps.pool.connection() as conn, conn.transaction():
+            created = await store_session(conn, plan)
+        DRAWERS.labels(deps.service, "created").inc(len(created))
+        all_ids = [d.id for d in plan.drawers]
+        # Announce every drawer of the session still raw, not only the new ones: if an earlier
+        # attempt committed and then died before publishing, this redelivery finishes its job.
+        async with deps.pool.connection() as conn:
+            pending = await unembedded_drawer_ids(conn, event.workspace_id, all_ids) if all_ids else []
+        for i in range(0, len(pending), _ANNOUNCE_CHUNK):
+            ids = pending[i : i + _ANNOUNCE_CHUNK]
+            await publish_event(deps.broker, s, DrawerCreated(
+                event_id=event_id_for("drawer.created", event.event_id or "", *ids),
+                workspace_id=event.workspace_id, session_id=event.session_id, drawer_ids=ids,
+            ))
+        await publish_event(deps.broker, s, SessionStored(
+            event_id=event_id_for("session.stored", event.event_id or ""), workspace_id=event.workspace_id,
+            session_id=event.session_id, message_count=len(plan.messages), drawer_ids=all_ids,
+        ))

@@ -1,0 +1,6 @@
+"""`python -m services.maintain`."""
+
+from services.maintain.app import main
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,139 @@
+"""Drawer reads and state transitions used by the embed, classify and cluster stages."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from psycopg import AsyncConnection
+from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
+
+from shared.ids import stable_id
+
+__all__ = [
+    "DrawerRow",
+    "cached_embeddings",
+    "drawers_by_id",
+    "nearest_twin",
+    "record_history",
+    "save_classifications",
+    "save_embeddings",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class DrawerRow:
+    id: str
+    content: str
+    content_hash: str
+    state: str
+    room: str
+    has_embedding: bool
+    embedding: np.ndarray | None = None
+
+
+async def drawers_by_id(
+    conn: AsyncConnection[Any], workspace_id: str, ids: list[str], *, with_embedding: bool = False
+) -> list[DrawerRow]:
+    """The live (not deleted) drawers among ``ids``."""
+    cur = await conn.execute(
+        f"""SELECT id, content, content_hash, state, room, embedding IS NOT NULL,
+                   {"embedding" if with_embedding else "NULL"}
+              FROM drawers WHERE workspace_id = %s AND id = ANY(%s) AND deleted_at IS NULL""",  # noqa: S608
+        (workspace_id, ids),
+    )
+    return [DrawerRow(r[0], r[1], r[2], r[3], r[4], r[5], r[6]) for r in await cur.fetchall()]
+
+
+async def cached_embeddings(
+    conn: AsyncConnection[Any], workspace_id: str, model: str, hashes: list[str]
+) -> dict[str, np.ndarray]:
+    cur = await conn.execute(
+        "SELECT content_hash, embedding FROM embedding_cache WHERE workspace_id = %s AND model = %s"
+        " AND content_hash = ANY(%s)",
+        (workspace_id, model, hashes),
+    )
+    return {r[0]: np.asarray(r[1], dtype=np.float32) for r in await cur.fetchall()}
+
+
+async def save_embeddings(
+    conn: AsyncConnection[Any], workspace_id: str, model: str,
+    rows: list[tuple[str, str, np.ndarray]], *, cache_new: bool = True,
+) -> int:
+    """Set embeddings on drawers still lacking one; fill the cache. rows: (drawer_id, content_hash, vector)."""
+    async with conn.cursor() as cur:
+        await cur.executemany(
+            "UPDATE drawers SET embedding = %s, embedding_model = %s, updated_at = now()"
+            " WHERE workspace_id = %s AND id = %s AND embedding IS NULL",
+            [(vec, model, workspace_id, did) for did, _, vec in rows],
+        )
+        if cache_new:
+            await cur.executemany(
+                "INSERT INTO embedding_cache (workspace_id, model, content_hash, embedding) VALUES (%s, %s, %s, %s)"
+                " ON CONFLICT DO NOTHING",
+                [(workspace_id, model, h, vec) for _, h, vec in rows],
+            )
+    return len(rows)
+
+
+async def save_classifications(
+    conn: AsyncConnection[Any], workspace_id: str, rows: list[dict[str, Any]], *, event_id: str, actor: str
+) -> int:
+    """Apply classifier outcomes to drawers still raw; audit each one. Returns drawers changed."""
+    changed = 0
+    async with conn.cursor() as cur:
+        for r in rows:
+            await cur.execute(
+                """
+                UPDATE drawers
+                   SET memory_type = %(memory_type)s, confidence = %(confidence)s, importance = %(importance)s,
+                       pipeline_tier = %(tier)s, state = 'processed', updated_at = now(),
+                       room = CASE WHEN room = 'general' THEN %(memory_type)s ELSE room END
+                 WHERE workspace_id = %(ws)s AND id = %(id)s AND state = 'raw'
+                """,
+                {**r, "ws": workspace_id},
+            )
+            if cur.rowcount:
+                changed += 1
+                await record_history(
+                    conn, workspace_id, drawer_id=r["id"], action="CLASSIFY", actor=actor, event_id=event_id,
+                    reason=f"{r['tier']} confidence {r['confidence']}",
+                    new_value={k: r[k] for k in ("memory_type", "confidence", "importance", "tier")},
+                )
+    return changed
+
+
+async def record_history(
+    conn: AsyncConnection[Any], workspace_id: str, *, drawer_id: str | None, action: str, actor: str,
+    event_id: str | None, reason: str | None = None, old_value: Any = None, new_value: Any = None,
+) -> None:
+    """Append an audit row; its id derives from (event, drawer, action) so replays add nothing."""
+    hid = stable_id("history", workspace_id, event_id or "", drawer_id or "", action)
+    await conn.execute(
+        "INSERT INTO memory_history (workspace_id, id, drawer_id, action, actor, reason, old_value, new_value,"
+        " event_id) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
+        (workspace_id, hid, drawer_id, action, actor, reason,
+         Jsonb(old_value) if old_value is not None else None,
+         Jsonb(json.loads(json.dumps(new_value, default=str))) if new_value is not None else None, event_id),
+    )
+
+
+async def nearest_twin(
+    conn: AsyncConnection[Any], workspace_id: str, drawer_id: str, embedding: np.ndarray
+) -> tuple[str, float] | None:
+    """The most similar other live drawer in the workspace (older first on ties), with its cosine."""
+    async with conn.cursor(row_factory=dict_row) as cur:
+        await cur.execute(
+            """
+            SELECT id, 1 - (embedding <=> %s) AS sim FROM drawers
+             WHERE workspace_id = %s AND id <> %s AND state = 'processed' AND deleted_at IS NULL
+               AND embedding IS NOT NULL
+             ORDER BY embedding <=> %s, filed_at LIMIT 1
+            """,
+            (embedding, workspace_id, drawer_id, embedding),
+        )
+        row = await cur.fetchone()
+    return (row["id"], float(row["sim"])) if row else None

@@ -1,0 +1,54 @@
+"""Connection pool: one per process, opened in the service's lifespan, pgvector registered."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+from pgvector.psycopg import register_vector_async
+from psycopg_pool import AsyncConnectionPool
+from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_exponential_jitter
+
+from shared.logging import get_logger
+
+__all__ = ["open_pool", "wait_for_database"]
+
+log = get_logger("palace.db")
+
+
+async def _configure(conn: psycopg.AsyncConnection[Any]) -> None:
+    await register_vector_async(conn)
+
+
+async def wait_for_database(database_url: str, max_wait_s: float = 300.0) -> None:
+    """Block until PostgreSQL accepts connections: a service started before its database waits
+    (with jittered backoff) instead of crash-looping."""
+    async for attempt in AsyncRetrying(
+        stop=stop_after_delay(max_wait_s),
+        wait=wait_exponential_jitter(initial=0.2, max=5),
+        retry=retry_if_exception_type(psycopg.OperationalError),
+        reraise=True,
+        before_sleep=lambda rs: log.warning("database_unavailable", attempt=rs.attempt_number),
+    ):
+        with attempt:
+            conn = await psycopg.AsyncConnection.connect(database_url, connect_timeout=5)
+            await conn.close()
+
+
+async def open_pool(database_url: str, *, name: str, min_size: int = 1, max_size: int = 8) -> AsyncConnectionPool:
+    """Open a pool with pgvector types registered on every connection.
+
+    Args:
+        database_url: PostgreSQL URL.
+        name: shows in ``pg_stat_activity.application_name``.
+        min_size: connections kept open.
+        max_size: upper bound (bounds the service's database concurrency).
+    """
+    await wait_for_database(database_url)
+    pool = AsyncConnectionPool(
+        database_url, min_size=min_size, max_size=max_size, open=False, configure=_configure,
+        kwargs={"application_name": f"palace-{name}"}, reconnect_timeout=300, timeout=60,
+        check=AsyncConnectionPool.check_connection,
+    )
+    await pool.open(wait=True, timeout=60)
+    return pool

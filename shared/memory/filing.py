@@ -1,0 +1,109 @@
+"""From a completed session to raw rows and drawer plans (pure; ingest writes what this returns).
+
+Each non-noise message becomes one drawer, or several when it is long (chunked verbatim). A drawer's
+id is workspace + content hash, so the same text said twice in a workspace is one drawer with two
+provenance rows, and a redelivered event plans exactly the same keys.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from shared.events import SessionCompleted
+from shared.ids import content_hash, drawer_id
+from shared.memory.chunking import chunk_text
+from shared.memory.noise import is_noise
+
+__all__ = ["DrawerPlan", "MessageRow", "SessionPlan", "SourceRow", "plan_session"]
+
+
+@dataclass(frozen=True, slots=True)
+class MessageRow:
+    seq: int
+    role: str
+    name: str | None
+    content: str
+    content_hash: str
+    created_at: datetime | None
+    metadata: dict[str, object]
+    is_noise: bool
+
+
+@dataclass(frozen=True, slots=True)
+class SourceRow:
+    drawer_id: str
+    seq: int
+    chunk_index: int
+    char_start: int
+    char_end: int
+
+
+@dataclass(slots=True)
+class DrawerPlan:
+    id: str
+    content: str
+    content_hash: str
+    role: str
+    speaker: str | None
+    occurred_at: datetime | None
+    wing: str
+    room: str
+    hall: str | None
+    metadata: dict[str, object] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class SessionPlan:
+    event: SessionCompleted
+    session_hash: str
+    messages: list[MessageRow]
+    drawers: list[DrawerPlan]
+    sources: list[SourceRow]
+
+
+def _label(value: object, default: str) -> str:
+    if isinstance(value, str) and value.strip():
+        return value.strip()[:100]
+    return default
+
+
+def plan_session(
+    event: SessionCompleted, *, chunk_chars: int = 800, chunk_overlap: int = 100, min_chars: int = 12
+) -> SessionPlan:
+    """Plan every row ingest writes for one ``session.completed`` event.
+
+    Args:
+        event: the validated event.
+        chunk_chars: messages longer than this are chunked.
+        chunk_overlap: overlap between consecutive chunks.
+        min_chars: the noise filter's minimum length.
+    """
+    ws = event.workspace_id
+    wing = _label(event.metadata.get("wing"), _label(event.agent_id, "general"))
+    room = _label(event.metadata.get("room"), "")  # empty: classify files it by memory type
+    hall = _label(event.metadata.get("hall"), "") or None
+    messages: list[MessageRow] = []
+    drawers: dict[str, DrawerPlan] = {}
+    sources: list[SourceRow] = []
+    for seq, m in enumerate(event.messages):
+        noise = m.role in ("system", "tool") or is_noise(m.content, min_chars)
+        messages.append(
+            MessageRow(seq, m.role, m.name, m.content, content_hash(m.content), m.created_at,
+                       dict(m.metadata), noise)
+        )
+        if noise:
+            continue
+        for ch in chunk_text(m.content, chunk_chars, chunk_overlap):
+            h = content_hash(ch.text)
+            did = drawer_id(ws, h)
+            if did not in drawers:
+                drawers[did] = DrawerPlan(
+                    id=did, content=ch.text, content_hash=h, role=m.role, speaker=m.name,
+                    occurred_at=m.created_at or event.completed_at or event.started_at,
+                    wing=wing, room=room, hall=hall,
+                    metadata={"seq": seq, "chunk": ch.index, **({"message": m.metadata} if m.metadata else {})},
+                )
+            sources.append(SourceRow(did, seq, ch.index, ch.start, ch.end))
+    session_hash = content_hash("\x1e".join(f"{r.role}\x1f{r.content}" for r in messages))
+    return SessionPlan(event, session_hash, messages, list(drawers.values()), sources)

@@ -1,0 +1,45 @@
+"""Prometheus metrics shared by every service (one process = one service, default registry)."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+__all__ = [
+    "CONSUMER_ACK_PENDING",
+    "CONSUMER_PENDING",
+    "DEAD_LETTERED",
+    "DRAWERS",
+    "EMBED_SECONDS",
+    "EMBED_TEXTS",
+    "FAILED",
+    "HANDLER_SECONDS",
+    "IN_FLIGHT",
+    "PROCESSED",
+    "SEARCH_SECONDS",
+]
+
+_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+
+PROCESSED = Counter(
+    "palace_messages_processed_total", "Messages handled and acked.", ["service", "subject"]
+)
+FAILED = Counter(
+    "palace_messages_failed_total", "Handler failures (each attempt).", ["service", "subject", "kind"]
+)
+DEAD_LETTERED = Counter(
+    "palace_messages_dead_lettered_total", "Messages moved to the dead-letter stream.", ["service", "subject"]
+)
+HANDLER_SECONDS = Histogram(
+    "palace_handler_seconds", "Handler latency, receive to commit.", ["service", "subject"], buckets=_BUCKETS
+)
+IN_FLIGHT = Gauge("palace_in_flight_messages", "Messages being handled now.", ["service"])
+CONSUMER_PENDING = Gauge(
+    "palace_consumer_pending_messages", "Consumer lag: messages not yet delivered.", ["service", "consumer"]
+)
+CONSUMER_ACK_PENDING = Gauge(
+    "palace_consumer_ack_pending_messages", "Delivered but not yet acked.", ["service", "consumer"]
+)
+DRAWERS = Counter("palace_drawers_total", "Drawer transitions.", ["service", "outcome"])
+EMBED_TEXTS = Counter("palace_embedded_texts_total", "Texts embedded (cache misses).", ["model"])
+EMBED_SECONDS = Histogram("palace_embed_seconds", "Embedding call latency.", ["model"], buckets=_BUCKETS)
+SEARCH_SECONDS = Histogram("palace_search_seconds", "Search latency.", ["stage"], buckets=_BUCKETS)
