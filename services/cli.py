@@ -1,0 +1,329 @@
+"""``palace``: run the stack, publish, search, inspect dead letters, regenerate schemas."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from shared.config import Settings
+
+app = typer.Typer(help="Palace: long-term memory for AI agents.", no_args_is_help=True, add_completion=False)
+stack_app = typer.Typer(help="The embedded PostgreSQL + NATS stack.", no_args_is_help=True)
+dlq_app = typer.Typer(help="Dead letters: list and re-drive.", no_args_is_help=True)
+app.add_typer(stack_app, name="stack")
+app.add_typer(dlq_app, name="dlq")
+console = Console()
+
+ServicesOpt = Annotated[str, typer.Option(help="Comma-separated services to run, or 'all'.")]
+
+
+def _settings() -> Settings:
+    from shared.logging import configure_logging
+
+    s = Settings()
+    configure_logging(s.log_level, json=False)
+    return s
+
+
+def _urls(s: Settings) -> tuple[str, str]:
+    from shared.endpoints import StackNotRunning, resolve_urls
+
+    try:
+        return resolve_urls(s)
+    except StackNotRunning as e:
+        console.print(f"[red]{e}[/red]")
+        raise typer.Exit(2) from None
+
+
+@app.command()
+def up(services: ServicesOpt = "all", log_dir: Annotated[Path, typer.Option(help="Service logs.")] = Path(
+        ".devstack/logs")) -> None:
+    """Run the stack in the foreground until Ctrl-C (or SIGTERM), then stop everything cleanly."""
+    from services.supervisor import ALL_SERVICES, Supervisor
+
+    s = _settings()
+    names = ALL_SERVICES if services == "all" else [n.strip() for n in services.split(",") if n.strip()]
+    sup = Supervisor(s, services=names, log_dir=log_dir)
+    stopping = False
+
+    def _stop(*_: Any) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+    with console.status("starting PostgreSQL and NATS ..."):
+        sup.start_servers()
+    console.print(f"[green]database[/green] {sup.database_url}\n[green]nats[/green]     {sup.nats_url}")
+    sup.start_services()
+    with console.status("waiting for services to report healthy ..."):
+        sup.wait_healthy()
+    console.print(f"[green]up:[/green] {', '.join(names)} — API on http://{s.api_host}:{s.api_port} "
+                  f"(docs at /docs); logs in {log_dir}. Ctrl-C to stop.")
+    try:
+        while not stopping:
+            sup.poll()
+            time.sleep(0.5)
+    finally:
+        with console.status("draining services and stopping servers ..."):
+            sup.stop()
+        console.print("[green]stopped cleanly[/green]")
+
+
+@stack_app.command("start")
+def stack_start() -> None:
+    """Start (or recover and restart) the embedded servers in the background; print their URLs."""
+    from shared.devstack import DevStack
+
+    s = _settings()
+    info = DevStack(s.devstack_dir).start()
+    from shared.db.migrate import apply_migrations
+
+    apply_migrations(info.database_url, s.embed_dim)
+    console.print_json(json.dumps({"database_url": info.database_url, "nats_url": info.nats_url}))
+
+
+@stack_app.command("stop")
+def stack_stop() -> None:
+    """Stop the embedded servers (and any services a crashed supervisor left behind)."""
+    from shared.devstack import DevStack
+
+    DevStack(_settings().devstack_dir).stop()
+    console.print("stopped")
+
+
+@stack_app.command("status")
+def stack_status() -> None:
+    """Show whether the embedded servers are running."""
+    from shared.devstack import DevStack
+
+    st = DevStack(_settings().devstack_dir)
+    console.print_json(json.dumps({"postgres": st.pg_alive(), "nats": st.nats_alive(), **st.as_dict()}))
+
+
+@app.command()
+def migrate() -> None:
+    """Apply pending database migrations."""
+    from shared.db.migrate import apply_migrations
+
+    s = _settings()
+    db, _ = _urls(s)
+    applied = apply_migrations(db, s.embed_dim)
+    console.print(f"applied: {', '.join(applied)}" if applied else "schema is up to date")
+
+
+@app.command()
+def schemas(check: Annotated[bool, typer.Option(help="Fail if schemas/ differs from the models.")] = False,
+            out: Path = Path("schemas")) -> None:
+    """Regenerate the JSON Schemas of every event from the models."""
+    from shared.events.export import render_schemas, write_schemas
+
+    if check:
+        stale = [n for n, t in render_schemas().items() if not (out / n).exists() or (out / n).read_text() != t]
+        if stale:
+            console.print(f"[red]schemas out of date:[/red] {stale} (run 'palace schemas')")
+            raise typer.Exit(1)
+        console.print("schemas are up to date")
+        return
+    for p in write_schemas(out):
+        console.print(str(p))
+
+
+async def _publish_all(s: Settings, nats_url: str, events: list[dict[str, Any]]) -> list[str]:
+    import nats
+
+    from shared.events import SessionCompleted
+
+    nc = await nats.connect(nats_url.split(","))
+    try:
+        js = nc.jetstream()
+        ids = []
+        for ev in events:
+            model = SessionCompleted.model_validate_json(json.dumps(ev))
+            await js.publish("session.completed", model.model_dump_json(exclude_none=True).encode(),
+                             headers={"Nats-Msg-Id": f"session.completed:{model.event_id}"}, stream=s.stream_name)
+            ids.append(model.event_id or "")
+        return ids
+    finally:
+        await nc.close()
+
+
+@app.command()
+def publish(file: Annotated[Path, typer.Argument(help="JSON file: one session.completed event or a list.")]) -> None:
+    """Validate and publish session.completed events from a file."""
+    s = _settings()
+    _, nats_url = _urls(s)
+    data = json.loads(file.read_text())
+    events = data if isinstance(data, list) else [data]
+    ids = asyncio.run(_publish_all(s, nats_url, events))
+    console.print(f"published {len(ids)} event(s)")
+
+
+def _hits_table(title: str, hits: list[Any]) -> Table:
+    t = Table(title=title, show_lines=False, expand=True)
+    t.add_column("#", justify="right", width=3)
+    t.add_column("score", justify="right", width=6)
+    t.add_column("type", width=10)
+    t.add_column("wing/room", width=22, overflow="fold")
+    t.add_column("content", ratio=1, overflow="fold")
+    for i, h in enumerate(hits, 1):
+        g = h.get if isinstance(h, dict) else lambda k, h=h: getattr(h, k)
+        content = g("content")
+        t.add_row(str(i), f"{g('score'):.3f}", g("memory_type") or "-", f"{g('wing')}/{g('room')}",
+                  (content[:300] + "…") if len(content) > 300 else content)
+    return t
+
+
+async def _local_search(s: Settings, workspace: str, query: str, k: int) -> list[Any]:
+    from shared.adapters import build_embedder
+    from shared.db.pool import open_pool
+    from shared.recall import Recaller
+
+    db, _ = _urls(s)
+    pool = await open_pool(db, name="cli", max_size=2)
+    emb = build_embedder(s)
+    try:
+        r = Recaller(pool, emb)
+        hits = await r.search(workspace, query, k)
+        await r.drain()
+        return hits
+    finally:
+        await pool.close()
+        await emb.aclose()
+
+
+@app.command()
+def search(
+    query: Annotated[str, typer.Argument(help="What to recall.")],
+    workspace: Annotated[str, typer.Option("--workspace", "-w", help="Workspace to search.")],
+    k: Annotated[int, typer.Option("-k", help="Results.")] = 10,
+    api: Annotated[str | None, typer.Option(help="Use a running API (e.g. http://127.0.0.1:8080).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
+) -> None:
+    """Hybrid search within one workspace; prints a table."""
+    s = _settings()
+    if api:
+        import httpx
+
+        r = httpx.post(f"{api}/v1/search", json={"workspace_id": workspace, "query": query, "k": k}, timeout=30)
+        r.raise_for_status()
+        hits: list[Any] = r.json()["hits"]
+    else:
+        hits = asyncio.run(_local_search(s, workspace, query, k))
+    if as_json:
+        console.print_json(json.dumps([h if isinstance(h, dict) else h.__dict__ for h in hits], default=str))
+    else:
+        console.print(_hits_table(f"{query!r} in {workspace}", hits))
+
+
+@dlq_app.command("list")
+def dlq_list(subject: Annotated[str | None, typer.Option(help="Only from this subject.")] = None,
+             limit: int = 100, as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
+    """List dead letters with the reason each one failed."""
+    from shared.dlq import list_dead_letters
+
+    s = _settings()
+    _, nats_url = _urls(s)
+    items = asyncio.run(list_dead_letters(s, nats_url, subject=subject, limit=limit))
+    if as_json:
+        console.print_json(json.dumps([i.info.model_dump(mode="json") for i in items]))
+        return
+    t = Table(title=f"dead letters ({len(items)})", expand=True)
+    for col in ("seq", "subject", "service", "tries", "failed at", "workspace", "size"):
+        t.add_column(col)
+    t.add_column("reason", ratio=1, overflow="fold")
+    for i in items:
+        f = i.info
+        t.add_row(str(i.seq), f.subject, f.service, str(f.deliveries), f.failed_at.strftime("%Y-%m-%d %H:%M:%S"),
+                  f.workspace_id or "-", str(f.size), f.reason)
+    console.print(t)
+
+
+@dlq_app.command("redrive")
+def dlq_redrive(seq: Annotated[list[int] | None, typer.Option(help="Dead-letter sequence(s).")] = None,
+                all_: Annotated[bool, typer.Option("--all", help="Re-drive every dead letter.")] = False,
+                subject: Annotated[str | None, typer.Option(help="With --all: only this subject.")] = None) -> None:
+    """Republish dead letters to their original subject (after a fix) and remove them from the DLQ."""
+    from shared.dlq import list_dead_letters, redrive
+
+    s = _settings()
+    _, nats_url = _urls(s)
+    seqs = list(seq or [])
+    if all_:
+        seqs = [i.seq for i in asyncio.run(list_dead_letters(s, nats_url, subject=subject, limit=1_000_000))]
+    if not seqs:
+        console.print("nothing to re-drive (give --seq N or --all)")
+        raise typer.Exit(1)
+    n = asyncio.run(redrive(s, nats_url, seqs))
+    console.print(f"re-drove {n} message(s)")
+
+
+@app.command()
+def demo(keep: Annotated[bool, typer.Option(help="Leave the stack running afterwards.")] = False) -> None:
+    """Start everything, publish a sample conversation, and show what recall returns."""
+    import httpx
+
+    from services.demo_data import DEMO_QUESTIONS, DEMO_SESSIONS, DEMO_WORKSPACE
+    from services.supervisor import Supervisor
+
+    s = _settings()
+    sup = Supervisor(s, log_dir=Path(".devstack/logs"))
+    try:
+        with console.status("starting PostgreSQL (pgvector) and NATS (JetStream) ..."):
+            sup.start_servers()
+        console.print(f"[green]✓[/green] database {sup.database_url}\n[green]✓[/green] nats {sup.nats_url}")
+        sup.start_services()
+        with console.status("starting services: " + ", ".join(sup.services) + " ..."):
+            sup.wait_healthy()
+        console.print(f"[green]✓[/green] services healthy: {', '.join(sup.services)}")
+        asyncio.run(_publish_all(s, sup.nats_url, DEMO_SESSIONS))
+        console.print(f"[green]✓[/green] published {len(DEMO_SESSIONS)} session.completed events "
+                      f"({sum(len(x['messages']) for x in DEMO_SESSIONS)} messages)")
+        api = f"http://127.0.0.1:{s.api_port}"
+        with console.status("waiting for ingest → embed → classify ..."):
+            deadline = time.monotonic() + 120
+            stats: dict[str, Any] = {}
+            while time.monotonic() < deadline:
+                stats = httpx.get(f"{api}/v1/workspaces/{DEMO_WORKSPACE}/stats", timeout=10).json()
+                by = stats["drawers_by_state"]
+                if by and not by.get("raw") and sum(by.values()) > 0:
+                    break
+                time.sleep(0.5)
+        console.print(f"[green]✓[/green] {stats['messages']} messages stored raw, drawers by state "
+                      f"{stats['drawers_by_state']}, by type {stats['drawers_by_type']}")
+        for q in DEMO_QUESTIONS:
+            t0 = time.perf_counter()
+            r = httpx.post(f"{api}/v1/search", json={"workspace_id": DEMO_WORKSPACE, "query": q, "k": 3}, timeout=30)
+            ms = (time.perf_counter() - t0) * 1000
+            r.raise_for_status()
+            console.print(_hits_table(f"{q}  ({ms:.0f} ms over HTTP)", r.json()["hits"]))
+        if keep:
+            console.print("stack left running; 'palace stack stop' stops the servers")
+            sup.children.clear()
+            sup.stack = None
+    finally:
+        if sup.children or sup.stack:
+            with console.status("stopping ..."):
+                sup.stop()
+
+
+def main() -> None:
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    try:
+        app()
+    except KeyboardInterrupt:
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,58 @@
+"""Subscribers of the cluster service."""
+
+from __future__ import annotations
+
+from services._runtime import Deps
+from shared.bus import decode_event, subscriber_kwargs
+from shared.db.drawers import drawers_by_id, nearest_twin, record_history
+from shared.events import DrawerClassified, EntityUpserted
+from shared.memory.dedup import decide
+from shared.metrics import DRAWERS
+
+__all__ = ["DURABLE", "DURABLE_ENTITIES", "register"]
+
+DURABLE = "cluster"
+DURABLE_ENTITIES = "cluster-entities"
+
+
+def register(deps: Deps) -> None:
+    s = deps.settings
+
+    @deps.broker.subscriber(**subscriber_kwargs(s, DURABLE, "drawer.classified"))
+    async def on_drawer_classified(body: bytes) -> None:
+        """drawer.classified → merge near-duplicates into their older twin (audit in memory_history)."""
+        ev: DrawerClassified = decode_event(DrawerClassified, body, s)
+        async with deps.pool.connection() as conn:
+            rows = await drawers_by_id(conn, ev.workspace_id, ev.drawer_ids, with_embedding=True)
+            decisions = []
+            for r in rows:
+                if r.state != "processed" or r.embedding is None:
+                    continue
+                twin = await nearest_twin(conn, ev.workspace_id, r.id, r.embedding)
+                d = decide(twin, s.dedup_threshold)
+                if d.action == "MERGE":
+                    decisions.append((r.id, d))
+        for did, d in decisions:
+            async with deps.pool.connection() as conn, conn.transaction():
+                cur = await conn.execute(
+                    "UPDATE drawers SET state = 'merged', cluster_id = %s, updated_at = now()"
+                    " WHERE workspace_id = %s AND id = %s AND state = 'processed'",
+                    (d.target, ev.workspace_id, did),
+                )
+                if cur.rowcount:
+                    await record_history(conn, ev.workspace_id, drawer_id=did, action="MERGE", actor="cluster",
+                                         event_id=ev.event_id, reason=d.reason, new_value={"cluster_id": d.target})
+                    DRAWERS.labels(deps.service, "merged").inc()
+
+    @deps.broker.subscriber(**subscriber_kwargs(s, DURABLE_ENTITIES, "entity.upserted"))
+    async def on_entity_upserted(body: bytes) -> None:
+        """entity.upserted → refresh mention counts of the entities."""
+        ev: EntityUpserted = decode_event(EntityUpserted, body, s)
+        async with deps.pool.connection() as conn, conn.transaction():
+            await conn.execute(
+                """UPDATE entities e SET mention_count = m.n, updated_at = now()
+                     FROM (SELECT entity_id, count(*) AS n FROM entity_mentions
+                            WHERE workspace_id = %(ws)s AND entity_id = ANY(%(ids)s) GROUP BY entity_id) m
+                    WHERE e.workspace_id = %(ws)s AND e.id = m.entity_id""",
+                {"ws": ev.workspace_id, "ids": ev.entity_ids},
+            )

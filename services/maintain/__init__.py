@@ -1,0 +1,1 @@
+"""maintain: leased periodic sweeps — re-drive stuck drawers, fail exhausted ones, decay, prune."""

@@ -1,0 +1,69 @@
+"""Build and run the maintain service (no consumers: a leased loop)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import socket
+from collections import defaultdict
+
+from services._runtime import Deps, WorkerSpec, run_worker
+from shared.bus import publish_event
+from shared.db.maintenance import decay, fail_exhausted, prune, stuck_drawers, take_lease
+from shared.events import DrawerCreated
+from shared.ids import event_id_for
+from shared.logging import get_logger
+from shared.metrics import DRAWERS
+
+log = get_logger("palace.maintain")
+MAX_REDRIVES = 3
+
+
+async def sweep(deps: Deps, holder: str) -> dict[str, int]:
+    """One round of every job whose lease this replica wins. Returns counts for the log."""
+    s = deps.settings
+    out: dict[str, int] = {}
+    async with deps.pool.connection() as conn:
+        if await take_lease(conn, "redrive", holder, ttl_s=s.maintain_interval_s, every_s=s.maintain_interval_s / 2):
+            async with conn.transaction():
+                stuck = await stuck_drawers(conn, s.stuck_after_s, MAX_REDRIVES)
+            by_ws: dict[tuple[str, int], list[str]] = defaultdict(list)
+            for ws, did, n in stuck:
+                by_ws[(ws, n)].append(did)
+            for (ws, n), ids in by_ws.items():
+                for i in range(0, len(ids), 256):
+                    chunk = ids[i : i + 256]
+                    await publish_event(deps.broker, s, DrawerCreated(
+                        event_id=event_id_for("drawer.redrive", ws, str(n), *chunk), workspace_id=ws,
+                        drawer_ids=chunk))
+            out["redriven"] = len(stuck)
+            async with conn.transaction():
+                out["failed"] = await fail_exhausted(conn, s.stuck_after_s, MAX_REDRIVES)
+            DRAWERS.labels(deps.service, "redriven").inc(out["redriven"])
+            DRAWERS.labels(deps.service, "failed").inc(out["failed"])
+        if await take_lease(conn, "decay", holder, ttl_s=600, every_s=86_400):
+            async with conn.transaction():
+                out["decayed"] = await decay(conn, s.decay_after_days, s.decay_factor)
+                out["pruned"] = await prune(conn, s.prune_keep_min)
+    return out
+
+
+async def maintenance_loop(deps: Deps, stop: asyncio.Event) -> None:
+    holder = f"{socket.gethostname()}:{os.getpid()}"
+    while not stop.is_set():
+        try:
+            counts = await sweep(deps, holder)
+            if any(counts.values()):
+                log.info("sweep", **counts)
+        except Exception as e:  # a failed sweep is retried next round; never kill the service
+            log.warning("sweep_failed", error=repr(e)[:300])
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), deps.settings.maintain_interval_s)
+
+
+SPEC = WorkerSpec(name="maintain", consumers=[], register=lambda deps: None, background=[maintenance_loop])
+
+
+def main() -> None:
+    run_worker(SPEC)

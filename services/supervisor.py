@@ -1,0 +1,166 @@
+"""Run the whole stack on one machine: the embedded servers (unless external ones are configured)
+and every service as its own process, restarted with backoff if it dies.
+
+Each service is a separate OS process, as in production, so a crash or a SIGKILL of one never takes
+the others down, and the fault suite can kill them one by one. Children get PDEATHSIG, so they
+end with the supervisor even if it is SIGKILLed; the next start also kills any recorded leftovers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from shared.config import Settings
+from shared.db.migrate import apply_migrations
+from shared.devstack import DevStack
+from shared.logging import get_logger
+
+__all__ = ["ALL_SERVICES", "Supervisor"]
+
+ALL_SERVICES = ["ingest", "embed", "classify", "cluster", "enrich", "maintain", "api"]
+log = get_logger("palace.supervisor")
+
+
+def _die_with_parent() -> None:
+    with contextlib.suppress(Exception):
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+@dataclass
+class _Child:
+    name: str
+    proc: subprocess.Popen[bytes]
+    started: float
+    restarts: int = 0
+    next_start: float = 0.0
+
+
+@dataclass
+class Supervisor:
+    """Start, watch and stop the stack. ``services`` picks which services run."""
+
+    settings: Settings
+    services: list[str] = field(default_factory=lambda: list(ALL_SERVICES))
+    log_dir: Path | None = None
+    metrics_base_port: int = 9101
+    stack: DevStack | None = None
+    children: dict[str, _Child] = field(default_factory=dict)
+    database_url: str = ""
+    nats_url: str = ""
+
+    def start_servers(self) -> None:
+        """Start the embedded servers (recovering from a crash) or use the configured ones."""
+        s = self.settings
+        if s.database_url and s.nats_url:
+            self.database_url, self.nats_url = s.database_url, s.nats_url
+        else:
+            self.stack = DevStack(s.devstack_dir)
+            info = self.stack.start()
+            self.database_url = s.database_url or info.database_url
+            self.nats_url = s.nats_url or info.nats_url
+        applied = apply_migrations(self.database_url, s.embed_dim)
+        if applied:
+            log.info("migrations_applied", applied=applied)
+
+    def _env(self, name: str, index: int) -> dict[str, str]:
+        env = dict(os.environ)
+        env["PALACE_DATABASE_URL"] = self.database_url
+        env["PALACE_NATS_URL"] = self.nats_url
+        env["PALACE_METRICS_PORT"] = str(self.metrics_base_port + index)
+        env["PALACE_API_PORT"] = str(self.settings.api_port)
+        env.setdefault("PALACE_LOG_JSON", "true")
+        return env
+
+    def spawn(self, name: str) -> None:
+        index = ALL_SERVICES.index(name)
+        out: int | object = subprocess.DEVNULL
+        if self.log_dir is not None:
+            self.log_dir.mkdir(parents=True, exist_ok=True)
+            out = open(self.log_dir / f"{name}.log", "ab")  # noqa: SIM115 - owned by the child
+        proc = subprocess.Popen(
+            [sys.executable, "-m", f"services.{name}"], env=self._env(name, index),
+            stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,  # type: ignore[arg-type]
+            preexec_fn=_die_with_parent,
+        )
+        prev = self.children.get(name)
+        self.children[name] = _Child(name, proc, time.monotonic(), restarts=(prev.restarts + 1) if prev else 0)
+        self._record()
+
+    def _record(self) -> None:
+        if self.stack is not None:
+            self.stack.write_state(service_pids={n: c.proc.pid for n, c in self.children.items()})
+
+    def start_services(self) -> None:
+        for name in self.services:
+            self.spawn(name)
+
+    def poll(self) -> list[str]:
+        """Restart services that exited, with exponential backoff. Returns names restarted."""
+        restarted = []
+        now = time.monotonic()
+        for name, child in list(self.children.items()):
+            if child.proc.poll() is None:
+                continue
+            if child.next_start == 0.0:
+                delay = min(30.0, 0.5 * 2 ** min(child.restarts, 6)) if now - child.started < 60 else 0.5
+                child.next_start = now + delay
+                log.warning("service_exited", service=name, code=child.proc.returncode, restart_in_s=delay)
+            elif now >= child.next_start:
+                self.spawn(name)
+                restarted.append(name)
+        return restarted
+
+    def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
+        """Send a signal to one service (used by the fault suite)."""
+        with contextlib.suppress(ProcessLookupError):
+            self.children[name].proc.send_signal(sig)
+
+    def wait_healthy(self, timeout: float = 180.0) -> None:
+        """Block until every started service answers its health endpoint."""
+        import httpx
+
+        deadline = time.monotonic() + timeout
+        pending = set(self.children)
+        while pending and time.monotonic() < deadline:
+            for name in list(pending):
+                port = self.settings.api_port if name == "api" else self.metrics_base_port + ALL_SERVICES.index(name)
+                with contextlib.suppress(Exception):
+                    if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
+                        pending.discard(name)
+                child = self.children[name]
+                if child.proc.poll() is not None:
+                    raise RuntimeError(f"service {name} exited with {child.proc.returncode} during start-up"
+                                       + (f"; see {self.log_dir / (name + '.log')}" if self.log_dir else ""))
+            time.sleep(0.3)
+        if pending:
+            raise RuntimeError(f"services not healthy after {timeout}s: {sorted(pending)}")
+
+    def stop_services(self, grace: float | None = None) -> None:
+        """SIGTERM every service (they drain and ack), then SIGKILL what outlives the grace period."""
+        grace = self.settings.shutdown_grace_s + 5 if grace is None else grace
+        for child in self.children.values():
+            with contextlib.suppress(ProcessLookupError):
+                child.proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        for child in self.children.values():
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                child.proc.wait(max(0.1, deadline - time.monotonic()))
+            if child.proc.poll() is None:
+                child.proc.kill()
+                child.proc.wait(5)
+        self.children.clear()
+        self._record()
+
+    def stop(self) -> None:
+        self.stop_services()
+        if self.stack is not None:
+            self.stack.stop()

@@ -1,0 +1,80 @@
+"""Maintenance sweeps: lease, stuck-drawer re-drive, decay, prune. Each is one short statement."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from psycopg import AsyncConnection
+
+__all__ = ["decay", "fail_exhausted", "prune", "stuck_drawers", "take_lease"]
+
+
+async def take_lease(conn: AsyncConnection[Any], job: str, holder: str, ttl_s: float, every_s: float) -> bool:
+    """Claim ``job`` for ``ttl_s`` if its lease expired and it last ran ``every_s`` ago: one replica runs it."""
+    cur = await conn.execute(
+        """INSERT INTO job_leases (workspace_id, job, holder, expires_at, last_run_at)
+           VALUES ('*', %(job)s, %(holder)s, now() + make_interval(secs => %(ttl)s), now())
+           ON CONFLICT (workspace_id, job) DO UPDATE
+              SET holder = EXCLUDED.holder, expires_at = EXCLUDED.expires_at, last_run_at = now()
+            WHERE job_leases.expires_at < now()
+              AND (job_leases.last_run_at IS NULL OR job_leases.last_run_at < now() - make_interval(secs => %(every)s))
+           RETURNING holder""",
+        {"job": job, "holder": holder, "ttl": ttl_s, "every": every_s},
+    )
+    return (await cur.fetchone()) is not None
+
+
+async def stuck_drawers(conn: AsyncConnection[Any], older_than_s: float, max_retries: int,
+                        limit: int = 1000) -> list[tuple[str, str, int]]:
+    """(workspace_id, drawer_id, retry_count) of raw drawers idle too long, bumping their retry count."""
+    cur = await conn.execute(
+        """UPDATE drawers d SET retry_count = d.retry_count + 1, updated_at = now()
+             FROM (SELECT workspace_id, id FROM drawers
+                    WHERE state = 'raw' AND deleted_at IS NULL AND retry_count < %s
+                      AND updated_at < now() - make_interval(secs => %s)
+                    ORDER BY updated_at LIMIT %s FOR UPDATE SKIP LOCKED) s
+            WHERE d.workspace_id = s.workspace_id AND d.id = s.id
+        RETURNING d.workspace_id, d.id, d.retry_count""",
+        (max_retries, older_than_s, limit),
+    )
+    return [(r[0], r[1], r[2]) for r in await cur.fetchall()]
+
+
+async def fail_exhausted(conn: AsyncConnection[Any], older_than_s: float, max_retries: int) -> int:
+    """Drawers still raw after every re-drive are marked failed, with the reason; never deleted."""
+    cur = await conn.execute(
+        """UPDATE drawers SET state = 'failed', updated_at = now(),
+                  failure_reason = 'still raw after ' || retry_count || ' re-drives'
+            WHERE state = 'raw' AND deleted_at IS NULL AND retry_count >= %s
+              AND updated_at < now() - make_interval(secs => %s)""",
+        (max_retries, older_than_s),
+    )
+    return cur.rowcount
+
+
+async def decay(conn: AsyncConnection[Any], after_days: float, factor: float, floor: float = 0.3) -> int:
+    """Unused old memories lose importance slowly (seeds: x0.98 per sweep, floor 0.3)."""
+    cur = await conn.execute(
+        """UPDATE drawers SET importance = greatest(importance * %s, %s), updated_at = now()
+            WHERE deleted_at IS NULL AND NOT pinned AND importance > %s
+              AND filed_at < now() - make_interval(days => %s)
+              AND coalesce(last_accessed_at, filed_at) < now() - interval '7 days'""",
+        (factor, floor, floor, int(after_days)),
+    )
+    return cur.rowcount
+
+
+async def prune(conn: AsyncConnection[Any], keep_min: int) -> int:
+    """Soft-delete forgotten memories (importance < 0.5, accessed < 3 times), keeping ``keep_min`` each."""
+    cur = await conn.execute(
+        """WITH ranked AS (
+               SELECT workspace_id, id, importance, access_count, pinned,
+                      row_number() OVER (PARTITION BY workspace_id ORDER BY importance DESC, filed_at DESC) AS rn
+                 FROM drawers WHERE deleted_at IS NULL)
+           UPDATE drawers d SET deleted_at = now(), updated_at = now()
+             FROM ranked r
+            WHERE d.workspace_id = r.workspace_id AND d.id = r.id AND r.rn > %s
+              AND r.importance < 0.5 AND r.access_count < 3 AND NOT r.pinned""",
+        (keep_min,),
+    )
+    return cur.rowcount

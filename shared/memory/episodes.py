@@ -1,0 +1,63 @@
+"""Extractive episode summaries (the no-LLM fallback of the seeds' episode summariser)."""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from dataclasses import dataclass
+
+from shared.memory.classify import classify
+
+__all__ = ["STOPWORDS", "EpisodeDraft", "summarize_session", "top_keywords"]
+
+STOPWORDS = frozenset(
+    """a about above after again against all am an and any are as at be because been before being below between
+both but by can could did do does doing down during each few for from further had has have having he her
+here hers herself him himself his how i if in into is it its itself just me more most my myself no nor not
+now of off on once only or other our ours ourselves out over own same she should so some such than that the
+their theirs them themselves then there these they this those through to too under until up very was we were
+what when where which while who whom why will with would you your yours yourself yourselves also get got
+really like know think going yeah yes okay oh well im i'm it's that's don't didn't can't one would could
+thing things lot much something anything everything way make made want wanted good great nice thanks thank
+hey hi""".split()
+)
+_WORD = re.compile(r"[A-Za-z][A-Za-z'-]{2,}")
+
+
+@dataclass(frozen=True)
+class EpisodeDraft:
+    summary: str
+    abstract: str
+    topics: list[str]
+
+
+def top_keywords(texts: list[str], n: int = 8) -> list[str]:
+    """Most frequent content words (lower-cased, stopwords removed)."""
+    counts: Counter[str] = Counter()
+    for t in texts:
+        counts.update(w.lower() for w in _WORD.findall(t) if w.lower() not in STOPWORDS)
+    return [w for w, _ in counts.most_common(n)]
+
+
+def summarize_session(
+    turns: list[tuple[str | None, str]], max_sentences: int = 4, max_chars: int = 1200
+) -> EpisodeDraft:
+    """Pick the most important turns (heuristic importance), keep their order, prefix the speaker.
+
+    Args:
+        turns: (speaker, content) in conversation order; noise already removed.
+        max_sentences: turns kept in the summary.
+        max_chars: hard cap of the summary.
+    """
+    if not turns:
+        return EpisodeDraft("", "", [])
+    scored = sorted(range(len(turns)), key=lambda i: (-classify(turns[i][1]).importance, i))[:max_sentences]
+    parts = []
+    for i in sorted(scored):
+        who, text = turns[i]
+        snippet = text if len(text) <= 300 else text[:297].rsplit(" ", 1)[0] + "…"
+        parts.append(f"{who}: {snippet}" if who else snippet)
+    summary = " ".join(parts)[:max_chars]
+    first = parts[0]
+    abstract = first if len(first) <= 200 else first[:199].rsplit(" ", 1)[0] + "…"
+    return EpisodeDraft(summary, abstract, top_keywords([t for _, t in turns]))

@@ -1,0 +1,83 @@
+"""Recall: embed the query (cached), run the hybrid search, touch what was returned.
+
+Used by the HTTP API, the CLI and the benchmarks, so every figure we publish measures the same path
+users call. If the embedder fails, recall degrades to full-text only instead of failing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+import numpy as np
+from psycopg_pool import AsyncConnectionPool
+
+from shared.db.search import SearchHit, SearchParams, hybrid_search, touch_access
+from shared.logging import get_logger
+from shared.metrics import SEARCH_SECONDS
+from shared.ports import Embedder
+
+__all__ = ["Recaller"]
+
+log = get_logger("palace.recall")
+
+
+@dataclass
+class Recaller:
+    """Query-side state: the pool, the embedder and a small LRU of query embeddings."""
+
+    pool: AsyncConnectionPool
+    embedder: Embedder | None
+    params: SearchParams = field(default_factory=SearchParams)
+    cache_size: int = 2048
+    touch: bool = True
+    _cache: OrderedDict[str, np.ndarray] = field(default_factory=OrderedDict)
+    _bg: set[asyncio.Task[None]] = field(default_factory=set)
+
+    async def _embed(self, query: str) -> np.ndarray | None:
+        if self.embedder is None:
+            return None
+        hit = self._cache.get(query)
+        if hit is not None:
+            self._cache.move_to_end(query)
+            return hit
+        try:
+            t0 = time.perf_counter()
+            vec = await self.embedder.embed_query(query)
+            SEARCH_SECONDS.labels("embed").observe(time.perf_counter() - t0)
+        except Exception as e:  # degrade to full text rather than fail the turn
+            log.warning("query_embedding_failed", error=repr(e)[:300])
+            return None
+        self._cache[query] = vec
+        if len(self._cache) > self.cache_size:
+            self._cache.popitem(last=False)
+        return vec
+
+    async def search(self, workspace_id: str, query: str, k: int = 10) -> list[SearchHit]:
+        """Top-k drawers of ``workspace_id`` for ``query``."""
+        t0 = time.perf_counter()
+        vec = await self._embed(query)
+        params = SearchParams(**{**self.params.__dict__, "k": k})
+        t1 = time.perf_counter()
+        async with self.pool.connection() as conn:
+            hits = await hybrid_search(conn, workspace_id, query, vec, params)
+        SEARCH_SECONDS.labels("sql").observe(time.perf_counter() - t1)
+        SEARCH_SECONDS.labels("total").observe(time.perf_counter() - t0)
+        if self.touch and hits:
+            task = asyncio.create_task(self._touch(workspace_id, [h.id for h in hits]))
+            self._bg.add(task)
+            task.add_done_callback(self._bg.discard)
+        return hits
+
+    async def _touch(self, workspace_id: str, ids: list[str]) -> None:
+        try:
+            async with self.pool.connection() as conn:
+                await touch_access(conn, workspace_id, ids)
+        except Exception as e:
+            log.warning("touch_failed", error=repr(e)[:200])
+
+    async def drain(self) -> None:
+        if self._bg:
+            await asyncio.gather(*self._bg, return_exceptions=True)
