@@ -296,7 +296,7 @@ def demo(keep: Annotated[bool, typer.Option(help="Leave the stack running afterw
             while time.monotonic() < deadline:
                 stats = httpx.get(f"{api}/v1/workspaces/{DEMO_WORKSPACE}/stats", timeout=10).json()
                 by = stats["drawers_by_state"]
-                if by and not by.get("raw") and sum(by.values()) > 0:
+                if stats["sessions"] >= len(DEMO_SESSIONS) and by and not by.get("raw"):
                     break
                 time.sleep(0.5)
         console.print(f"[green]✓[/green] {stats['messages']} messages stored raw, drawers by state "

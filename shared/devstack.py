@@ -18,11 +18,14 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import psutil
+
+os.environ.setdefault("XDG_RUNTIME_DIR", tempfile.gettempdir())  # pgserver imports platformdirs, which warns without it
 
 __all__ = ["DevStack", "StackInfo", "nats_server_binary"]
 

@@ -1,0 +1,52 @@
+# Palace: two commands on a fresh machine with Python 3.11 — `make demo` and `make test`.
+PY ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: install demo test unit up stop fault bench-ingest bench-search schemas lint clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+## Start embedded PostgreSQL + NATS and every service, publish a sample conversation, show recall.
+demo: install
+	$(BIN)/palace demo
+
+## Lint, schema drift check, and the whole test suite against real embedded servers.
+test: install
+	$(BIN)/ruff check .
+	$(BIN)/palace schemas --check
+	$(BIN)/pytest -ra
+
+## Unit tests only (no servers).
+unit: install
+	$(BIN)/pytest -ra -m "not integration"
+
+## Run the stack in the foreground until Ctrl-C.
+up: install
+	$(BIN)/palace up
+
+stop: install
+	$(BIN)/palace stack stop
+
+bench-ingest: install
+	$(BIN)/python bench/ingest.py
+
+bench-search: install
+	$(BIN)/python bench/search.py
+
+schemas: install
+	$(BIN)/palace schemas
+
+lint: install
+	$(BIN)/ruff check .
+
+clean:
+	-$(BIN)/palace stack stop
+	rm -rf .devstack .devstack-test
