@@ -25,7 +25,17 @@ from pathlib import Path
 
 import psutil
 
-os.environ.setdefault("XDG_RUNTIME_DIR", tempfile.gettempdir())  # pgserver imports platformdirs, which warns without it
+
+def _runtime_dir() -> str:
+    """pgserver imports platformdirs, which warns unless XDG_RUNTIME_DIR is a private (0700) directory."""
+    path = Path(tempfile.gettempdir()) / f"palace-runtime-{os.getuid()}"
+    path.mkdir(mode=0o700, exist_ok=True)
+    path.chmod(0o700)
+    return str(path)
+
+
+if not os.environ.get("XDG_RUNTIME_DIR") or not Path(os.environ["XDG_RUNTIME_DIR"]).is_dir():
+    os.environ["XDG_RUNTIME_DIR"] = _runtime_dir()
 
 __all__ = ["DevStack", "StackInfo", "nats_server_binary"]
 

@@ -1,8 +1,9 @@
 """Event contracts: every message on the bus is one of these models.
 
 They are the single source of the JSON Schemas in ``schemas/`` (``palace schemas`` regenerates them
-and a test fails when they drift). Models forbid unknown fields and use strict types: a producer
-that sends the wrong shape gets a precise dead-letter reason instead of silently lossy coercion.
+and a test fails when they drift). Models forbid unknown fields, and pydantic v2 never coerces a
+number into a string: a producer that sends the wrong shape gets a precise dead-letter reason
+instead of a silently lossy coercion.
 """
 
 from __future__ import annotations
@@ -71,7 +72,7 @@ def _no_nul_json(value: Any) -> Any:
 class Event(BaseModel):
     """Fields every event carries."""
 
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True)
     subject: ClassVar[str] = ""
 
     schema_version: Literal["1"] = Field(
@@ -86,7 +87,7 @@ class Event(BaseModel):
 class Message(BaseModel):
     """One conversation turn, stored verbatim."""
 
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
     role: Literal["user", "assistant", "system", "tool"] = Field(description="Who produced the turn.")
     content: str = Field(max_length=MAX_MESSAGE_CHARS, description="Verbatim text of the turn.")

@@ -1,0 +1,53 @@
+"""One real stack per test run: embedded PostgreSQL + pgvector and NATS JetStream (or the external
+servers in PALACE_DATABASE_URL / PALACE_NATS_URL), with every service as its own process."""
+
+from __future__ import annotations
+
+import os
+import random
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from services.supervisor import Supervisor
+from shared.config import Settings
+from tests.integration.helpers import Stack
+
+# Short delays so retry paths finish within a test; values a deployment would never use.
+TEST_ENV = {
+    "PALACE_BACKOFF_S": "[0.2, 0.5, 1.0]",
+    "PALACE_MAX_DELIVER": "3",
+    "PALACE_ACK_WAIT_S": "15",
+    "PALACE_MAINTAIN_INTERVAL_S": "1",
+    "PALACE_STUCK_AFTER_S": "3",
+    "PALACE_SHUTDOWN_GRACE_S": "10",
+    "PALACE_LOG_JSON": "true",
+    "PALACE_DEVSTACK_DIR": ".devstack-test",
+}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="session")
+def stack() -> Iterator[Stack]:
+    saved = dict(os.environ)
+    os.environ.update({k: v for k, v in TEST_ENV.items() if k not in os.environ or k == "PALACE_DEVSTACK_DIR"})
+    os.environ["PALACE_API_PORT"] = str(_free_port())
+    settings = Settings()
+    log_dir = Path(settings.devstack_dir) / "logs"
+    sup = Supervisor(settings, log_dir=log_dir, metrics_base_port=random.randint(20000, 40000))
+    try:
+        sup.start_servers()
+        sup.start_services()
+        sup.wait_healthy()
+        yield Stack(settings, sup, sup.database_url, sup.nats_url, f"http://127.0.0.1:{settings.api_port}")
+    finally:
+        sup.stop()
+        os.environ.clear()
+        os.environ.update(saved)

@@ -1,0 +1,82 @@
+"""Helpers for tests against the real stack: publish, wait, query."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import httpx
+import nats
+import psycopg
+
+from services.supervisor import Supervisor
+from shared.config import Settings
+
+T = TypeVar("T")
+
+
+@dataclass
+class Stack:
+    settings: Settings
+    supervisor: Supervisor
+    database_url: str
+    nats_url: str
+    api_url: str
+
+    def publish(self, payload: bytes | dict[str, Any], subject: str = "session.completed",
+                headers: dict[str, str] | None = None) -> None:
+        data = json.dumps(payload).encode() if isinstance(payload, dict) else payload
+
+        async def go() -> None:
+            nc = await nats.connect(self.nats_url)
+            try:
+                await nc.jetstream().publish(subject, data, headers=headers)
+            finally:
+                await nc.close()
+
+        asyncio.run(go())
+
+    def sql(self, query: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+        with psycopg.connect(self.database_url) as conn:
+            return conn.execute(query, params).fetchall()  # type: ignore[arg-type]
+
+    def search(self, workspace: str, query: str, k: int = 5) -> list[dict[str, Any]]:
+        r = httpx.post(f"{self.api_url}/v1/search", json={"workspace_id": workspace, "query": query, "k": k},
+                       timeout=30)
+        r.raise_for_status()
+        return r.json()["hits"]  # type: ignore[no-any-return]
+
+    def wait_processed(self, workspace: str, n_drawers: int, timeout: float = 60) -> None:
+        def done() -> bool:
+            rows = self.sql("SELECT state, count(*) FROM drawers WHERE workspace_id = %s GROUP BY state",
+                            (workspace,))
+            by = dict(rows)
+            return sum(by.values()) >= n_drawers and not by.get("raw")
+        wait_for(done, timeout, f"{n_drawers} processed drawers in {workspace}")
+
+
+def wait_for(pred: Callable[[], T], timeout: float = 30, what: str = "condition") -> T:
+    deadline = time.monotonic() + timeout
+    while True:
+        v = pred()
+        if v:
+            return v
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.2)
+
+
+def ws() -> str:
+    return f"t-{uuid.uuid4().hex[:12]}"
+
+
+def session(workspace: str, session_id: str, texts: list[str], **kw: Any) -> dict[str, Any]:
+    return {"workspace_id": workspace, "session_id": session_id, "agent_id": "agent-1", "user_id": "user-1",
+            "messages": [{"role": "user" if i % 2 == 0 else "assistant", "content": t,
+                          "created_at": "2026-11-01T10:00:00Z"} for i, t in enumerate(texts)],
+            "started_at": "2026-11-01T10:00:00Z", "completed_at": "2026-11-01T10:30:00Z", "metadata": {}, **kw}

@@ -1,0 +1,123 @@
+"""The first path end to end: session.completed → raw rows → drawers → embedded → classified → searchable."""
+
+from __future__ import annotations
+
+import json
+
+from tests.integration.helpers import Stack, session, wait_for, ws
+
+TEXTS = [
+    "hi",
+    "We decided to run the billing service on PostgreSQL with pgvector, not a separate vector store.",
+    "Sounds like a plan, I'll draft the migration checklist tonight.",
+    "My partner Ana is training for the Berlin marathon in September.",
+    "The nightly export job keeps failing with a timeout error on the S3 upload.",
+]
+
+
+def test_session_becomes_searchable_with_expected_content(stack: Stack) -> None:
+    w = ws()
+    stack.publish(session(w, "s1", TEXTS))
+    stack.wait_processed(w, 4)
+    # Raw first: every message is stored verbatim, noise included.
+    msgs = stack.sql("SELECT seq, content FROM messages WHERE workspace_id = %s ORDER BY seq", (w,))
+    assert [m[1] for m in msgs] == TEXTS
+    rows = stack.sql("SELECT content, state, memory_type, pipeline_tier, embedding IS NOT NULL FROM drawers"
+                     " WHERE workspace_id = %s", (w,))
+    assert {r[0] for r in rows} == set(TEXTS[1:]), "noise ('hi') is not filed"
+    assert all(r[1] == "processed" and r[2] and r[3] == "heuristic" and r[4] for r in rows)
+    hits = stack.search(w, "Which database does billing use?", k=3)
+    assert "PostgreSQL with pgvector" in hits[0]["content"]
+    hits = stack.search(w, "What is Ana training for?", k=3)
+    assert "Berlin marathon" in hits[0]["content"]
+    hits = stack.search(w, "why does the export fail", k=3)
+    assert "timeout error" in hits[0]["content"]
+    # Classification is audited.
+    assert stack.sql("SELECT count(*) FROM memory_history WHERE workspace_id = %s AND action = 'CLASSIFY'",
+                     (w,))[0][0] == 4
+
+
+def test_republishing_creates_no_duplicates(stack: Stack) -> None:
+    w = ws()
+    ev = session(w, "s1", TEXTS)
+    stack.publish(ev)
+    stack.wait_processed(w, 4)
+    stack.publish(ev)
+    stack.publish(ev, headers={"Nats-Msg-Id": "another-id"})
+    # The same text arriving in a different session is still one drawer, with two provenance rows.
+    stack.publish(session(w, "s2", [TEXTS[3]]))
+    wait_for(lambda: stack.sql("SELECT count(*) FROM sessions WHERE workspace_id = %s", (w,))[0][0] == 2,
+             what="second session stored")
+    wait_for(lambda: stack.sql("SELECT count(*) FROM drawer_sources WHERE workspace_id = %s", (w,))[0][0] == 5,
+             what="provenance of the repeat")
+    assert stack.sql("SELECT count(*) FROM messages WHERE workspace_id = %s", (w,))[0][0] == len(TEXTS) + 1
+    assert stack.sql("SELECT count(*), count(DISTINCT content_hash) FROM drawers WHERE workspace_id = %s",
+                     (w,))[0] == (4, 4)
+    hits = stack.search(w, "Berlin marathon", k=10)
+    assert sum("Berlin marathon" in h["content"] for h in hits) == 1
+
+
+def test_long_message_is_chunked_and_all_chunks_searchable(stack: Stack) -> None:
+    w = ws()
+    parts = [f"Paragraph {i}: the Helios project milestone {i} covers module {i * 7} and its tests." for i in range(30)]
+    parts[25] = "Paragraph 25: the secret launch code name for Helios is Blue Heron."
+    stack.publish(session(w, "long", [" ".join(parts)]))
+    n = wait_for(lambda: stack.sql("SELECT count(*) FROM drawers WHERE workspace_id = %s", (w,))[0][0],
+                 what="chunks")
+    assert n >= 3
+    stack.wait_processed(w, n)
+    assert all(len(r[0]) <= 800 for r in stack.sql("SELECT content FROM drawers WHERE workspace_id = %s", (w,)))
+    hits = stack.search(w, "Helios launch code name", k=3)
+    assert any("Blue Heron" in h["content"] for h in hits)
+
+
+def test_workspaces_never_see_each_other(stack: Stack) -> None:
+    a, b = ws(), ws()
+    stack.publish(session(a, "s", ["Our office wifi password rotation happens every Monday at nine."]))
+    stack.publish(session(b, "s", ["The quarterly roadmap review moved to the Lisbon office."]))
+    stack.wait_processed(a, 1)
+    stack.wait_processed(b, 1)
+    for q in ["wifi password", "roadmap review Lisbon", "office"]:
+        for h in stack.search(a, q, k=10):
+            assert "roadmap" not in h["content"]
+        for h in stack.search(b, q, k=10):
+            assert "wifi" not in h["content"]
+    assert stack.search(ws(), "office", k=10) == []
+
+
+def test_episode_and_entities_follow(stack: Stack) -> None:
+    w = ws()
+    stack.publish(session(w, "s1", ["Maria and Tomás decided to move the Orion launch to Lisbon in March.",
+                                    "I feel relieved that the Orion launch is finally settled."]))
+    wait_for(lambda: stack.sql("SELECT count(*) FROM episodes WHERE workspace_id = %s", (w,))[0][0] == 1,
+             what="episode")
+    summary, topics = stack.sql("SELECT summary, topics FROM episodes WHERE workspace_id = %s", (w,))[0]
+    assert "Orion" in summary and "orion" in topics
+    names = wait_for(lambda: {r[0] for r in stack.sql("SELECT name FROM entities WHERE workspace_id = %s", (w,))},
+                     what="entities")
+    assert {"Maria", "Tomás", "Orion", "Lisbon"} <= names
+    wait_for(lambda: stack.sql("SELECT max(mention_count) FROM entities WHERE workspace_id = %s AND name = 'Orion'",
+                               (w,))[0][0] == 2, what="mention counts")
+
+
+def test_openapi_documents_search(stack: Stack) -> None:
+    import httpx
+
+    spec = httpx.get(f"{stack.api_url}/openapi.json", timeout=10).json()
+    assert "/v1/search" in spec["paths"] and "/v1/sessions" in spec["paths"]
+
+
+def test_http_write_path_and_body_limit(stack: Stack) -> None:
+    import httpx
+
+    w = ws()
+    ev = session(w, "http", ["I switched my team to trunk-based development."])
+    r = httpx.post(f"{stack.api_url}/v1/sessions", json=ev, timeout=30)
+    assert r.status_code == 202, r.text
+    stack.wait_processed(w, 1)
+    r = httpx.post(f"{stack.api_url}/v1/sessions", content=b"x" * (stack.settings.max_request_bytes + 1),
+                   headers={"content-type": "application/json"}, timeout=30)
+    assert r.status_code == 413
+    r = httpx.post(f"{stack.api_url}/v1/search", json={"workspace_id": "bad ws", "query": "x"}, timeout=30)
+    assert r.status_code == 422
+    assert json.loads(r.text)["detail"]

@@ -1,0 +1,66 @@
+"""Event contracts: schemas are generated from the models, and bad input gets a precise reason."""
+
+import json
+from pathlib import Path
+
+import pytest
+from jsonschema import Draft202012Validator
+
+from shared.bus import Poison, decode_event
+from shared.config import Settings
+from shared.events import EVENT_MODELS, SessionCompleted
+from shared.events.export import render_schemas
+
+ROOT = Path(__file__).resolve().parents[2]
+GOOD = {"workspace_id": "w1", "session_id": "s1", "agent_id": "a", "user_id": "u",
+        "messages": [{"role": "user", "content": "We chose Postgres.", "created_at": "2026-01-01T10:00:00Z"}],
+        "started_at": "2026-01-01T10:00:00Z", "completed_at": "2026-01-01T10:05:00Z", "metadata": {"k": 1}}
+
+
+def test_schemas_in_repo_match_models() -> None:
+    for name, text in render_schemas().items():
+        assert (ROOT / "schemas" / name).read_text() == text, f"schemas/{name} is stale: run 'palace schemas'"
+
+
+def test_every_event_has_a_versioned_schema() -> None:
+    for subject, model in EVENT_MODELS.items():
+        schema = model.model_json_schema()
+        assert "schema_version" in schema["properties"], subject
+        Draft202012Validator.check_schema(schema)
+
+
+def test_good_event_validates_against_schema_and_model() -> None:
+    schema = json.loads((ROOT / "schemas" / "session.completed.json").read_text())
+    Draft202012Validator(schema).validate(GOOD)
+    ev = decode_event(SessionCompleted, json.dumps(GOOD).encode(), Settings())
+    assert ev.event_id and ev.schema_version == "1"
+
+
+def test_event_id_is_derived_deterministically() -> None:
+    a = SessionCompleted.model_validate(GOOD)
+    b = SessionCompleted.model_validate(GOOD)
+    c = SessionCompleted.model_validate({**GOOD, "messages": [{"role": "user", "content": "Other."}]})
+    assert a.event_id == b.event_id != c.event_id
+
+
+def _bad(**changes: object) -> bytes:
+    return json.dumps({**GOOD, **changes}).encode()
+
+
+@pytest.mark.parametrize(("payload", "reason"), [
+    (b"not json at all", "invalid session.completed"),
+    (b"\xff\xfe\x00garbage", "not valid UTF-8"),
+    (_bad(messages=[]), "messages"),
+    (_bad(session_id=42), "session_id"),
+    (_bad(unexpected=True), "unexpected"),
+    (_bad(schema_version="9"), "schema_version"),
+    (_bad(workspace_id="has space"), "workspace_id"),
+    (_bad(messages=[{"role": "robot", "content": "x"}]), "role"),
+    (_bad(messages=[{"role": "user", "content": "a\u0000b"}]), "NUL"),
+    (_bad(metadata={"k": "a\u0000"}), "NUL"),
+    (b"x" * 2_000_000, "exceeds"),
+])
+def test_bad_input_is_poison_with_reason(payload: bytes, reason: str) -> None:
+    with pytest.raises(Poison) as e:
+        decode_event(SessionCompleted, payload, Settings())
+    assert reason in str(e.value)
