@@ -189,8 +189,13 @@ class DevStack:
         for p in self._pg_leftovers():
             _terminate(p, 5)
         if not self.pg_alive():
-            with contextlib.suppress(FileNotFoundError):
-                (self.pg_data / "postmaster.pid").unlink()
+            # A SIGKILLed postmaster leaves its pid file and socket lock behind (and, where nothing
+            # reaps it, a zombie whose pid still "exists"): clear them so the next start is clean.
+            stale = [self.pg_data / "postmaster.pid", *self.pg_dir.glob(".s.PGSQL.*.lock"),
+                     *self.pg_dir.glob(".s.PGSQL.[0-9]*[0-9]")]
+            for f in stale:
+                with contextlib.suppress(FileNotFoundError):
+                    f.unlink()
 
     def start_postgres(self) -> str:
         """Start (recovering first) and return the connection URL of database ``palace``."""

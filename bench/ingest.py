@@ -1,0 +1,289 @@
+"""End-to-end ingest throughput: session.completed on NATS → drawers processed in PostgreSQL.
+
+Why this shape: the pipeline's bottleneck is (or should be) the embedding model, so the headline is
+not an absolute rate (which depends on the machine) but the ratio of the pipeline's drawers/s to the
+embedder's own documents/s, both measured in the same run on the same texts and the same machine.
+A ratio near 1 means the bus, the database and the other stages cost almost nothing on top of the
+model; a low ratio says where to look.
+
+Only ingest, embed and classify run, so the figure is the main path (cluster, enrich, maintain and
+the API would compete for the same cores without being on it).
+
+    .venv/bin/python bench/ingest.py [--sessions 200] [--messages-per-session 10] [--seed 0]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+from _common import (
+    BENCH_STACK,
+    Turn,
+    bench_settings,
+    console,
+    free_port_block,
+    load_locomo,
+    machine_info,
+    prepare_process,
+    write_results,
+)
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from shared.config import Settings
+from shared.events import Message, SessionCompleted
+from shared.memory.filing import plan_session
+
+SERVICES = ["ingest", "embed", "classify"]
+
+
+@dataclass
+class Workload:
+    workspace: str
+    events: list[SessionCompleted]
+    payloads: list[tuple[bytes, str]]  # (body, Nats-Msg-Id)
+    messages: int
+    drawer_texts: dict[str, str]  # planned drawer id -> content (unique across the run)
+
+
+def build_workload(turns: list[Turn], settings: Settings, sessions: int, per_session: int, seed: int,
+                   workspace: str) -> Workload:
+    """N sessions of M consecutive LoCoMo turns, starting at a seeded offset and cycling.
+
+    Texts are verbatim on the first lap through the data; later laps get a ``(lap k)`` suffix so no
+    two sessions carry the same text (an exact repeat is one drawer, which would shrink the work).
+    """
+    start = random.Random(seed).randrange(len(turns))
+    events: list[SessionCompleted] = []
+    drawers: dict[str, str] = {}
+    for i in range(sessions):
+        msgs = []
+        for j in range(per_session):
+            k = i * per_session + j
+            t = turns[(start + k) % len(turns)]
+            lap = k // len(turns)
+            text = t.text if lap == 0 else f"{t.text} (lap {lap + 1})"
+            msgs.append(Message(role="user" if j % 2 == 0 else "assistant", content=text, name=t.speaker))
+        ev = SessionCompleted(workspace_id=workspace, session_id=f"bench-{i:06d}", messages=msgs,
+                              metadata={"source": "bench/ingest.py"})
+        events.append(ev)
+        plan = plan_session(ev, chunk_chars=settings.chunk_chars, chunk_overlap=settings.chunk_overlap,
+                            min_chars=settings.min_chars)
+        for d in plan.drawers:
+            drawers.setdefault(d.id, d.content)
+    payloads = [(ev.model_dump_json(exclude_none=True).encode(), f"session.completed:{ev.event_id}")
+                for ev in events]
+    return Workload(workspace, events, payloads, sessions * per_session, drawers)
+
+
+async def embedder_alone(settings: Settings, texts: list[str]) -> dict[str, Any]:
+    """The embedder's own documents/s on these texts, in-process, batches of ``embed_batch``.
+
+    Run while no service is up, so nothing competes for the cores: this is the ceiling the
+    pipeline is compared against.
+    """
+    from shared.adapters import build_embedder
+
+    emb = build_embedder(settings)
+    try:
+        warm = getattr(emb, "warm_up", None)
+        if warm is not None:
+            await warm()
+        await emb.embed_documents(texts[: min(len(texts), settings.embed_batch)])  # first real batch: warm
+        t0 = time.perf_counter()
+        step = settings.embed_batch
+        for i in range(0, len(texts), step):
+            await emb.embed_documents(texts[i : i + step])
+        dt = time.perf_counter() - t0
+    finally:
+        aclose = getattr(emb, "aclose", None)
+        if aclose is not None:
+            await aclose()
+    return {"model": getattr(emb, "model_name", settings.embed_model), "docs": len(texts), "seconds": dt,
+            "docs_per_s": len(texts) / dt, "batch": settings.embed_batch,
+            "threads": settings.embed_threads or "all cores"}
+
+
+def _nats_connect_options(settings: Settings) -> dict[str, Any]:
+    """The same credentials the services use (PALACE_NATS_USER/TOKEN/CREDS/TLS_CA)."""
+    try:
+        from shared.bus import _nats_options  # private, but the one place these settings are mapped
+
+        return _nats_options(settings)
+    except ImportError:  # pragma: no cover - only if the helper is renamed
+        return {}
+
+
+async def run_pipeline(settings: Settings, nats_url: str, database_url: str, work: Workload,
+                       timeout_s: float, concurrency: int) -> dict[str, Any]:
+    """Publish every event as fast as JetStream acks them, then poll until all drawers are processed."""
+    import nats
+
+    expected = len(work.drawer_texts)
+    nc = await nats.connect(nats_url.split(","), **_nats_connect_options(settings))
+    marks: dict[str, float] = {}
+    try:
+        js = nc.jetstream()
+        sem = asyncio.Semaphore(concurrency)
+
+        async def pub(body: bytes, msg_id: str) -> None:
+            async with sem:
+                await js.publish("session.completed", body, headers={"Nats-Msg-Id": msg_id},
+                                 stream=settings.stream_name, timeout=30)
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(pub(b, m) for b, m in work.payloads))
+        t_pub = time.perf_counter()
+    finally:
+        await nc.close()
+
+    sql = """SELECT count(*), count(*) FILTER (WHERE embedding IS NOT NULL),
+                    count(*) FILTER (WHERE state = 'processed'), count(*) FILTER (WHERE state = 'failed')
+               FROM drawers WHERE workspace_id = %s"""
+    filed = embedded = processed = failed = 0
+    done = False
+    async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as conn:
+        with Progress(TextColumn("[bold]drawers processed"), BarColumn(), MofNCompleteColumn(),
+                      TextColumn("filed {task.fields[filed]} · embedded {task.fields[embedded]}"),
+                      TimeElapsedColumn(), console=console, transient=False) as bar:
+            task = bar.add_task("pipeline", total=expected, filed=0, embedded=0)
+            deadline = t0 + timeout_s
+            while time.perf_counter() < deadline:
+                cur = await conn.execute(sql, (work.workspace,))
+                row = await cur.fetchone()
+                assert row is not None
+                filed, embedded, processed, failed = (int(x) for x in row)
+                now = time.perf_counter()
+                if filed >= expected:
+                    marks.setdefault("all_filed", now)
+                if embedded >= expected:
+                    marks.setdefault("all_embedded", now)
+                bar.update(task, completed=processed, filed=filed, embedded=embedded)
+                if failed:
+                    break
+                if filed >= expected and processed >= filed:
+                    marks["all_processed"] = now
+                    done = True
+                    break
+                await asyncio.sleep(0.1)
+    end = marks.get("all_processed", time.perf_counter())
+    return {
+        "completed": done, "expected_drawers": expected, "filed": filed, "embedded": embedded,
+        "processed": processed, "failed": failed,
+        "publish_s": t_pub - t0, "end_to_end_s": end - t0,
+        "all_filed_s": marks["all_filed"] - t0 if "all_filed" in marks else None,
+        "all_embedded_s": marks["all_embedded"] - t0 if "all_embedded" in marks else None,
+    }
+
+
+async def cleanup_workspace(database_url: str, workspace: str) -> None:
+    """Remove the run's rows (its workspace only), so repeated runs don't grow the bench database."""
+    async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as conn:
+        for table in ("drawers", "sessions", "embedding_cache", "memory_history"):
+            await conn.execute(f"DELETE FROM {table} WHERE workspace_id = %s", (workspace,))  # noqa: S608
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sessions", type=int, default=200, help="session.completed events to publish")
+    ap.add_argument("--messages-per-session", type=int, default=10, help="turns per session")
+    ap.add_argument("--seed", type=int, default=0, help="picks where in LoCoMo the turns start")
+    ap.add_argument("--embed-sample", type=int, default=300, help="drawer texts for the embedder-alone figure")
+    ap.add_argument("--timeout", type=float, default=900.0, help="seconds to wait for every drawer")
+    ap.add_argument("--publish-concurrency", type=int, default=64, help="JetStream publishes in flight")
+    ap.add_argument("--keep", action="store_true", help="keep the run's workspace in the database")
+    args = ap.parse_args()
+
+    prepare_process()
+    from services.supervisor import Supervisor
+
+    settings = bench_settings()
+    turns, _ = load_locomo()
+    run_id = uuid.uuid4().hex[:8]
+    workspace = f"bench-ingest-{run_id}"
+    work = build_workload(turns, settings, args.sessions, args.messages_per_session, args.seed, workspace)
+    rng = random.Random(args.seed)
+    texts = list(work.drawer_texts.values())
+    sample = rng.sample(texts, min(args.embed_sample, len(texts)))
+    console.print(f"[bold]bench/ingest[/bold] run {run_id}: {args.sessions} sessions × "
+                  f"{args.messages_per_session} messages = {work.messages} messages → "
+                  f"{len(work.drawer_texts)} planned drawers (noise filtered, chunked) in {workspace}")
+
+    # 1. The ceiling: the embedder alone, before any service exists to compete with it.
+    with console.status(f"embedder alone on {len(sample)} drawer texts ..."):
+        alone = asyncio.run(embedder_alone(settings, sample))
+    console.print(f"embedder alone: {alone['docs_per_s']:.1f} docs/s ({alone['model']}, batch {alone['batch']})")
+
+    # 2. The pipeline, end to end.
+    sup = Supervisor(settings, services=list(SERVICES), log_dir=BENCH_STACK / "logs",
+                     metrics_base_port=free_port_block(8))
+    result: dict[str, Any] = {}
+    try:
+        with console.status("starting PostgreSQL and NATS ..."):
+            sup.start_servers()
+        sup.start_services()
+        with console.status(f"waiting for {', '.join(SERVICES)} to report healthy ..."):
+            sup.wait_healthy()
+        console.print(f"services healthy: {', '.join(SERVICES)}; logs in {BENCH_STACK / 'logs'}")
+        result = asyncio.run(run_pipeline(settings, sup.nats_url, sup.database_url, work, args.timeout,
+                                          args.publish_concurrency))
+        if not args.keep:
+            asyncio.run(cleanup_workspace(sup.database_url, workspace))
+    finally:
+        with console.status("stopping services and servers ..."):
+            sup.stop()
+
+    e2e = result["end_to_end_s"]
+    drawers_per_s = result["processed"] / e2e if e2e > 0 else 0.0
+    messages_per_s = work.messages / e2e if e2e > 0 and result["completed"] else 0.0
+    ratio = drawers_per_s / alone["docs_per_s"]
+    out = {
+        "bench": "ingest", "run_id": run_id, "workspace": workspace,
+        "config": {"sessions": args.sessions, "messages_per_session": args.messages_per_session, "seed": args.seed,
+                   "services": SERVICES, "embed_model": settings.embed_model, "embed_batch": settings.embed_batch,
+                   "fetch_batch": settings.fetch_batch, "external_servers": bool(settings.database_url
+                                                                                 or settings.nats_url)},
+        "messages": work.messages, "pipeline": result,
+        "rates": {"messages_per_s": messages_per_s, "drawers_per_s": drawers_per_s,
+                  "publish_events_per_s": args.sessions / result["publish_s"],
+                  "publish_messages_per_s": work.messages / result["publish_s"]},
+        "embedder_alone": alone,
+        "ratio_pipeline_over_embedder": ratio,
+        "machine": machine_info(),
+    }
+    path = write_results("ingest", out)
+
+    t = Table(title=f"ingest throughput — {work.messages} messages, {result['expected_drawers']} drawers "
+                    f"({settings.embed_model}, {out['machine']['cpus']} cores)")
+    t.add_column("measure")
+    t.add_column("value", justify="right")
+    t.add_row("publish (JetStream acked)", f"{out['rates']['publish_messages_per_s']:,.0f} messages/s "
+              f"({result['publish_s']:.2f} s)")
+    t.add_row("all drawers filed (ingest done)", _s(result["all_filed_s"]))
+    t.add_row("all drawers embedded", _s(result["all_embedded_s"]))
+    t.add_row("all drawers processed (end to end)", _s(e2e) + ("" if result["completed"] else "  [red]INCOMPLETE"))
+    t.add_row("pipeline messages/s", f"{messages_per_s:,.1f}")
+    t.add_row("pipeline drawers/s", f"{drawers_per_s:,.1f}")
+    t.add_row("embedder alone docs/s (same texts, in-process)", f"{alone['docs_per_s']:,.1f}")
+    t.add_row("[bold]ratio pipeline ÷ embedder alone", f"[bold]{ratio:.2f}")
+    console.print(t)
+    console.print(f"results: {path.relative_to(path.parents[2])}")
+    if not result["completed"]:
+        console.print(f"[red]pipeline did not finish:[/red] {json.dumps(result)}")
+        raise SystemExit(1)
+
+
+def _s(v: float | None) -> str:
+    return "-" if v is None else f"{v:.2f} s"
+
+
+if __name__ == "__main__":
+    main()
