@@ -62,7 +62,7 @@ class OpenAIEmbedder:
     async def _call(self, texts: list[str]) -> np.ndarray:
         async for attempt in AsyncRetrying(
             stop=stop_after_attempt(self.config.attempts),
-            wait=wait_exponential_jitter(initial=0.5, max=8),
+            wait=wait_exponential_jitter(multiplier=0.5, max=8),
             retry=retry_if_exception_type(Exception),
             reraise=True,
         ):

@@ -25,7 +25,7 @@ async def wait_for_database(database_url: str, max_wait_s: float = 300.0) -> Non
     (with jittered backoff) instead of crash-looping."""
     async for attempt in AsyncRetrying(
         stop=stop_after_delay(max_wait_s),
-        wait=wait_exponential_jitter(initial=0.2, max=5),
+        wait=wait_exponential_jitter(multiplier=0.2, max=5),
         retry=retry_if_exception_type(psycopg.OperationalError),
         reraise=True,
         before_sleep=lambda rs: log.warning("database_unavailable", attempt=rs.attempt_number),

@@ -1,0 +1,79 @@
+"""`palace up` runs until Ctrl-C and stops cleanly; after a SIGKILL of it, the next `palace up` recovers."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import psutil
+
+from tests.integration.helpers import wait_for
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _up(devstack: Path, api_port: int) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "PALACE_DEVSTACK_DIR": str(devstack), "PALACE_API_PORT": str(api_port),
+           "PALACE_SHUTDOWN_GRACE_S": "5"}
+    env.pop("PALACE_DATABASE_URL", None)
+    env.pop("PALACE_NATS_URL", None)
+    return subprocess.Popen([sys.executable, "-m", "services.cli", "up", "--services", "ingest,embed,classify,api",
+                             "--log-dir", str(devstack / "logs")], env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+
+
+def _healthy(port: int) -> bool:
+    try:
+        return httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def _service_pids(devstack: Path) -> list[int]:
+    state = json.loads((devstack / "stack.json").read_text())
+    return list((state.get("service_pids") or {}).values())
+
+
+def test_up_ctrl_c_then_crash_recovery(tmp_path: Path) -> None:
+    devstack = tmp_path / "stack"
+    port = _free_port()
+    up = _up(devstack, port)
+    try:
+        wait_for(lambda: _healthy(port), 120, "palace up healthy")
+        pids = _service_pids(devstack)
+        assert len(pids) == 4
+        up.send_signal(signal.SIGINT)
+        assert up.wait(60) == 0
+        assert not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in pids)
+        state = json.loads((devstack / "stack.json").read_text())
+        assert not state.get("database_url") and not state.get("nats_pid")
+
+        # Crash: SIGKILL the supervisor. Its services die with it (PDEATHSIG); servers are left running.
+        up = _up(devstack, port)
+        wait_for(lambda: _healthy(port), 120, "palace up healthy again")
+        pids = _service_pids(devstack)
+        up.kill()
+        up.wait(10)
+        wait_for(lambda: not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
+                                 for p in pids), 30, "services to follow the supervisor")
+        up = _up(devstack, port)
+        wait_for(lambda: _healthy(port), 120, "palace up after a crash")
+        up.send_signal(signal.SIGTERM)
+        assert up.wait(60) == 0
+    finally:
+        if up.poll() is None:
+            up.kill()
+        subprocess.run([sys.executable, "-m", "services.cli", "stack", "stop"],
+                       env={**os.environ, "PALACE_DEVSTACK_DIR": str(devstack)}, capture_output=True, timeout=120)
+        time.sleep(0.5)
