@@ -22,6 +22,8 @@ stack_app = typer.Typer(help="The embedded PostgreSQL + NATS stack.", no_args_is
 dlq_app = typer.Typer(help="Dead letters: list and re-drive.", no_args_is_help=True)
 app.add_typer(stack_app, name="stack")
 app.add_typer(dlq_app, name="dlq")
+bench_app = typer.Typer(help="Benchmarks through the real pipeline.", no_args_is_help=True)
+app.add_typer(bench_app, name="bench")
 console = Console()
 
 ServicesOpt = Annotated[str, typer.Option(help="Comma-separated services to run, or 'all'.")]
@@ -315,6 +317,26 @@ def demo(keep: Annotated[bool, typer.Option(help="Leave the stack running afterw
         if sup.children or sup.stack:
             with console.status("stopping ..."):
                 sup.stop()
+
+
+@bench_app.command("locomo")
+def bench_locomo(
+    data: Annotated[Path, typer.Option(help="LoCoMo-format JSON file.")] = Path("../shared/bench/locomo-dev.json"),
+    json_out: Annotated[Path | None, typer.Option("--json", help="Write the figures as JSON here.")] = None,
+    peer: Annotated[list[str] | None, typer.Option(help="Also run a peer system: mempalace.")] = None,
+    reuse: Annotated[bool, typer.Option(help="Skip ingesting conversations already fully ingested.")] = False,
+    limit: Annotated[int | None, typer.Option(help="Only the first N conversations.")] = None,
+) -> None:
+    """Retrieval recall on LoCoMo through the real pipeline, beside baselines (and peers) in one run."""
+    from services.benchmarks.locomo import LocomoRun, run_locomo
+
+    s = _settings()
+    unknown = set(peer or []) - {"mempalace"}
+    if unknown:
+        console.print(f"[red]unknown peer(s): {sorted(unknown)}[/red]")
+        raise typer.Exit(2)
+    run_locomo(LocomoRun(data=data, json_out=json_out, peers=list(peer or []), reuse=reuse, limit=limit,
+                         console=console), s)
 
 
 def main() -> None:

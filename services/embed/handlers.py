@@ -9,7 +9,8 @@ from services._runtime import Deps
 from shared.bus import Poison, decode_event, publish_event, subscriber_kwargs
 from shared.db.drawers import cached_embeddings, drawers_by_id, save_embeddings
 from shared.events import DrawerCreated, DrawerEmbedded
-from shared.ids import event_id_for
+from shared.ids import content_hash, event_id_for
+from shared.memory.filing import embedding_text
 from shared.metrics import DRAWERS, EMBED_SECONDS, EMBED_TEXTS
 
 __all__ = ["DURABLE", "register"]
@@ -41,11 +42,13 @@ def register(deps: Deps) -> None:
             ids = list(dict.fromkeys(i for ev in evs for i in ev.drawer_ids))
             async with deps.pool.connection() as conn:
                 rows = [r for r in await drawers_by_id(conn, ws, ids) if not r.has_embedding]
-                cached = await cached_embeddings(conn, ws, embedder.model_name, list({r.content_hash for r in rows}))
-            missing = [r for r in rows if r.content_hash not in cached]
+                etext = {r.id: embedding_text(r.content, r.speaker) for r in rows}
+                ehash = {r.id: content_hash(etext[r.id]) for r in rows}
+                cached = await cached_embeddings(conn, ws, embedder.model_name, list(set(ehash.values())))
+            missing = [r for r in rows if ehash[r.id] not in cached]
             if missing:
                 # Embed outside any transaction (network or CPU work never holds a connection).
-                texts = list(dict.fromkeys(r.content for r in missing))
+                texts = list(dict.fromkeys(etext[r.id] for r in missing))
                 t0 = time.perf_counter()
                 vecs = await embedder.embed_documents(texts)
                 EMBED_SECONDS.labels(embedder.model_name).observe(time.perf_counter() - t0)
@@ -53,7 +56,7 @@ def register(deps: Deps) -> None:
                 by_text = dict(zip(texts, vecs, strict=True))
             else:
                 by_text = {}
-            out = [(r.id, r.content_hash, cached.get(r.content_hash, by_text.get(r.content))) for r in rows]
+            out = [(r.id, ehash[r.id], cached.get(ehash[r.id], by_text.get(etext[r.id]))) for r in rows]
             async with deps.pool.connection() as conn, conn.transaction():
                 await save_embeddings(conn, ws, embedder.model_name, [o for o in out if o[2] is not None])
             DRAWERS.labels(deps.service, "embedded").inc(len(out))

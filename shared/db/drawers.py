@@ -33,6 +33,7 @@ class DrawerRow:
     room: str
     has_embedding: bool
     embedding: np.ndarray | None = None
+    speaker: str | None = None
 
 
 async def drawers_by_id(
@@ -41,11 +42,11 @@ async def drawers_by_id(
     """The live (not deleted) drawers among ``ids``."""
     cur = await conn.execute(
         f"""SELECT id, content, content_hash, state, room, embedding IS NOT NULL,
-                   {"embedding" if with_embedding else "NULL"}
+                   {"embedding" if with_embedding else "NULL"}, speaker
               FROM drawers WHERE workspace_id = %s AND id = ANY(%s) AND deleted_at IS NULL""",  # noqa: S608
         (workspace_id, ids),
     )
-    return [DrawerRow(r[0], r[1], r[2], r[3], r[4], r[5], r[6]) for r in await cur.fetchall()]
+    return [DrawerRow(r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7]) for r in await cur.fetchall()]
 
 
 async def cached_embeddings(
@@ -63,7 +64,10 @@ async def save_embeddings(
     conn: AsyncConnection[Any], workspace_id: str, model: str,
     rows: list[tuple[str, str, np.ndarray]], *, cache_new: bool = True,
 ) -> int:
-    """Set embeddings on drawers still lacking one; fill the cache. rows: (drawer_id, content_hash, vector)."""
+    """Set embeddings on drawers still lacking one; fill the cache.
+
+    rows: (drawer_id, hash of the embedded text, vector).
+    """
     async with conn.cursor() as cur:
         await cur.executemany(
             "UPDATE drawers SET embedding = %s, embedding_model = %s, updated_at = now()"

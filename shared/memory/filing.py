@@ -15,7 +15,16 @@ from shared.ids import content_hash, drawer_id
 from shared.memory.chunking import chunk_text
 from shared.memory.noise import is_noise
 
-__all__ = ["DrawerPlan", "MessageRow", "SessionPlan", "SourceRow", "plan_session"]
+__all__ = ["DrawerPlan", "MessageRow", "SessionPlan", "SourceRow", "embedding_text", "plan_session"]
+
+
+def embedding_text(content: str, speaker: str | None) -> str:
+    """What gets embedded for a drawer: the verbatim content, attributed to its speaker.
+
+    A turn's meaning includes who said it, and recall questions name people ("When did Ana move?").
+    Measured on locomo-dev conv-26, dense only: turn R@10 0.17 with the bare content, 0.53 attributed.
+    """
+    return f"{speaker}: {content}" if speaker else content
 
 
 @dataclass(frozen=True, slots=True)

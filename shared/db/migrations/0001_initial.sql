@@ -42,7 +42,11 @@ CREATE TABLE drawers (
     content_hash      text        NOT NULL,
     embedding         vector({embed_dim}),
     embedding_model   text,
-    tsv               tsvector    GENERATED ALWAYS AS (to_tsvector('english', content)) STORED,
+    -- Full text over the verbatim content (weight A) and the speaker (weight D, so naming a person
+    -- finds their turns without outranking what was actually said).
+    tsv               tsvector    GENERATED ALWAYS AS (
+                          setweight(to_tsvector('english', content), 'A')
+                          || setweight(to_tsvector('english', coalesce(speaker, '')), 'D')) STORED,
     wing              text        NOT NULL DEFAULT 'general',
     room              text        NOT NULL DEFAULT 'general',
     hall              text,

@@ -1,0 +1,1 @@
+"""Benchmarks that drive the real pipeline (``palace bench ...``)."""

@@ -1,0 +1,1 @@
+"""Retrieval evaluation: LoCoMo data handling and metrics (pure functions)."""
