@@ -66,7 +66,9 @@ class Settings(BaseSettings):
     embed_timeout_s: float = Field(30.0, description="Timeout of one remote embedding call.")
     heuristic_high: float = Field(0.8, description="Classifier confidence trusted without further tiers.")
     heuristic_low: float = Field(0.5, description="Below high and above this, the centroid tier may decide.")
-    dedup_threshold: float = Field(0.97, description="Cosine above which a new drawer is merged into a twin.")
+    dedup_threshold: float = Field(
+        0.9, description="Cosine from which an older drawer is a twin candidate (merging also needs same wording)."
+    )
     llm_base_url: str | None = Field(None, description="OpenAI-compatible chat endpoint (optional).")
     llm_api_key: str | None = Field(None, description="API key for the LLM endpoint.")
     llm_model: str = Field("gpt-4o-mini", description="Chat model used when llm_base_url is set.")

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from psycopg_pool import AsyncConnectionPool
 
-from shared.db.search import SearchHit, SearchParams, hybrid_search, touch_access
+from shared.db.search import SearchHit, SearchParams, hybrid_search, touch_access, workspace_size
 from shared.logging import get_logger
 from shared.metrics import SEARCH_SECONDS
 from shared.ports import Embedder
@@ -33,7 +33,9 @@ class Recaller:
     params: SearchParams = field(default_factory=SearchParams)
     cache_size: int = 2048
     touch: bool = True
+    size_ttl_s: float = 60.0
     _cache: OrderedDict[str, np.ndarray] = field(default_factory=OrderedDict)
+    _sizes: dict[str, tuple[int, float]] = field(default_factory=dict)
     _bg: set[asyncio.Task[None]] = field(default_factory=set)
 
     async def _embed(self, query: str) -> np.ndarray | None:
@@ -62,7 +64,11 @@ class Recaller:
         params = SearchParams(**{**self.params.__dict__, "k": k})
         t1 = time.perf_counter()
         async with self.pool.connection() as conn:
-            hits = await hybrid_search(conn, workspace_id, query, vec, params)
+            cached = self._sizes.get(workspace_id)
+            if cached is None or time.monotonic() - cached[1] > self.size_ttl_s:
+                cached = (await workspace_size(conn, workspace_id), time.monotonic())
+                self._sizes[workspace_id] = cached
+            hits = await hybrid_search(conn, workspace_id, query, vec, params, workspace_size=cached[0])
         SEARCH_SECONDS.labels("sql").observe(time.perf_counter() - t1)
         SEARCH_SECONDS.labels("total").observe(time.perf_counter() - t0)
         if self.touch and hits:

@@ -42,7 +42,7 @@ class Hit(BaseModel):
     id: str
     content: str
     score: float
-    dense: float = Field(description="Cosine similarity to the query (0 when only full text matched).")
+    dense: float = Field(description="Similarity to the query, min-max normalised over the candidates.")
     text: float = Field(description="Full-text rank, normalised over the candidates.")
     memory_type: str | None
     importance: float

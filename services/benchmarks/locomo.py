@@ -105,7 +105,7 @@ async def _run_queries(
     settings: Settings, db_url: str, convs: list[Conversation], workspaces: dict[str, str],
     progress: Progress,
 ) -> tuple[list[QuestionResult], list[QuestionResult], list[QuestionResult]]:
-    """Palace hybrid, dense-only and full-text-only rankings for every question, in one pass."""
+    """Palace hybrid, dense-only (exact kNN) and full-text-only rankings for every question, in one pass."""
     embedder = build_embedder(settings)
     warm = getattr(embedder, "warm_up", None)
     if warm:
@@ -130,7 +130,7 @@ async def _run_queries(
                 async with pool.connection() as conn:
                     cur = await conn.execute(
                         "SELECT id FROM drawers WHERE workspace_id = %s AND embedding IS NOT NULL"
-                        " ORDER BY embedding <=> %s LIMIT %s", (ws, np.asarray(qv), CANDIDATE_DRAWERS))
+                        " ORDER BY (embedding <=> %s) + 0 LIMIT %s", (ws, np.asarray(qv), CANDIDATE_DRAWERS))
                     ids = [r[0] for r in await cur.fetchall()]
                     cur = await conn.execute(
                         """SELECT id FROM drawers,

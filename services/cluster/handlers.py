@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from services._runtime import Deps
 from shared.bus import decode_event, subscriber_kwargs
-from shared.db.drawers import drawers_by_id, nearest_twin, record_history
+from shared.db.drawers import drawers_by_id, older_twins, record_history
 from shared.events import DrawerClassified, EntityUpserted
 from shared.memory.dedup import decide
 from shared.metrics import DRAWERS
@@ -28,16 +28,19 @@ def register(deps: Deps) -> None:
             for r in rows:
                 if r.state != "processed" or r.embedding is None:
                     continue
-                twin = await nearest_twin(conn, ev.workspace_id, r.id, r.embedding)
-                d = decide(twin, s.dedup_threshold)
+                twins = await older_twins(conn, ev.workspace_id, r.id, r.embedding)
+                d = decide(r.content, twins, s.dedup_threshold)
                 if d.action == "MERGE":
                     decisions.append((r.id, d))
         for did, d in decisions:
             async with deps.pool.connection() as conn, conn.transaction():
+                # Merge only while the target is still a live, processed drawer (checked in the same statement).
                 cur = await conn.execute(
-                    "UPDATE drawers SET state = 'merged', cluster_id = %s, updated_at = now()"
-                    " WHERE workspace_id = %s AND id = %s AND state = 'processed'",
-                    (d.target, ev.workspace_id, did),
+                    """UPDATE drawers SET state = 'merged', cluster_id = %(t)s, updated_at = now()
+                        WHERE workspace_id = %(ws)s AND id = %(id)s AND state = 'processed'
+                          AND EXISTS (SELECT 1 FROM drawers t WHERE t.workspace_id = %(ws)s AND t.id = %(t)s
+                                         AND t.state = 'processed' AND t.deleted_at IS NULL)""",
+                    {"t": d.target, "ws": ev.workspace_id, "id": did},
                 )
                 if cur.rowcount:
                     await record_history(conn, ev.workspace_id, drawer_id=did, action="MERGE", actor="cluster",

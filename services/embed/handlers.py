@@ -42,7 +42,7 @@ def register(deps: Deps) -> None:
             ids = list(dict.fromkeys(i for ev in evs for i in ev.drawer_ids))
             async with deps.pool.connection() as conn:
                 rows = [r for r in await drawers_by_id(conn, ws, ids) if not r.has_embedding]
-                etext = {r.id: embedding_text(r.content, r.speaker) for r in rows}
+                etext = {r.id: embedding_text(r.content, r.speaker, r.context) for r in rows}
                 ehash = {r.id: content_hash(etext[r.id]) for r in rows}
                 cached = await cached_embeddings(conn, ws, embedder.model_name, list(set(ehash.values())))
             missing = [r for r in rows if ehash[r.id] not in cached]

@@ -17,7 +17,7 @@ __all__ = [
     "DrawerRow",
     "cached_embeddings",
     "drawers_by_id",
-    "nearest_twin",
+    "older_twins",
     "record_history",
     "save_classifications",
     "save_embeddings",
@@ -34,6 +34,7 @@ class DrawerRow:
     has_embedding: bool
     embedding: np.ndarray | None = None
     speaker: str | None = None
+    context: str | None = None
 
 
 async def drawers_by_id(
@@ -42,11 +43,11 @@ async def drawers_by_id(
     """The live (not deleted) drawers among ``ids``."""
     cur = await conn.execute(
         f"""SELECT id, content, content_hash, state, room, embedding IS NOT NULL,
-                   {"embedding" if with_embedding else "NULL"}, speaker
+                   {"embedding" if with_embedding else "NULL"}, speaker, context
               FROM drawers WHERE workspace_id = %s AND id = ANY(%s) AND deleted_at IS NULL""",  # noqa: S608
         (workspace_id, ids),
     )
-    return [DrawerRow(r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7]) for r in await cur.fetchall()]
+    return [DrawerRow(r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7], r[8]) for r in await cur.fetchall()]
 
 
 async def cached_embeddings(
@@ -125,19 +126,24 @@ async def record_history(
     )
 
 
-async def nearest_twin(
-    conn: AsyncConnection[Any], workspace_id: str, drawer_id: str, embedding: np.ndarray
-) -> tuple[str, float] | None:
-    """The most similar other live drawer in the workspace (older first on ties), with its cosine."""
+async def older_twins(
+    conn: AsyncConnection[Any], workspace_id: str, drawer_id: str, embedding: np.ndarray, limit: int = 5
+) -> list[tuple[str, float, str]]:
+    """Nearest live, processed drawers filed before this one: (id, cosine, content), nearest first.
+
+    Only older drawers qualify, so two near-duplicates classified at the same moment can never
+    merge into each other (the newer one merges into the older one; the older one finds no twin).
+    """
     async with conn.cursor(row_factory=dict_row) as cur:
         await cur.execute(
             """
-            SELECT id, 1 - (embedding <=> %s) AS sim FROM drawers
-             WHERE workspace_id = %s AND id <> %s AND state = 'processed' AND deleted_at IS NULL
-               AND embedding IS NOT NULL
-             ORDER BY embedding <=> %s, filed_at LIMIT 1
+            WITH me AS (SELECT filed_at FROM drawers WHERE workspace_id = %(ws)s AND id = %(id)s)
+            SELECT d.id, 1 - (d.embedding <=> %(emb)s) AS sim, d.content FROM drawers d, me
+             WHERE d.workspace_id = %(ws)s AND d.id <> %(id)s AND d.state = 'processed' AND d.deleted_at IS NULL
+               AND d.embedding IS NOT NULL AND (d.filed_at, d.id) < (me.filed_at, %(id)s)
+             ORDER BY (d.embedding <=> %(emb)s) + 0 LIMIT %(n)s
             """,
-            (embedding, workspace_id, drawer_id, embedding),
+            {"ws": workspace_id, "id": drawer_id, "emb": embedding, "n": limit},
         )
-        row = await cur.fetchone()
-    return (row["id"], float(row["sim"])) if row else None
+        rows = await cur.fetchall()
+    return [(r["id"], float(r["sim"]), r["content"]) for r in rows]

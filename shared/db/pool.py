@@ -18,6 +18,9 @@ log = get_logger("palace.db")
 
 async def _configure(conn: psycopg.AsyncConnection[Any]) -> None:
     await register_vector_async(conn)
+    # pgvector's default (40) caps what a filtered HNSW walk can return; search asks for 100 candidates.
+    await conn.execute("SET hnsw.ef_search = 200")
+    await conn.commit()
 
 
 async def wait_for_database(database_url: str, max_wait_s: float = 300.0) -> None:

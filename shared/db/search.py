@@ -1,9 +1,21 @@
 """Hybrid recall: one SQL statement over HNSW candidates and full-text candidates, fused and ranked.
 
-Dense similarity and BM25-style rank (``ts_rank_cd``, max-normalised over the candidates) are fused
-0.7 / 0.3, as the seeds measured, then nudged by importance and recency. The full-text query is an
-OR of the query's lexemes (``plainto_tsquery`` joins with AND, which misses most paraphrases).
-Everything is scoped to one workspace; drawers merged into a twin or deleted are never returned.
+1. Candidates: the nearest drawers by embedding ∪ the best full-text matches (GIN; an OR of the
+   query's lexemes, since ``plainto_tsquery``'s AND misses most paraphrases). The HNSW index is
+   shared by all workspaces and pgvector 0.6 filters *after* the graph walk, so a small workspace in a
+   big table would get only a handful of its own neighbours; workspaces under ``exact_max`` drawers
+   therefore get an exact scan (``+ 0`` keeps the planner off the index), larger ones the HNSW index
+   with a raised ``hnsw.ef_search``.
+2. Each candidate gets both signals: cosine similarity, min-max normalised over the candidates
+   (e5-family cosines sit in a narrow band, so raw cosines let any text weight swamp them), and
+   ``ts_rank_cd`` divided by the best rank; fused ``w_dense·dense + w_text·text``.
+3. Conversation structure: a drawer inherits ``smooth`` × the better of its neighbouring turns'
+   scores (an answer sits next to its question), and ``session_boost`` × the mean of its session's
+   three best scores (evidence clusters in sessions).
+4. Importance and recency nudge the result.
+
+Weights were chosen on ../shared/bench/locomo-dev.json with ``bench/ranking_lab.py`` (README,
+"Recall quality"). Everything is scoped to one workspace; merged or deleted drawers never return.
 """
 
 from __future__ import annotations
@@ -16,7 +28,7 @@ import numpy as np
 from psycopg import AsyncConnection
 from psycopg.rows import dict_row
 
-__all__ = ["SearchHit", "SearchParams", "hybrid_search", "touch_access"]
+__all__ = ["SearchHit", "SearchParams", "hybrid_search", "touch_access", "workspace_size"]
 
 
 @dataclass(frozen=True)
@@ -24,8 +36,11 @@ class SearchParams:
     k: int = 10
     ann_candidates: int = 100
     fts_candidates: int = 100
-    w_dense: float = 0.7
-    w_text: float = 0.3
+    exact_max: int = 20_000
+    w_dense: float = 0.75
+    w_text: float = 0.25
+    smooth: float = 0.2
+    session_boost: float = 0.3
     w_importance: float = 0.02
     recency_days: float = 30.0
     w_recency: float = 0.05
@@ -53,37 +68,60 @@ _SQL = """
 WITH q AS (
     SELECT %(emb)s::vector AS emb,
            replace(plainto_tsquery('english', %(text)s)::text, ' & ', ' | ')::tsquery AS tsq
-), ann AS (
-    SELECT d.id, 1 - (d.embedding <=> q.emb) AS dense
-      FROM drawers d, q
-     WHERE %(use_ann)s AND d.workspace_id = %(ws)s AND d.embedding IS NOT NULL
+), ann_exact AS (
+    SELECT d.id
+      FROM drawers d
+     WHERE %(use_ann)s AND %(exact)s AND d.workspace_id = %(ws)s AND d.embedding IS NOT NULL
        AND d.deleted_at IS NULL AND d.state <> 'merged'
-     ORDER BY d.embedding <=> q.emb
+     ORDER BY (d.embedding <=> %(emb)s::vector) + 0
+     LIMIT %(n_ann)s
+), ann_hnsw AS (
+    SELECT d.id
+      FROM drawers d
+     WHERE %(use_ann)s AND NOT %(exact)s AND d.workspace_id = %(ws)s AND d.embedding IS NOT NULL
+       AND d.deleted_at IS NULL AND d.state <> 'merged'
+     ORDER BY d.embedding <=> %(emb)s::vector
      LIMIT %(n_ann)s
 ), fts AS (
-    SELECT d.id, ts_rank_cd(d.tsv, q.tsq, 1) AS text_rank
+    SELECT d.id
       FROM drawers d, q
      WHERE d.workspace_id = %(ws)s AND d.tsv @@ q.tsq AND d.deleted_at IS NULL AND d.state <> 'merged'
-     ORDER BY text_rank DESC
+     ORDER BY ts_rank_cd(d.tsv, q.tsq, 1) DESC
      LIMIT %(n_fts)s
-), cand AS (
-    SELECT id, max(dense) AS dense, max(text_rank) AS text_rank
-      FROM (SELECT id, dense, NULL::real AS text_rank FROM ann
-            UNION ALL SELECT id, NULL, text_rank FROM fts) u
-     GROUP BY id
-), scored AS (
-    SELECT c.id, coalesce(c.dense, 0) AS dense,
-           coalesce(c.text_rank / nullif(max(c.text_rank) OVER (), 0), 0) AS text_n
-      FROM cand c
+), feat AS (
+    SELECT d.id, d.session_id, d.seq,
+           CASE WHEN %(use_ann)s AND d.embedding IS NOT NULL THEN 1 - (d.embedding <=> q.emb) END AS cos,
+           CASE WHEN d.tsv @@ q.tsq THEN ts_rank_cd(d.tsv, q.tsq, 1) ELSE 0 END AS text_rank
+      FROM (SELECT id FROM ann_exact UNION SELECT id FROM ann_hnsw UNION SELECT id FROM fts) c
+      JOIN drawers d ON d.workspace_id = %(ws)s AND d.id = c.id, q
+), base AS (
+    SELECT id, session_id, seq,
+           coalesce((cos - min(cos) OVER ()) / nullif(max(cos) OVER () - min(cos) OVER (), 0), 0) AS dense_n,
+           coalesce(text_rank / nullif(max(text_rank) OVER (), 0), 0) AS text_n
+      FROM feat
+), fused AS (
+    SELECT id, session_id, seq, dense_n, text_n, %(w_dense)s * dense_n + %(w_text)s * text_n AS s FROM base
+), smoothed AS (
+    SELECT f.id, f.session_id, f.dense_n, f.text_n,
+           f.s + %(smooth)s * coalesce(max(n.s), 0) AS s
+      FROM fused f
+      LEFT JOIN fused n ON n.session_id = f.session_id AND n.seq IN (f.seq - 1, f.seq + 1)
+     GROUP BY f.id, f.session_id, f.dense_n, f.text_n, f.s
+), sessions AS (
+    SELECT session_id, avg(s) AS top_s
+      FROM (SELECT session_id, s, row_number() OVER (PARTITION BY session_id ORDER BY s DESC) AS rn
+              FROM smoothed WHERE session_id IS NOT NULL) x
+     WHERE rn <= 3 GROUP BY session_id
 )
 SELECT d.id, d.content, d.memory_type, d.importance, d.wing, d.room, d.session_id, d.speaker, d.role,
-       d.occurred_at, d.metadata, s.dense, s.text_n,
-       (%(w_dense)s * s.dense + %(w_text)s * s.text_n)
+       d.occurred_at, d.metadata, m.dense_n AS dense, m.text_n,
+       (m.s + %(sess)s * coalesce(se.top_s, 0))
          * (1 + %(w_imp)s * (d.importance - 3))
          * (1 + %(w_rec)s / (1 + extract(epoch FROM now() - coalesce(d.last_accessed_at, d.filed_at))
                                  / 86400.0 / %(rec_days)s)) AS score
-  FROM scored s
-  JOIN drawers d ON d.workspace_id = %(ws)s AND d.id = s.id
+  FROM smoothed m
+  LEFT JOIN sessions se ON se.session_id = m.session_id
+  JOIN drawers d ON d.workspace_id = %(ws)s AND d.id = m.id
  ORDER BY score DESC, d.id
  LIMIT %(k)s
 """
@@ -91,7 +129,7 @@ SELECT d.id, d.content, d.memory_type, d.importance, d.wing, d.room, d.session_i
 
 async def hybrid_search(
     conn: AsyncConnection[Any], workspace_id: str, query: str, embedding: np.ndarray | None,
-    params: SearchParams = SearchParams(),
+    params: SearchParams = SearchParams(), *, workspace_size: int | None = None,
 ) -> list[SearchHit]:
     """Top-k drawers of one workspace for a query.
 
@@ -101,6 +139,8 @@ async def hybrid_search(
         query: the query text (full-text branch).
         embedding: the query's embedding, or None to search full text only (embedder down).
         params: fusion weights and candidate counts.
+        workspace_size: live drawers in the workspace, if known: at most ``params.exact_max`` selects the
+            exact nearest-neighbour scan (None: HNSW).
     """
     dim_vec = embedding if embedding is not None else np.zeros(1, dtype=np.float32)
     async with conn.cursor(row_factory=dict_row) as cur:
@@ -110,8 +150,10 @@ async def hybrid_search(
                 "emb": dim_vec if embedding is not None else None, "use_ann": embedding is not None,
                 "text": query, "ws": workspace_id, "n_ann": params.ann_candidates,
                 "n_fts": params.fts_candidates, "w_dense": params.w_dense, "w_text": params.w_text,
-                "w_imp": params.w_importance, "w_rec": params.w_recency, "rec_days": params.recency_days,
+                "smooth": params.smooth, "sess": params.session_boost, "w_imp": params.w_importance,
+                "w_rec": params.w_recency, "rec_days": params.recency_days,
                 "k": params.k,
+                "exact": workspace_size is not None and workspace_size <= params.exact_max,
             },
         )
         rows = await cur.fetchall()
@@ -124,6 +166,14 @@ async def hybrid_search(
         )
         for r in rows
     ]
+
+
+async def workspace_size(conn: AsyncConnection[Any], workspace_id: str) -> int:
+    """Live drawers in a workspace (an index-only count); decides exact vs HNSW candidate search."""
+    cur = await conn.execute(
+        "SELECT count(*) FROM drawers WHERE workspace_id = %s AND deleted_at IS NULL", (workspace_id,))
+    row = await cur.fetchone()
+    return int(row[0]) if row else 0
 
 
 async def touch_access(conn: AsyncConnection[Any], workspace_id: str, ids: list[str]) -> None:

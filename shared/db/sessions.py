@@ -51,13 +51,13 @@ async def store_session(conn: AsyncConnection[Any], plan: SessionPlan) -> list[s
             await cur.executemany(
                 """
                 INSERT INTO drawers (workspace_id, id, content, content_hash, wing, room, hall, session_id,
-                                     agent_id, user_id, role, speaker, occurred_at, metadata)
-                VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
+                                     seq, context, agent_id, user_id, role, speaker, occurred_at, metadata)
+                VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
                 ON CONFLICT (workspace_id, id) DO NOTHING
                 RETURNING id
                 """,
                 [(ws, d.id, d.content, d.content_hash, d.wing, d.room or "general", d.hall, e.session_id,
-                  e.agent_id, e.user_id, d.role, d.speaker, d.occurred_at, Jsonb(d.metadata))
+                  d.seq, d.context, e.agent_id, e.user_id, d.role, d.speaker, d.occurred_at, Jsonb(d.metadata))
                  for d in plan.drawers],
                 returning=True,
             )

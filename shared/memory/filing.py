@@ -18,13 +18,23 @@ from shared.memory.noise import is_noise
 __all__ = ["DrawerPlan", "MessageRow", "SessionPlan", "SourceRow", "embedding_text", "plan_session"]
 
 
-def embedding_text(content: str, speaker: str | None) -> str:
-    """What gets embedded for a drawer: the verbatim content, attributed to its speaker.
+CONTEXT_CHARS = 400
 
-    A turn's meaning includes who said it, and recall questions name people ("When did Ana move?").
-    Measured on locomo-dev conv-26, dense only: turn R@10 0.17 with the bare content, 0.53 attributed.
-    """
+
+def attributed(content: str, speaker: str | None) -> str:
     return f"{speaker}: {content}" if speaker else content
+
+
+def embedding_text(content: str, speaker: str | None, context: str | None = None) -> str:
+    """What gets embedded for a drawer: the turn before it, then the verbatim content, attributed.
+
+    A turn's meaning includes who said it and what it answers: recall questions name people ("When did
+    Ana move?") and replies like "Yes, last May!" only make sense after their question. Measured on
+    locomo-dev, dense only: turn R@10 0.17 → 0.53 on conv-26 from attribution; 0.553 → 0.611 over the
+    five conversations from the preceding turn.
+    """
+    body = attributed(content, speaker)
+    return f"{context}\n{body}" if context else body
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +69,8 @@ class DrawerPlan:
     wing: str
     room: str
     hall: str | None
+    seq: int = 0
+    context: str | None = None
     metadata: dict[str, object] = field(default_factory=dict)
 
 
@@ -95,6 +107,7 @@ def plan_session(
     messages: list[MessageRow] = []
     drawers: dict[str, DrawerPlan] = {}
     sources: list[SourceRow] = []
+    previous: str | None = None
     for seq, m in enumerate(event.messages):
         noise = m.role in ("system", "tool") or is_noise(m.content, min_chars)
         messages.append(
@@ -103,6 +116,8 @@ def plan_session(
         )
         if noise:
             continue
+        context = previous
+        previous = attributed(m.content, m.name)[-CONTEXT_CHARS:]
         for ch in chunk_text(m.content, chunk_chars, chunk_overlap):
             h = content_hash(ch.text)
             did = drawer_id(ws, h)
@@ -110,7 +125,8 @@ def plan_session(
                 drawers[did] = DrawerPlan(
                     id=did, content=ch.text, content_hash=h, role=m.role, speaker=m.name,
                     occurred_at=m.created_at or event.completed_at or event.started_at,
-                    wing=wing, room=room, hall=hall,
+                    wing=wing, room=room, hall=hall, seq=seq,
+                    context=context if ch.index == 0 else None,
                     metadata={"seq": seq, "chunk": ch.index, **({"message": m.metadata} if m.metadata else {})},
                 )
             sources.append(SourceRow(did, seq, ch.index, ch.start, ch.end))

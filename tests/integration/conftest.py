@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import random
+import shutil
 import socket
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,6 +14,7 @@ import pytest
 
 from services.supervisor import Supervisor
 from shared.config import Settings
+from shared.devstack import DevStack
 from tests.integration.helpers import Stack
 
 # Short delays so retry paths finish within a test; values a deployment would never use.
@@ -40,6 +42,10 @@ def stack() -> Iterator[Stack]:
     os.environ.update({k: v for k, v in TEST_ENV.items() if k not in os.environ or k == "PALACE_DEVSTACK_DIR"})
     os.environ["PALACE_API_PORT"] = str(_free_port())
     settings = Settings()
+    if not (settings.database_url and settings.nats_url):
+        # A fresh embedded stack per run: results never depend on what an earlier run left behind.
+        DevStack(settings.devstack_dir).stop()
+        shutil.rmtree(settings.devstack_dir, ignore_errors=True)
     log_dir = Path(settings.devstack_dir) / "logs"
     sup = Supervisor(settings, log_dir=log_dir, metrics_base_port=random.randint(20000, 40000))
     try:

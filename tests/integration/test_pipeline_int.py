@@ -121,3 +121,21 @@ def test_http_write_path_and_body_limit(stack: Stack) -> None:
     r = httpx.post(f"{stack.api_url}/v1/search", json={"workspace_id": "bad ws", "query": "x"}, timeout=30)
     assert r.status_code == 422
     assert json.loads(r.text)["detail"]
+
+
+def test_near_duplicates_merge_into_the_older_drawer_only(stack: Stack) -> None:
+    w = ws()
+    stack.publish(session(w, "s1", ["We moved the weekly sync to Thursdays at 10am."]))
+    stack.wait_processed(w, 1)
+    stack.publish(session(w, "s2", ["we moved the weekly sync to thursdays at 10am!",
+                                    "We moved the weekly retro to Fridays at 4pm."]))
+    wait_for(lambda: stack.sql("SELECT count(*) FROM drawers WHERE workspace_id = %s AND state = 'merged'",
+                               (w,))[0][0] == 1, what="merge")
+    rows = dict(stack.sql("SELECT content, state FROM drawers WHERE workspace_id = %s", (w,)))
+    assert rows["We moved the weekly sync to Thursdays at 10am."] == "processed"
+    assert rows["we moved the weekly sync to thursdays at 10am!"] == "merged"
+    assert rows["We moved the weekly retro to Fridays at 4pm."] == "processed", "similar but different: kept"
+    hits = stack.search(w, "when is the weekly sync", k=10)
+    assert sum("weekly sync" in h["content"].lower() for h in hits) == 1
+    merges = stack.sql("SELECT count(*) FROM memory_history WHERE workspace_id = %s AND action = 'MERGE'", (w,))
+    assert merges[0][0] == 1

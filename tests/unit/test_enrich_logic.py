@@ -5,10 +5,17 @@ from shared.memory.entities import entity_id, extract_entities
 from shared.memory.episodes import summarize_session, top_keywords
 
 
-def test_dedup_decision_threshold() -> None:
-    assert decide(("a", 0.99), 0.97).action == "MERGE"
-    assert decide(("a", 0.90), 0.97).action == "NONE"
-    assert decide(None, 0.97).action == "NONE"
+def test_dedup_needs_close_embedding_and_near_verbatim_wording() -> None:
+    text = "We moved the weekly sync to Thursdays at 10am."
+    assert decide(text, [("a", 0.99, "we moved the weekly sync to thursdays at 10am")], 0.9).action == "MERGE"
+    # Close in embedding space but a different statement: kept.
+    assert decide(text, [("a", 0.99, "We moved the weekly retro to Fridays at 4pm.")], 0.9).action == "NONE"
+    # Near-verbatim but the embedding says unrelated (below threshold): not even considered.
+    assert decide(text, [("a", 0.5, text)], 0.9).action == "NONE"
+    assert decide(text, [], 0.9).action == "NONE"
+    # The first qualifying twin (nearest first) wins.
+    d = decide(text, [("a", 0.97, "Something else entirely here."), ("b", 0.95, text)], 0.9)
+    assert (d.action, d.target) == ("MERGE", "b")
 
 
 def test_summary_keeps_order_and_speakers() -> None:

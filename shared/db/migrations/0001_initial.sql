@@ -60,6 +60,8 @@ CREATE TABLE drawers (
     summary           text,
     -- provenance (first sighting; every sighting is in drawer_sources)
     session_id        text,
+    seq               integer,    -- position of the first sighting in its session (neighbour lookups)
+    context           text,       -- the turn before it, attributed: part of what is embedded
     agent_id          text,
     user_id           text,
     role              text,
@@ -89,7 +91,7 @@ CREATE INDEX drawers_tsv_gin ON drawers USING gin (tsv);
 CREATE INDEX drawers_state ON drawers (workspace_id, state, filed_at);
 CREATE INDEX drawers_importance ON drawers (workspace_id, importance DESC) WHERE deleted_at IS NULL;
 CREATE INDEX drawers_wing_room ON drawers (workspace_id, wing, room);
-CREATE INDEX drawers_session ON drawers (workspace_id, session_id);
+CREATE INDEX drawers_session ON drawers (workspace_id, session_id, seq);
 
 -- Every place a drawer's content was seen: keeps provenance when an exact repeat is de-duplicated.
 CREATE TABLE drawer_sources (
