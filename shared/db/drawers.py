@@ -42,10 +42,10 @@ async def drawers_by_id(
 ) -> list[DrawerRow]:
     """The live (not deleted) drawers among ``ids``."""
     cur = await conn.execute(
-        f"""SELECT id, content, content_hash, state, room, embedding IS NOT NULL,
-                   {"embedding" if with_embedding else "NULL"}, speaker, context
-              FROM drawers WHERE workspace_id = %s AND id = ANY(%s) AND deleted_at IS NULL""",  # noqa: S608
-        (workspace_id, ids),
+        """SELECT id, content, content_hash, state, room, embedding IS NOT NULL,
+                  CASE WHEN %s THEN embedding END, speaker, context
+             FROM drawers WHERE workspace_id = %s AND id = ANY(%s) AND deleted_at IS NULL""",
+        (with_embedding, workspace_id, ids),
     )
     return [DrawerRow(r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7], r[8]) for r in await cur.fetchall()]
 

@@ -5,7 +5,9 @@
    shared by all workspaces and pgvector 0.6 filters *after* the graph walk, so a small workspace in a
    big table would get only a handful of its own neighbours; workspaces under ``exact_max`` drawers
    therefore get an exact scan (``+ 0`` keeps the planner off the index), larger ones the HNSW index
-   with a raised ``hnsw.ef_search``.
+   with a raised ``hnsw.ef_search``. In those large workspaces the full-text branch also asks for two
+   of the query's lexemes together (an OR of pairs): a plain OR matched 27% of a 100k-drawer
+   workspace and ranking every match cost ~170 ms (bench/search.py).
 2. Each candidate gets both signals: cosine similarity, min-max normalised over the candidates
    (e5-family cosines sit in a narrow band, so raw cosines let any text weight swamp them), and
    ``ts_rank_cd`` divided by the best rank; fused ``w_dense·dense + w_text·text``.
@@ -65,9 +67,14 @@ class SearchHit:
 
 
 _SQL = """
-WITH q AS (
+WITH lex AS (
+    SELECT DISTINCT unnest(tsvector_to_array(to_tsvector('english', %(text)s))) AS l
+), q AS (
     SELECT %(emb)s::vector AS emb,
-           replace(plainto_tsquery('english', %(text)s)::text, ' & ', ' | ')::tsquery AS tsq
+           CASE WHEN %(exact)s OR (SELECT count(*) FROM lex) < 2
+                THEN replace(plainto_tsquery('english', %(text)s)::text, ' & ', ' | ')
+                ELSE (SELECT string_agg(format('(%%L & %%L)', a.l, b.l), ' | ') FROM lex a JOIN lex b ON a.l < b.l)
+           END::tsquery AS tsq
 ), ann_exact AS (
     SELECT d.id
       FROM drawers d

@@ -139,3 +139,32 @@ def test_near_duplicates_merge_into_the_older_drawer_only(stack: Stack) -> None:
     assert sum("weekly sync" in h["content"].lower() for h in hits) == 1
     merges = stack.sql("SELECT count(*) FROM memory_history WHERE workspace_id = %s AND action = 'MERGE'", (w,))
     assert merges[0][0] == 1
+
+
+async def test_large_workspace_path_uses_hnsw_and_lexeme_pairs(stack: Stack) -> None:
+    """The code path for workspaces above exact_max: HNSW candidates and pairwise full-text matching."""
+    from shared.adapters import build_embedder
+    from shared.db.pool import open_pool
+    from shared.db.search import SearchParams, hybrid_search
+
+    import asyncio
+
+    w = ws()
+    # The helpers are synchronous (they run their own event loop): keep them off this test's loop.
+    await asyncio.to_thread(stack.publish, session(w, "s1", TEXTS))
+    await asyncio.to_thread(stack.wait_processed, w, 4)
+    pool = await open_pool(stack.database_url, name="test", max_size=1)
+    emb = build_embedder(stack.settings)
+    try:
+        query = "why does the nightly export fail"
+        vec = await emb.embed_query(query)
+        async with pool.connection() as conn:
+            hnsw = await hybrid_search(conn, w, query, vec, SearchParams(k=3, exact_max=0), workspace_size=10**6)
+            exact = await hybrid_search(conn, w, query, vec, SearchParams(k=3), workspace_size=4)
+            text_only = await hybrid_search(conn, w, query, None, SearchParams(k=3, exact_max=0), workspace_size=10**6)
+        assert "timeout error" in hnsw[0].content and "timeout error" in exact[0].content
+        # Full text alone, with lexeme pairs: 'nightly' & 'export' both occur in the right drawer only.
+        assert [h.content for h in text_only] == [TEXTS[4]]
+    finally:
+        await pool.close()
+        await emb.aclose()
