@@ -11,10 +11,13 @@ import contextlib
 import json
 import os
 import platform
+import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,7 +31,8 @@ RESULTS = REPO / "bench" / "results"
 CACHE = RESULTS / ".cache"
 LOCOMO_DEV = Path(os.environ.get("PALACE_BENCH_LOCOMO", REPO.parent / "shared" / "bench" / "locomo-dev.json"))
 
-console = Console()
+# Piped output (CI logs, `| tee`) would otherwise wrap the tables at 80 columns.
+console = Console(width=None if sys.stdout.isatty() else 150)
 
 __all__ = [
     "BENCH_STACK",
@@ -38,13 +42,19 @@ __all__ = [
     "RESULTS",
     "Question",
     "Turn",
+    "bench_lock",
     "bench_settings",
+    "check_schema",
     "console",
+    "drawer_embed_text",
     "free_port_block",
     "load_locomo",
     "machine_info",
     "percentiles",
     "prepare_process",
+    "settle_drawers",
+    "start_servers",
+    "warn_if_busy",
     "write_results",
 ]
 
@@ -106,6 +116,36 @@ def prepare_process() -> None:
     signal.signal(signal.SIGTERM, _term)
 
 
+@contextlib.contextmanager
+def bench_lock() -> Iterator[None]:
+    """Hold ``.devstack-bench/bench.lock`` for the whole run.
+
+    Two benches on one stack directory would wreck each other: starting a DevStack "recovers" a
+    running one (stops its servers, kills its recorded services). A second run therefore refuses
+    to start, naming the run that holds the lock, instead of killing it.
+    """
+    import fcntl
+
+    BENCH_STACK.mkdir(parents=True, exist_ok=True)
+    path = BENCH_STACK / "bench.lock"
+    with open(path, "a+") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.seek(0)
+            holder = f.read().strip() or "another process"
+            raise SystemExit(f"{BENCH_STACK.name}/ is in use by {holder}; run one bench at a time") from None
+        f.seek(0)
+        f.truncate()
+        f.write(f"pid {os.getpid()}: {' '.join(sys.argv)}\n")
+        f.flush()
+        try:
+            yield
+        finally:
+            f.truncate(0)
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
 def free_port_block(n: int, start: int = 19100, stop: int = 29000) -> int:
     """First port p such that p .. p+n-1 are all free on 127.0.0.1 (service metrics ports are
     base + index, so a block is needed, not one port)."""
@@ -133,14 +173,104 @@ def percentiles(ms: list[float]) -> dict[str, float]:
 
 def machine_info() -> dict[str, Any]:
     """What a reader needs to compare two results files: cores, load, commit."""
-    commit = ""
+    commit, dirty = "", None
     with contextlib.suppress(Exception):
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
                                 text=True, timeout=5, check=False).stdout.strip()
+        dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
+                                    capture_output=True, text=True, timeout=5, check=False).stdout.strip())
     return {
         "cpus": os.cpu_count(), "loadavg_1m_5m_15m": list(os.getloadavg()), "python": platform.python_version(),
-        "platform": platform.platform(), "commit": commit, "at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "platform": platform.platform(), "commit": commit, "uncommitted_changes": dirty,
+        "at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
+
+
+def warn_if_busy(threshold: float = 0.7) -> float:
+    """Say so when other work is running: on a small machine it skews every absolute figure (the
+    side-by-side ratios suffer less, but an OpenMP model on oversubscribed cores degrades unevenly)."""
+    load = os.getloadavg()[0]
+    if load > threshold * (os.cpu_count() or 1):
+        console.print(f"[yellow]warning:[/yellow] 1-minute load average is {load:.2f} on {os.cpu_count()} cores; "
+                      "other processes will skew these figures")
+    return load
+
+
+def check_schema(database_url: str) -> list[str]:
+    """Migrations whose applied checksum differs from the shipped file.
+
+    The migration runner records checksums but applies each version once, so a database created
+    before a migration file was edited silently keeps the old schema (and a bench would measure it).
+    """
+    import psycopg
+
+    from shared.db.migrate import load_migrations
+
+    with psycopg.connect(database_url) as conn:
+        applied = {int(r[0]): str(r[1]) for r in conn.execute("SELECT version, checksum FROM schema_migrations")}
+    return [f"{m.version:04d}_{m.name}" for m in load_migrations()
+            if m.version in applied and applied[m.version] != m.checksum]
+
+
+def start_servers(sup: Any) -> list[str]:
+    """``sup.start_servers()``, making sure the schema measured is the one in the tree.
+
+    The bench's own embedded stack holds nothing but bench data, so when its schema is stale it is
+    deleted and created afresh; an external database is only warned about. Returns the stale
+    migrations left in place (empty when the schema is current).
+    """
+    sup.start_servers()
+    stale = check_schema(sup.database_url)
+    if stale and sup.stack is not None and Path(sup.stack.root) == BENCH_STACK.resolve():
+        console.print(f"[yellow]{BENCH_STACK.name}/ was created with an older {', '.join(stale)}: "
+                      "recreating it (bench data only)[/yellow]")
+        sup.stack.stop()
+        for child in BENCH_STACK.iterdir():  # everything but the lock this run holds
+            if child.name != "bench.lock":
+                shutil.rmtree(child) if child.is_dir() else child.unlink()
+        sup.start_servers()
+        stale = check_schema(sup.database_url)
+    if stale:
+        console.print(f"[yellow]warning:[/yellow] the database was migrated with an older version of {stale}; "
+                      "figures reflect that old schema")
+    return stale
+
+
+def settle_drawers(database_url: str, *, owned: bool, force: bool = False, min_dead: int = 1000) -> dict[str, Any]:
+    """Leave no dead drawers for autovacuum to chew on during a measurement.
+
+    pgvector's HNSW vacuum repairs the graph around every deleted element: after a 100k-row bench
+    workspace is deleted, autovacuum spends many minutes of CPU in ``drawers_embedding_hnsw``, and
+    on 2 cores that lands in the middle of the next bench (seen: PostgreSQL using 0.9 of a core
+    through a whole ingest run). On a database the bench owns, rebuilding the index over the live
+    rows and then vacuuming is quick (the fresh index holds no dead entries); elsewhere it only warns.
+    """
+    import psycopg
+
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        row = conn.execute("SELECT n_dead_tup FROM pg_stat_user_tables WHERE relname = 'drawers'").fetchone()
+        dead = int(row[0]) if row else 0
+        if not force and dead < min_dead:
+            return {"dead_rows": dead, "settled_s": 0.0}
+        if not owned:
+            console.print(f"[yellow]warning:[/yellow] drawers has {dead:,} dead rows; autovacuum of its HNSW index "
+                          "may compete with this measurement")
+            return {"dead_rows": dead, "settled_s": 0.0}
+        t0 = time.perf_counter()
+        with console.status(f"rebuilding drawers_embedding_hnsw and vacuuming ({dead:,} dead rows) ..."):
+            conn.execute("SET maintenance_work_mem = '1GB'")
+            conn.execute("REINDEX INDEX drawers_embedding_hnsw")
+            conn.execute("VACUUM (ANALYZE) drawers")
+        return {"dead_rows": dead, "settled_s": time.perf_counter() - t0}
+
+
+def drawer_embed_text(d: Any) -> str:
+    """The text the embed service embeds for a planned drawer (``shared.memory.filing.embedding_text``
+    of its content, speaker and, where filing records one, the preceding turn)."""
+    from shared.memory.filing import embedding_text
+
+    context = getattr(d, "context", None)
+    return embedding_text(d.content, d.speaker, context) if context else embedding_text(d.content, d.speaker)
 
 
 def write_results(name: str, data: dict[str, Any]) -> Path:

@@ -16,10 +16,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import random
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,12 +29,17 @@ import psycopg
 from _common import (
     BENCH_STACK,
     Turn,
+    bench_lock,
     bench_settings,
     console,
+    drawer_embed_text,
     free_port_block,
     load_locomo,
     machine_info,
     prepare_process,
+    settle_drawers,
+    start_servers,
+    warn_if_busy,
     write_results,
 )
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -51,7 +58,7 @@ class Workload:
     events: list[SessionCompleted]
     payloads: list[tuple[bytes, str]]  # (body, Nats-Msg-Id)
     messages: int
-    drawer_texts: dict[str, str]  # planned drawer id -> content (unique across the run)
+    drawer_texts: dict[str, str]  # planned drawer id -> the text the embed service embeds for it
 
 
 def build_workload(turns: list[Turn], settings: Settings, sessions: int, per_session: int, seed: int,
@@ -78,7 +85,7 @@ def build_workload(turns: list[Turn], settings: Settings, sessions: int, per_ses
         plan = plan_session(ev, chunk_chars=settings.chunk_chars, chunk_overlap=settings.chunk_overlap,
                             min_chars=settings.min_chars)
         for d in plan.drawers:
-            drawers.setdefault(d.id, d.content)
+            drawers.setdefault(d.id, drawer_embed_text(d))
     payloads = [(ev.model_dump_json(exclude_none=True).encode(), f"session.completed:{ev.event_id}")
                 for ev in events]
     return Workload(workspace, events, payloads, sessions * per_session, drawers)
@@ -112,6 +119,32 @@ async def embedder_alone(settings: Settings, texts: list[str]) -> dict[str, Any]
             "threads": settings.embed_threads or "all cores"}
 
 
+def cpu_seconds(sup: Any) -> dict[str, float]:
+    """CPU seconds (user + system) used so far by each service process, PostgreSQL (postmaster and
+    its backends) and nats-server: the difference over the run shows where the cores went."""
+    import psutil
+
+    groups: dict[str, list[psutil.Process]] = {}
+    for name, child in sup.children.items():
+        with contextlib.suppress(psutil.Error):
+            groups[name] = [psutil.Process(child.proc.pid)]
+    if sup.stack is not None:
+        with contextlib.suppress(psutil.Error, TypeError):
+            pm = psutil.Process(sup.stack._postmaster_pid())
+            groups["postgres"] = [pm, *pm.children(recursive=True)]
+        with contextlib.suppress(psutil.Error, TypeError, ValueError):
+            groups["nats-server"] = [psutil.Process(int(sup.stack.read_state().get("nats_pid")))]
+    out: dict[str, float] = {}
+    for name, procs in groups.items():
+        total = 0.0
+        for p in procs:
+            with contextlib.suppress(psutil.Error):
+                t = p.cpu_times()
+                total += t.user + t.system
+        out[name] = total
+    return out
+
+
 def _nats_connect_options(settings: Settings) -> dict[str, Any]:
     """The same credentials the services use (PALACE_NATS_USER/TOKEN/CREDS/TLS_CA)."""
     try:
@@ -123,8 +156,12 @@ def _nats_connect_options(settings: Settings) -> dict[str, Any]:
 
 
 async def run_pipeline(settings: Settings, nats_url: str, database_url: str, work: Workload,
-                       timeout_s: float, concurrency: int) -> dict[str, Any]:
-    """Publish every event as fast as JetStream acks them, then poll until all drawers are processed."""
+                       timeout_s: float, concurrency: int, dead: Callable[[], list[str]]) -> dict[str, Any]:
+    """Publish every event as fast as JetStream acks them, then poll until all drawers are processed.
+
+    Stops early if a drawer fails or a service process dies (``dead`` names them): a crashed stage
+    would otherwise look like a slow one until the timeout.
+    """
     import nats
 
     expected = len(work.drawer_texts)
@@ -146,9 +183,11 @@ async def run_pipeline(settings: Settings, nats_url: str, database_url: str, wor
         await nc.close()
 
     sql = """SELECT count(*), count(*) FILTER (WHERE embedding IS NOT NULL),
-                    count(*) FILTER (WHERE state = 'processed'), count(*) FILTER (WHERE state = 'failed')
+                    count(*) FILTER (WHERE state IN ('processed', 'merged')),
+                    count(*) FILTER (WHERE state = 'failed')
                FROM drawers WHERE workspace_id = %s"""
     filed = embedded = processed = failed = 0
+    died: list[str] = []
     done = False
     async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as conn:
         with Progress(TextColumn("[bold]drawers processed"), BarColumn(), MofNCompleteColumn(),
@@ -167,7 +206,8 @@ async def run_pipeline(settings: Settings, nats_url: str, database_url: str, wor
                 if embedded >= expected:
                     marks.setdefault("all_embedded", now)
                 bar.update(task, completed=processed, filed=filed, embedded=embedded)
-                if failed:
+                died = dead()
+                if failed or died:
                     break
                 if filed >= expected and processed >= filed:
                     marks["all_processed"] = now
@@ -177,7 +217,7 @@ async def run_pipeline(settings: Settings, nats_url: str, database_url: str, wor
     end = marks.get("all_processed", time.perf_counter())
     return {
         "completed": done, "expected_drawers": expected, "filed": filed, "embedded": embedded,
-        "processed": processed, "failed": failed,
+        "processed": processed, "failed": failed, "services_died": died,
         "publish_s": t_pub - t0, "end_to_end_s": end - t0,
         "all_filed_s": marks["all_filed"] - t0 if "all_filed" in marks else None,
         "all_embedded_s": marks["all_embedded"] - t0 if "all_embedded" in marks else None,
@@ -203,6 +243,13 @@ def main() -> None:
     args = ap.parse_args()
 
     prepare_process()
+    with bench_lock():
+        _run(args)
+
+
+def _run(args: argparse.Namespace) -> None:
+    """One run, under the stack lock (see ``bench_lock``)."""
+    load_at_start = warn_if_busy()
     from services.supervisor import Supervisor
 
     settings = bench_settings()
@@ -217,29 +264,53 @@ def main() -> None:
                   f"{args.messages_per_session} messages = {work.messages} messages → "
                   f"{len(work.drawer_texts)} planned drawers (noise filtered, chunked) in {workspace}")
 
-    # 1. The ceiling: the embedder alone, before any service exists to compete with it.
+    # 1. The ceiling: the embedder alone, before any service exists to compete with it (and again
+    #    after everything is stopped: a difference means the machine's load changed meanwhile).
     with console.status(f"embedder alone on {len(sample)} drawer texts ..."):
-        alone = asyncio.run(embedder_alone(settings, sample))
-    console.print(f"embedder alone: {alone['docs_per_s']:.1f} docs/s ({alone['model']}, batch {alone['batch']})")
+        before = asyncio.run(embedder_alone(settings, sample))
+    console.print(f"embedder alone: {before['docs_per_s']:.1f} docs/s ({before['model']}, batch {before['batch']})")
 
     # 2. The pipeline, end to end.
     sup = Supervisor(settings, services=list(SERVICES), log_dir=BENCH_STACK / "logs",
                      metrics_base_port=free_port_block(8))
     result: dict[str, Any] = {}
+    stale_schema: list[str] = []
+    settled: dict[str, Any] = {}
     try:
         with console.status("starting PostgreSQL and NATS ..."):
-            sup.start_servers()
+            stale_schema = start_servers(sup)
+        owned = settings.database_url is None
+        settled = settle_drawers(sup.database_url, owned=owned)
         sup.start_services()
         with console.status(f"waiting for {', '.join(SERVICES)} to report healthy ..."):
             sup.wait_healthy()
         console.print(f"services healthy: {', '.join(SERVICES)}; logs in {BENCH_STACK / 'logs'}")
+
+        def dead() -> list[str]:
+            return [n for n, c in sup.children.items() if c.proc.poll() is not None]
+
+        cpu0, wall0 = cpu_seconds(sup), time.perf_counter()
         result = asyncio.run(run_pipeline(settings, sup.nats_url, sup.database_url, work, args.timeout,
-                                          args.publish_concurrency))
+                                          args.publish_concurrency, dead))
+        cpu1, wall1 = cpu_seconds(sup), time.perf_counter()
+        cpu = {k: cpu1[k] - cpu0[k] for k in cpu1 if k in cpu0}
+        result["cpu_seconds"] = cpu
+        result["cpu_wall_s"] = wall1 - wall0
         if not args.keep:
             asyncio.run(cleanup_workspace(sup.database_url, workspace))
+            settle_drawers(sup.database_url, owned=owned, min_dead=0)
     finally:
         with console.status("stopping services and servers ..."):
             sup.stop()
+
+    with console.status(f"embedder alone again on {len(sample)} drawer texts ..."):
+        after = asyncio.run(embedder_alone(settings, sample))
+    alone = {**before, "docs_per_s": (before["docs_per_s"] + after["docs_per_s"]) / 2,
+             "docs_per_s_before": before["docs_per_s"], "docs_per_s_after": after["docs_per_s"]}
+    drift = abs(before["docs_per_s"] - after["docs_per_s"]) / max(before["docs_per_s"], after["docs_per_s"])
+    if drift > 0.15:
+        console.print(f"[yellow]warning:[/yellow] the embedder alone ran at {before['docs_per_s']:.1f} docs/s before "
+                      f"and {after['docs_per_s']:.1f} after: the machine's load changed during the run")
 
     e2e = result["end_to_end_s"]
     drawers_per_s = result["processed"] / e2e if e2e > 0 else 0.0
@@ -251,13 +322,13 @@ def main() -> None:
                    "services": SERVICES, "embed_model": settings.embed_model, "embed_batch": settings.embed_batch,
                    "fetch_batch": settings.fetch_batch, "external_servers": bool(settings.database_url
                                                                                  or settings.nats_url)},
-        "messages": work.messages, "pipeline": result,
+        "stale_migrations": stale_schema, "settled_before": settled, "messages": work.messages, "pipeline": result,
         "rates": {"messages_per_s": messages_per_s, "drawers_per_s": drawers_per_s,
                   "publish_events_per_s": args.sessions / result["publish_s"],
                   "publish_messages_per_s": work.messages / result["publish_s"]},
         "embedder_alone": alone,
         "ratio_pipeline_over_embedder": ratio,
-        "machine": machine_info(),
+        "machine": {**machine_info(), "loadavg_1m_at_start": load_at_start},
     }
     path = write_results("ingest", out)
 
@@ -272,9 +343,19 @@ def main() -> None:
     t.add_row("all drawers processed (end to end)", _s(e2e) + ("" if result["completed"] else "  [red]INCOMPLETE"))
     t.add_row("pipeline messages/s", f"{messages_per_s:,.1f}")
     t.add_row("pipeline drawers/s", f"{drawers_per_s:,.1f}")
-    t.add_row("embedder alone docs/s (same texts, in-process)", f"{alone['docs_per_s']:,.1f}")
+    t.add_row("embedder alone docs/s (same texts, in-process; before / after)",
+              f"{alone['docs_per_s']:,.1f} ({before['docs_per_s']:.1f} / {after['docs_per_s']:.1f})")
     t.add_row("[bold]ratio pipeline ÷ embedder alone", f"[bold]{ratio:.2f}")
     console.print(t)
+    if result.get("cpu_seconds"):
+        c = Table(title=f"where the CPU went during the pipeline ({result['cpu_wall_s']:.0f} s wall, "
+                        f"{out['machine']['cpus']} cores)")
+        c.add_column("process")
+        c.add_column("CPU s", justify="right")
+        c.add_column("cores used", justify="right")
+        for name, sec in sorted(result["cpu_seconds"].items(), key=lambda kv: -kv[1]):
+            c.add_row(name, f"{sec:.1f}", f"{sec / result['cpu_wall_s']:.2f}")
+        console.print(c)
     console.print(f"results: {path.relative_to(path.parents[2])}")
     if not result["completed"]:
         console.print(f"[red]pipeline did not finish:[/red] {json.dumps(result)}")

@@ -4,10 +4,12 @@
    query's lexemes, since ``plainto_tsquery``'s AND misses most paraphrases). The HNSW index is
    shared by all workspaces and pgvector 0.6 filters *after* the graph walk, so a small workspace in a
    big table would get only a handful of its own neighbours; workspaces under ``exact_max`` drawers
-   therefore get an exact scan (``+ 0`` keeps the planner off the index), larger ones the HNSW index
+   therefore get an exact scan (``+ 0`` keeps the planner off the index; 5k distances cost a few ms),
+   larger ones the HNSW index
    with a raised ``hnsw.ef_search``. In those large workspaces the full-text branch also asks for two
    of the query's lexemes together (an OR of pairs): a plain OR matched 27% of a 100k-drawer
-   workspace and ranking every match cost ~170 ms (bench/search.py).
+   workspace and ranking every match cost ~170 ms (bench/search.py); and at most ``fts_scan_max``
+   matching rows are ranked, which bounds the tail on very large workspaces.
 2. Each candidate gets both signals: cosine similarity, min-max normalised over the candidates
    (e5-family cosines sit in a narrow band, so raw cosines let any text weight swamp them), and
    ``ts_rank_cd`` divided by the best rank; fused ``w_dense·dense + w_text·text``.
@@ -38,7 +40,8 @@ class SearchParams:
     k: int = 10
     ann_candidates: int = 100
     fts_candidates: int = 100
-    exact_max: int = 20_000
+    exact_max: int = 5_000
+    fts_scan_max: int = 2_000
     w_dense: float = 0.75
     w_text: float = 0.25
     smooth: float = 0.2
@@ -90,10 +93,11 @@ WITH lex AS (
      ORDER BY d.embedding <=> %(emb)s::vector
      LIMIT %(n_ann)s
 ), fts AS (
-    SELECT d.id
-      FROM drawers d, q
-     WHERE d.workspace_id = %(ws)s AND d.tsv @@ q.tsq AND d.deleted_at IS NULL AND d.state <> 'merged'
-     ORDER BY ts_rank_cd(d.tsv, q.tsq, 1) DESC
+    SELECT m.id
+      FROM (SELECT d.id, d.tsv FROM drawers d, q
+             WHERE d.workspace_id = %(ws)s AND d.tsv @@ q.tsq AND d.deleted_at IS NULL AND d.state <> 'merged'
+             LIMIT %(fts_scan)s) m, q
+     ORDER BY ts_rank_cd(m.tsv, q.tsq, 1) DESC
      LIMIT %(n_fts)s
 ), feat AS (
     SELECT d.id, d.session_id, d.seq,
@@ -159,7 +163,7 @@ async def hybrid_search(
                 "n_fts": params.fts_candidates, "w_dense": params.w_dense, "w_text": params.w_text,
                 "smooth": params.smooth, "sess": params.session_boost, "w_imp": params.w_importance,
                 "w_rec": params.w_recency, "rec_days": params.recency_days,
-                "k": params.k,
+                "k": params.k, "fts_scan": params.fts_scan_max,
                 "exact": workspace_size is not None and workspace_size <= params.exact_max,
             },
         )

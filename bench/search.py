@@ -1,0 +1,617 @@
+"""Search latency at scale: the real recall path against the bare HNSW lookup it is built on.
+
+Why this shape: absolute milliseconds depend on the machine, so each size is measured three ways
+in the same run, query by query, interleaved (so background noise hits all three alike):
+
+* full  — ``Recaller.search``: query embedding + the hybrid SQL (what the API and the CLI call);
+* sql   — the same ``Recaller.search`` with the query vector computed beforehand: the database's share;
+* bare  — ``SELECT id … ORDER BY embedding <=> q LIMIT k`` (the HNSW floor).
+
+full ÷ bare says what the whole path costs over the index it cannot do without; sql ÷ bare says
+what the hybrid part (full-text branch, fusion, scoring) adds inside PostgreSQL.
+
+The workspace is filled directly in PostgreSQL (this bench measures search, not ingest) with rows
+shaped like the pipeline's own: every LoCoMo session is planned by ``plan_session`` (noise filter,
+chunking, speaker, position, preceding turn) and its drawers get their real embeddings (computed
+once, cached); beyond those ~2,700 drawers come copies with a numbered text suffix, their own
+session ids and noisy normalised copies of the real vectors, so vectors, words and sessions stay
+realistic as the workspace grows.
+
+    .venv/bin/python bench/search.py [--sizes 10000,100000] [--queries 200] [--k 10]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import hashlib
+import json
+import random
+import re
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+import psycopg
+from _common import (
+    CACHE,
+    Question,
+    Turn,
+    bench_lock,
+    bench_settings,
+    console,
+    drawer_embed_text,
+    load_locomo,
+    machine_info,
+    percentiles,
+    prepare_process,
+    settle_drawers,
+    start_servers,
+    warn_if_busy,
+    write_results,
+)
+from pgvector.psycopg import register_vector
+from psycopg import sql
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from shared.config import Settings
+from shared.events import Message, SessionCompleted
+from shared.ids import content_hash, drawer_id
+from shared.memory.filing import plan_session
+from shared.ports import Embedder
+
+WS_PREFIX = "bench-search-"
+METHODS = ("full", "sql", "bare")
+FTS_COUNT_SQL = (
+    "SELECT count(*) FROM drawers WHERE workspace_id = %s"
+    " AND tsv @@ replace(plainto_tsquery('english', %s)::text, ' & ', ' | ')::tsquery"
+)
+
+
+def bare_sql(limit: int) -> sql.Composed:
+    """The bare HNSW lookup. LIMIT is a literal on purpose: psycopg prepares a statement after five
+    runs, and a generic plan for ``LIMIT $3`` has to guess the limit (10% of the rows), for which a
+    sequential scan and sort could look cheaper than the index; a literal keeps the floor an index
+    scan whatever the planner guesses."""
+    return sql.SQL("SELECT id FROM drawers WHERE workspace_id = %s ORDER BY embedding <=> %s LIMIT {}").format(
+        sql.Literal(limit))
+
+
+def exact_sql(limit: int) -> sql.Composed:
+    """The same ordering as ``bare_sql`` (run with index scans disabled: the exact answer)."""
+    return sql.SQL("SELECT id FROM drawers WHERE workspace_id = %s AND embedding IS NOT NULL"
+                   " ORDER BY embedding <=> %s LIMIT {}").format(sql.Literal(limit))
+
+
+# ---------------------------------------------------------------------------------------- drawers
+@dataclass(frozen=True, slots=True)
+class BaseDrawer:
+    """One drawer as ingest would file it from a LoCoMo turn, and the text embed would embed."""
+
+    content: str
+    speaker: str | None
+    role: str
+    session_id: str
+    seq: int
+    context: str | None
+    embed_text: str
+
+
+def pipeline_drawers(turns: list[Turn], settings: Settings) -> list[BaseDrawer]:
+    """Every LoCoMo session through ``plan_session``, exactly as ingest files it (one workspace, so a
+    text repeated across sessions is one drawer, as it would be)."""
+    by_session: dict[tuple[str, str], list[Turn]] = {}
+    for t in turns:
+        by_session.setdefault((t.conv, t.session), []).append(t)
+    out: list[BaseDrawer] = []
+    seen: set[str] = set()
+    for (conv, sess), ts in by_session.items():
+        ev = SessionCompleted(workspace_id="bench-search", session_id=f"{conv}:{sess}", messages=[
+            Message(role="user" if i % 2 == 0 else "assistant", content=t.text, name=t.speaker)
+            for i, t in enumerate(ts)])
+        plan = plan_session(ev, chunk_chars=settings.chunk_chars, chunk_overlap=settings.chunk_overlap,
+                            min_chars=settings.min_chars)
+        for d in plan.drawers:
+            if d.id in seen:
+                continue
+            seen.add(d.id)
+            seq = getattr(d, "seq", None)
+            out.append(BaseDrawer(d.content, d.speaker, d.role, ev.session_id,
+                                  int(seq if seq is not None else d.metadata.get("seq", 0)),  # type: ignore[call-overload]
+                                  getattr(d, "context", None), drawer_embed_text(d)))
+    return out
+
+
+async def base_embeddings(embedder: Embedder, drawers: list[BaseDrawer], batch: int) -> np.ndarray:
+    """Real document embeddings of the base drawers, computed once per model and cached on disk.
+
+    The cache is keyed by model name and checked against a hash of the embedded texts, so a change
+    to the data, to filing or to what is embedded never silently reuses stale vectors.
+    """
+    texts = [d.embed_text for d in drawers]
+    digest = hashlib.sha256("\x1e".join(texts).encode()).hexdigest()[:16]
+    name = embedder.model_name.replace("/", "_")
+    path, meta = CACHE / f"{name}-turns.npy", CACHE / f"{name}-turns.json"
+    with contextlib.suppress(FileNotFoundError, json.JSONDecodeError, ValueError):
+        if json.loads(meta.read_text()).get("texts_sha256") == digest:
+            vecs = np.load(path)
+            if vecs.shape == (len(texts), embedder.dim):
+                console.print(f"base embeddings: cached ({path.relative_to(CACHE.parents[2])})")
+                return vecs
+    CACHE.mkdir(parents=True, exist_ok=True)
+    (CACHE / ".gitignore").write_text("*\n")
+    out: list[np.ndarray] = []
+    t0 = time.perf_counter()
+    with _progress() as bar:
+        task = bar.add_task(f"embedding {len(texts)} LoCoMo drawers once ({embedder.model_name})", total=len(texts))
+        for i in range(0, len(texts), batch):
+            out.append(await embedder.embed_documents(texts[i : i + batch]))
+            bar.advance(task, len(out[-1]))
+    vecs = np.vstack(out).astype(np.float32)
+    np.save(path, vecs)
+    meta.write_text(json.dumps({"model": embedder.model_name, "texts_sha256": digest, "n": len(texts),
+                                "seconds": time.perf_counter() - t0}))
+    return vecs
+
+
+@dataclass
+class Rows:
+    content: list[str]
+    base: np.ndarray  # index into the base drawers
+    lap: np.ndarray
+    vecs: np.ndarray
+
+
+def synth_rows(base: list[BaseDrawer], vecs: np.ndarray, size: int, synth: str, noise: float, seed: int) -> Rows:
+    """``size`` drawers: the real ones first, then synthetic ones derived from them.
+
+    Synthetic drawer j of source i has content ``"<content> #j"`` and session ``"<session>#j"`` (a
+    session of its own, so session-level scoring sees realistic sessions). Its vector is, with ``g``
+    Gaussian of expected norm 1 (per-component σ = 1/√dim):
+
+    * ``copy``: ``normalise(v_i + noise·g)``, a noisy copy of its source;
+    * ``mix`` (default): ``normalise(a·v_i + (1−a)·v_r + noise·g)`` with ``r`` another real drawer
+      at random and ``a ~ U(0.5, 0.9)``: a point between two real memories, leaning to its source.
+
+    Why ``mix``: at 100k every real vector has ~36 noisy copies, and tight clusters of that many
+    near-duplicates wreck a pgvector 0.6 HNSW graph (m=16): measured here, recall@10 0.2–0.3 and
+    scans stopping short of LIMIT 100 even at ef_search 1000, so the "bare" floor would be a broken
+    index. Mixtures stay inside the narrow cone real e5 vectors occupy (unrelated turns still score
+    ~0.84) and spread over it: recall@10 0.95 at ef_search 200, nearest-neighbour cosines like the
+    real ones (``calibration`` in the results shows both).
+    """
+    n_real, dim = vecs.shape
+    idx = np.arange(size)
+    b, lap = idx % n_real, idx // n_real
+    content = [base[i].content if k == 0 else f"{base[i].content} #{k}" for i, k in zip(b, lap, strict=True)]
+    out = vecs[b].copy()
+    syn = lap > 0
+    n_syn = int(syn.sum())
+    if n_syn:
+        rng = np.random.default_rng(seed)
+        if synth == "mix":
+            a = rng.uniform(0.5, 0.9, (n_syn, 1)).astype(np.float32)
+            out[syn] = a * out[syn] + (1 - a) * vecs[rng.integers(0, n_real, n_syn)]
+        out[syn] += rng.standard_normal((n_syn, dim), dtype=np.float32) * (noise / np.sqrt(dim))
+        out /= np.linalg.norm(out, axis=1, keepdims=True)
+    return Rows(content, b, lap, out.astype(np.float32))
+
+
+def calibration(vecs: np.ndarray, rows: Rows, seed: int, sample: int = 1000) -> dict[str, float | None]:
+    """Synthetic vectors against real ones: cosine to their source, and nearest-neighbour and
+    unrelated-pair cosines among the real drawers, so the generator's realism is checkable."""
+    sims = vecs @ vecs.T
+    np.fill_diagonal(sims, -1.0)
+    out: dict[str, float | None] = {
+        "real_nn_cos_p50": float(np.median(sims.max(axis=1))),
+        "real_pair_cos_p50": float(np.median(sims[np.triu_indices(len(vecs), 1)])),
+        "synthetic_source_cos_p50": None, "synthetic_nn_real_cos_p50": None}
+    syn = np.flatnonzero(rows.lap > 0)
+    if syn.size:
+        pick = np.random.default_rng(seed).choice(syn, min(sample, syn.size), replace=False)
+        sv = rows.vecs[pick]
+        out["synthetic_source_cos_p50"] = float(np.median((sv * vecs[rows.base[pick]]).sum(axis=1)))
+        out["synthetic_nn_real_cos_p50"] = float(np.median((sv @ vecs.T).max(axis=1)))
+    return out
+
+
+# ------------------------------------------------------------------------------------------ load
+def load_workspace(database_url: str, workspace: str, base: list[BaseDrawer], rows: Rows, model: str,
+                   mode: str) -> dict[str, Any]:
+    """Replace every bench-search workspace with this one, via binary COPY.
+
+    ``mode='insert'`` copies with the HNSW index in place (what a live system pays per row: a few
+    hundred rows/s on 2 cores). ``mode='rebuild'`` drops the HNSW index, copies, and re-creates it
+    from its own definition (``pg_get_indexdef``) in the same transaction, so a crash rolls back to
+    the original index; many times faster, but it locks and rebuilds the index of the whole table:
+    only for a database the bench owns.
+    """
+    stats: dict[str, Any] = {"mode": mode, "rows": len(rows.content)}
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        register_vector(conn)
+        have = {r[0] for r in conn.execute(
+            "SELECT column_name FROM information_schema.columns WHERE table_name = 'drawers'")}
+        t0 = time.perf_counter()
+        conn.execute("DELETE FROM drawers WHERE workspace_id LIKE %s", (WS_PREFIX + "%",))
+        stats["delete_previous_s"] = time.perf_counter() - t0
+        cols = ["workspace_id", "id", "content", "content_hash", "embedding", "embedding_model", "state",
+                "importance", "memory_type", "role", "speaker", "session_id"]
+        types = ["text", "text", "text", "text", "vector", "text", "text", "float4", "text", "text", "text", "text"]
+        extra = [(c, t) for c, t in (("seq", "int4"), ("context", "text")) if c in have]  # newer schemas
+        cols += [c for c, _ in extra]
+        types += [t for _, t in extra]
+        copy_sql = sql.SQL("COPY drawers ({}) FROM STDIN WITH (FORMAT BINARY)").format(
+            sql.SQL(", ").join(map(sql.Identifier, cols)))
+        with conn.transaction():
+            indexdef = None
+            if mode == "rebuild":
+                row = conn.execute("SELECT pg_get_indexdef('drawers_embedding_hnsw'::regclass)").fetchone()
+                assert row is not None
+                indexdef = str(row[0])
+                conn.execute("DROP INDEX drawers_embedding_hnsw")
+            t0 = time.perf_counter()
+            n = len(rows.content)
+            with _progress() as bar, conn.cursor() as cur:
+                label = "HNSW index in place" if mode == "insert" else "HNSW index dropped"
+                task = bar.add_task(f"COPY {n:,} drawers into {workspace} ({label})", total=n)
+                with cur.copy(copy_sql) as copy:
+                    copy.set_types(types)
+                    for i, text in enumerate(rows.content):
+                        d, lap = base[rows.base[i]], int(rows.lap[i])
+                        h = content_hash(text)
+                        rec: list[Any] = [workspace, drawer_id(workspace, h), text, h, rows.vecs[i], model,
+                                          "processed", 3.0, "fact", d.role, d.speaker,
+                                          d.session_id if lap == 0 else f"{d.session_id}#{lap}"]
+                        for c, _ in extra:
+                            rec.append(d.seq if c == "seq" else d.context)
+                        copy.write_row(rec)
+                        if i % 1000 == 999:
+                            bar.advance(task, 1000)
+                    bar.update(task, completed=n)
+            stats["copy_s"] = time.perf_counter() - t0
+            if indexdef is not None:
+                t0 = time.perf_counter()
+                with console.status("re-creating drawers_embedding_hnsw ..."):
+                    conn.execute("SET LOCAL maintenance_work_mem = '1GB'")  # the graph must fit, or the build crawls
+                    conn.execute(indexdef)
+                stats["index_build_s"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        with console.status("VACUUM ANALYZE drawers (planner statistics, GIN pending list) ..."):
+            conn.execute("VACUUM (ANALYZE) drawers")
+        stats["vacuum_analyze_s"] = time.perf_counter() - t0
+    stats["total_s"] = sum(v for k, v in stats.items() if k.endswith("_s"))
+    return stats
+
+
+# --------------------------------------------------------------------------------------- measure
+class Precomputed:
+    """An ``Embedder`` answering queries from vectors computed beforehand, so a ``Recaller`` runs
+    exactly its SQL path (same statement, same parameters, same extra queries) minus the model."""
+
+    def __init__(self, inner: Embedder, vectors: dict[str, np.ndarray]) -> None:
+        self.model_name, self.dim, self._v = inner.model_name, inner.dim, vectors
+
+    async def embed_query(self, text: str) -> np.ndarray:
+        return self._v[text]
+
+    async def embed_documents(self, texts: Sequence[str]) -> np.ndarray:
+        raise NotImplementedError("queries only")
+
+    async def aclose(self) -> None:
+        return None
+
+
+class _RecordingCursor(psycopg.AsyncCursor[Any]):
+    """Remembers every statement executed through it (to EXPLAIN what the Recaller really runs)."""
+
+    seen: ClassVar[list[tuple[Any, Any]]] = []
+
+    async def execute(self, query: Any, params: Any = None, **kwargs: Any) -> Any:
+        _RecordingCursor.seen.append((query, params))
+        return await super().execute(query, params, **kwargs)
+
+
+async def explain(database_url: str, embedder: Embedder, workspace: str, vectors: dict[str, np.ndarray],
+                  query: str, k: int) -> dict[str, Any]:
+    """Plans of the bare lookup and of the statement ``Recaller.search`` actually sends (captured on
+    a one-connection pool, then run under ``EXPLAIN ANALYZE``): does each reach the HNSW index?"""
+    from shared.db.pool import open_pool
+    from shared.recall import Recaller
+
+    out: dict[str, Any] = {}
+    vec = vectors[query]
+    pool = await open_pool(database_url, name="bench-explain", min_size=1, max_size=1)
+    try:
+        async with pool.connection() as conn:
+            cur = await conn.execute(sql.SQL("EXPLAIN ") + bare_sql(k), (workspace, vec))
+            plan = _short("\n".join(r[0] for r in await cur.fetchall()))
+            out["bare_plan"], out["bare_uses_hnsw"] = plan, "drawers_embedding_hnsw" in plan
+            conn.cursor_factory = _RecordingCursor
+        _RecordingCursor.seen.clear()
+        await Recaller(pool, Precomputed(embedder, vectors), touch=False, cache_size=0).search(
+            workspace, query, k)
+        seen = list(_RecordingCursor.seen)
+        # Every statement one search sends, pool health check included (round trips add up).
+        out["statements_per_search"] = [" ".join(_text(q).split())[:100] for q, _ in seen]
+        async with pool.connection() as conn:
+            conn.cursor_factory = psycopg.AsyncCursor
+            stmts = [(q, p) for q, p in seen if "drawers" in _text(q)]
+            if stmts:
+                q, p = max(stmts, key=lambda s: len(_text(s[0])))  # the search statement, not the size count
+                pre = "EXPLAIN (ANALYZE, TIMING OFF, COSTS OFF) "
+                cur = await conn.execute(sql.SQL(pre) + q if isinstance(q, sql.Composable) else pre + q, p)
+                hplan = _short("\n".join(r[0] for r in await cur.fetchall()))
+                out["hybrid_plan"], out["hybrid_uses_hnsw"] = hplan, "drawers_embedding_hnsw" in hplan
+    finally:
+        await pool.close()
+    return out
+
+
+async def diagnostics(database_url: str, workspace: str, qs: list[tuple[str, np.ndarray]], k: int,
+                      ann_candidates: int, ef_search: int | None) -> dict[str, Any]:
+    """Outside the timings: how many rows an HNSW scan returns when ``ann_candidates`` are asked
+    (pgvector < 0.8 stops at ``hnsw.ef_search``), how many rows match an OR of the query's lexemes
+    (what a full-text branch built that way must rank), and the bare lookup's recall@k against an
+    exact scan.
+
+    Its own autocommit connection, with the pool's ``ef_search``: a planner setting changed here
+    must not leak into a pooled connection's open transaction.
+    """
+    from pgvector.psycopg import register_vector_async
+
+    ann_rows, fts_rows, recall = [], [], []
+    async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as conn:
+        await register_vector_async(conn)
+        if ef_search is not None:
+            await conn.execute(sql.SQL("SET hnsw.ef_search = {}").format(sql.Literal(ef_search)))
+        for q, v in qs:
+            cur = await conn.execute(bare_sql(ann_candidates), (workspace, v))
+            ann_rows.append(len(await cur.fetchall()))
+            cur = await conn.execute(FTS_COUNT_SQL, (workspace, q))
+            row = await cur.fetchone()
+            fts_rows.append(int(row[0]) if row else 0)
+            cur = await conn.execute(bare_sql(k), (workspace, v))
+            approx = {r[0] for r in await cur.fetchall()}
+            await conn.execute("SET enable_indexscan = off")
+            cur = await conn.execute(exact_sql(k), (workspace, v))
+            exact = {r[0] for r in await cur.fetchall()}
+            await conn.execute("RESET enable_indexscan")
+            recall.append(len(approx & exact) / max(1, len(exact)))
+    return {"queries": len(qs), "ann_rows_mean": float(np.mean(ann_rows)), "ann_candidates_asked": ann_candidates,
+            "fts_matching_rows_mean": float(np.mean(fts_rows)), "fts_matching_rows_max": int(np.max(fts_rows)),
+            "bare_recall_at_k": float(np.mean(recall))}
+
+
+async def measure(pool: Any, embedder: Embedder, vectors: dict[str, np.ndarray], workspace: str, k: int,
+                  warm: list[str], timed: list[str]) -> dict[str, list[float]]:
+    """Per-query latency of full / sql / bare, interleaved with a rotating order."""
+    from shared.recall import Recaller
+
+    # cache_size=0: every query pays its embedding, as a new question does; touch=False: no writes.
+    full_r = Recaller(pool, embedder, touch=False, cache_size=0)
+    sql_r = Recaller(pool, Precomputed(embedder, vectors), touch=False, cache_size=0)
+
+    async def full(q: str) -> int:
+        return len(await full_r.search(workspace, q, k))
+
+    async def sql_only(q: str) -> int:
+        return len(await sql_r.search(workspace, q, k))
+
+    async def bare(q: str) -> int:
+        async with pool.connection() as conn:
+            cur = await conn.execute(bare_sql(k), (workspace, vectors[q]))
+            return len(await cur.fetchall())
+
+    fns: dict[str, Callable[[str], Awaitable[int]]] = {"full": full, "sql": sql_only, "bare": bare}
+    for q in warm:
+        for fn in fns.values():
+            await fn(q)
+    times: dict[str, list[float]] = {m: [] for m in METHODS}
+    with _progress() as bar:
+        task = bar.add_task(f"{len(timed)} queries × {len(METHODS)} paths on {workspace}", total=len(timed))
+        for i, q in enumerate(timed):
+            for m in METHODS[i % 3 :] + METHODS[: i % 3]:
+                t0 = time.perf_counter()
+                await fns[m](q)
+                times[m].append((time.perf_counter() - t0) * 1000)
+            bar.advance(task)
+    return times
+
+
+def _text(q: Any) -> str:
+    return q if isinstance(q, str) else repr(q)
+
+
+def _short(plan: str) -> str:
+    """A plan without the 384 numbers of the query vector."""
+    return re.sub(r"'\[[^']{40,}\]'", "'[...]'", plan)
+
+
+def _progress() -> Progress:
+    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                    console=console)
+
+
+# ------------------------------------------------------------------------------------------ main
+async def _show(pool: Any, query: str) -> str | None:
+    async with pool.connection() as conn:
+        cur = await conn.execute(query)
+        row = await cur.fetchone()
+    return str(row[0]) if row else None
+
+
+async def run(args: argparse.Namespace, settings: Settings, database_url: str) -> dict[str, Any]:
+    from shared.adapters import build_embedder
+    from shared.db.pool import open_pool
+    from shared.db.search import SearchParams
+
+    turns, questions = load_locomo()
+    base = pipeline_drawers(turns, settings)
+    embedder = build_embedder(settings)
+    try:
+        warm_up = getattr(embedder, "warm_up", None)
+        if warm_up is not None:
+            await warm_up()
+        vecs = await base_embeddings(embedder, base, settings.embed_batch)
+        picked: list[Question] = random.Random(args.seed).sample(questions, min(len(questions),
+                                                                                args.queries + args.warmup))
+        qtexts = list(dict.fromkeys(q.question for q in picked))
+        vectors = {q: await embedder.embed_query(q) for q in qtexts}  # for the sql and bare paths
+        warm, timed = qtexts[: args.warmup], qtexts[args.warmup :]
+
+        # What every path runs with: the server's default, and what the project's pool sets.
+        with psycopg.connect(database_url) as c:
+            c.execute("SELECT '[1]'::vector")  # loads pgvector in the backend, so its settings show
+            row = c.execute("SHOW hnsw.ef_search").fetchone()
+            server_ef = int(row[0]) if row else None
+        pool = await open_pool(database_url, name="bench-search", min_size=2, max_size=2)
+        try:
+            await _show(pool, "SELECT '[1]'::vector")
+            ef = await _show(pool, "SHOW hnsw.ef_search")
+            ef_search = int(ef) if ef else None
+            pgvector_version = await _show(pool, "SELECT extversion FROM pg_extension WHERE extname = 'vector'")
+            console.print(f"pgvector {pgvector_version}; hnsw.ef_search on the search connections: {ef_search} "
+                          f"(server default {server_ef})")
+            sizes: dict[str, Any] = {}
+            for size in args.sizes:
+                ws = f"{WS_PREFIX}{size}"
+                rows = synth_rows(base, vecs, size, args.synth, args.noise, args.seed)
+                calib = calibration(vecs, rows, args.seed)
+                if calib["synthetic_source_cos_p50"] is not None:
+                    console.print(f"vectors: {len(base):,} real + {size - min(size, len(base)):,} synthetic "
+                                  f"({args.synth}); median cosine synthetic→source "
+                                  f"{calib['synthetic_source_cos_p50']:.3f}, synthetic→nearest real "
+                                  f"{calib['synthetic_nn_real_cos_p50']:.3f}, real→nearest real "
+                                  f"{calib['real_nn_cos_p50']:.3f}, unrelated real pair "
+                                  f"{calib['real_pair_cos_p50']:.3f}")
+                load = await asyncio.to_thread(load_workspace, database_url, ws, base, rows, embedder.model_name,
+                                               args.load)
+                console.print(f"[bold]{size:,}[/bold] drawers loaded in {load['total_s']:.1f} s: "
+                              + ", ".join(f"{k.removesuffix('_s')} {v:.1f} s" for k, v in load.items()
+                                          if k.endswith("_s") and k != "total_s"))
+                plans = await explain(database_url, embedder, ws, vectors, timed[0], args.k)
+                console.print(f"EXPLAIN bare lookup (uses HNSW: {plans['bare_uses_hnsw']}):")
+                console.print(plans["bare_plan"], markup=False, highlight=False)
+                if "hybrid_plan" in plans:
+                    scans = [ln for ln in plans["hybrid_plan"].splitlines()
+                             if "Scan" in ln or "Execution Time" in ln]
+                    console.print(f"EXPLAIN ANALYZE of the statement Recaller.search sends, scan nodes "
+                                  f"(uses HNSW: {plans['hybrid_uses_hnsw']}):")
+                    console.print("\n".join(scans), markup=False, highlight=False)
+                if plans.get("statements_per_search"):
+                    sent = [x[:40] or "<empty: pool health check>" for x in plans["statements_per_search"]]
+                    console.print(f"statements one search sends: {len(sent)} ({'; '.join(sent)})",
+                                  markup=False, highlight=False)
+                diag = await diagnostics(database_url, ws, [(q, vectors[q]) for q in timed[: args.diag_queries]],
+                                         args.k, SearchParams().ann_candidates, ef_search)
+                times = await measure(pool, embedder, vectors, ws, args.k, warm, timed)
+                stats = {m: percentiles(times[m]) for m in METHODS}
+                sizes[str(size)] = {
+                    "workspace": ws, "calibration": calib, "load": load, "explain": plans, "diagnostics": diag,
+                    "latency_ms": stats,
+                    "ratios": {f"{m}_over_bare_{p}": stats[m][p] / stats["bare"][p]
+                               for m in ("full", "sql") for p in ("p50", "p95", "p99")},
+                }
+            if not args.keep:
+                with psycopg.connect(database_url, autocommit=True) as conn:
+                    conn.execute("DELETE FROM drawers WHERE workspace_id LIKE %s", (WS_PREFIX + "%",))
+                # Dead HNSW entries would keep autovacuum busy for minutes, into the next bench.
+                settle_drawers(database_url, owned=args.load == "rebuild", force=True)
+        finally:
+            await pool.close()
+    finally:
+        aclose = getattr(embedder, "aclose", None)
+        if aclose is not None:
+            await aclose()
+    return {"ef_search": ef_search, "ef_search_server_default": server_ef, "pgvector": pgvector_version,
+            "base_drawers": len(base), "sizes": sizes, "queries": len(timed), "warmup": len(warm)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sizes", type=lambda s: [int(x) for x in s.split(",") if x.strip()], default=[10_000, 100_000],
+                    help="comma-separated workspace sizes (drawers)")
+    ap.add_argument("--queries", type=int, default=200, help="timed LoCoMo questions per size")
+    ap.add_argument("--k", type=int, default=10, help="results per search")
+    ap.add_argument("--warmup", type=int, default=20, help="other questions run first on every path")
+    ap.add_argument("--diag-queries", type=int, default=20, help="questions for the untimed diagnostics")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--synth", choices=["mix", "copy"], default="mix",
+                    help="synthetic vectors beyond the real drawers: mixtures of two real vectors leaning to the "
+                         "source, or noisy copies of the source (see synth_rows)")
+    ap.add_argument("--noise", type=float, default=None,
+                    help="expected norm of the Gaussian noise added to synthetic vectors (default: 0.1 for mix, "
+                         "0.25 for copy, i.e. a copy at the real nearest-neighbour distance)")
+    ap.add_argument("--load", choices=["insert", "rebuild", "auto"], default="auto",
+                    help="insert with the HNSW index in place, or drop it, COPY and re-create it "
+                         "(auto: rebuild on the bench's own embedded stack, insert on external servers)")
+    ap.add_argument("--keep", action="store_true", help="keep the last workspace loaded")
+    args = ap.parse_args()
+    if args.noise is None:
+        args.noise = 0.1 if args.synth == "mix" else 0.25
+
+    prepare_process()
+    with bench_lock():
+        _run(args)
+
+
+def _run(args: argparse.Namespace) -> None:
+    """One run, under the stack lock (see ``bench_lock``)."""
+    load_at_start = warn_if_busy()
+    from services.supervisor import Supervisor
+
+    settings = bench_settings()
+    if args.load == "auto":
+        args.load = "insert" if settings.database_url else "rebuild"
+    sup = Supervisor(settings, services=[])
+    stale_schema: list[str] = []
+    t_start = time.perf_counter()
+    try:
+        with console.status("starting PostgreSQL (and NATS) ..."):
+            stale_schema = start_servers(sup)
+        res = asyncio.run(run(args, settings, sup.database_url))
+    finally:
+        with console.status("stopping servers ..."):
+            sup.stop()
+    out = {"bench": "search", "config": {"sizes": args.sizes, "queries": args.queries, "k": args.k,
+                                         "warmup": args.warmup, "seed": args.seed, "synth": args.synth,
+                                         "noise": args.noise,
+                                         "load": args.load, "embed_model": settings.embed_model,
+                                         "external_database": bool(settings.database_url)},
+           "stale_migrations": stale_schema, **res, "wall_s": time.perf_counter() - t_start,
+           "machine": {**machine_info(), "loadavg_1m_at_start": load_at_start}}
+    path = write_results("search", out)
+
+    t = Table(title=f"search latency, ms — k={args.k}, {res['queries']} LoCoMo questions, hnsw.ef_search="
+                    f"{res['ef_search']} (server default {res['ef_search_server_default']}), "
+                    f"{settings.embed_model}, {out['machine']['cpus']} cores")
+    for col in ("drawers", "path", "p50", "p95", "p99", "÷ bare p50", "÷ bare p95", "÷ bare p99"):
+        t.add_column(col, justify="left" if col == "path" else "right")
+    labels = {"full": "full (embed + hybrid SQL)", "sql": "hybrid SQL only", "bare": "bare HNSW"}
+    for size, r in res["sizes"].items():
+        lat = r["latency_ms"]
+        for m in METHODS:
+            ratios = [f"{lat[m][p] / lat['bare'][p]:.2f}" for p in ("p50", "p95", "p99")]
+            t.add_row(f"{int(size):,}" if m == "full" else "", labels[m],
+                      *(f"{lat[m][p]:.1f}" for p in ("p50", "p95", "p99")), *ratios, end_section=m == "bare")
+    console.print(t)
+    d = Table(title="context (untimed)")
+    for col in ("drawers", "load s (mode)", "HNSW rows / asked", "rows matching OR of lexemes (mean / max)",
+                "bare recall@k vs exact", "search SQL uses HNSW"):
+        d.add_column(col, justify="right")
+    for size, r in res["sizes"].items():
+        g, ld = r["diagnostics"], r["load"]
+        d.add_row(f"{int(size):,}", f"{ld['total_s']:.1f} ({ld['mode']})",
+                  f"{g['ann_rows_mean']:.1f} / {g['ann_candidates_asked']}",
+                  f"{g['fts_matching_rows_mean']:,.0f} / {g['fts_matching_rows_max']:,}",
+                  f"{g['bare_recall_at_k']:.3f}", str(r["explain"].get("hybrid_uses_hnsw", "n/a")))
+    console.print(d)
+    console.print(f"results: {path.relative_to(path.parents[2])} (wall {out['wall_s']:.0f} s)")
+
+
+if __name__ == "__main__":
+    main()
