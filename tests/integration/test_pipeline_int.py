@@ -143,11 +143,11 @@ def test_near_duplicates_merge_into_the_older_drawer_only(stack: Stack) -> None:
 
 async def test_large_workspace_path_uses_hnsw_and_lexeme_pairs(stack: Stack) -> None:
     """The code path for workspaces above exact_max: HNSW candidates and pairwise full-text matching."""
+    import asyncio
+
     from shared.adapters import build_embedder
     from shared.db.pool import open_pool
     from shared.db.search import SearchParams, hybrid_search
-
-    import asyncio
 
     w = ws()
     # The helpers are synchronous (they run their own event loop): keep them off this test's loop.
