@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
+from typing import Any
+
+from faststream import Context
 
 from services._runtime import Deps
-from shared.bus import Poison, decode_event, publish_event, subscriber_kwargs
+from shared.bus import Poison, dead_letter, decode_event, publish_event, subscriber_kwargs
 from shared.db.drawers import cached_embeddings, drawers_by_id, save_embeddings
 from shared.events import DrawerCreated, DrawerEmbedded
 from shared.ids import content_hash, event_id_for
@@ -24,17 +27,19 @@ def register(deps: Deps) -> None:
     assert embedder is not None
 
     @deps.broker.subscriber(**subscriber_kwargs(s, DURABLE, "drawer.created", batch=True))
-    async def on_drawer_created(bodies: list[bytes]) -> None:
+    async def on_drawer_created(bodies: list[bytes], message: Any = Context("message")) -> None:
         """drawer.created (batched) → (embed, then commit) → drawer.embedded."""
         events: list[DrawerCreated] = []
-        bad: list[str] = []
-        for b in bodies:
+        raws = message.raw_message
+        for raw, b in zip(raws, bodies, strict=True):
             try:
                 events.append(decode_event(DrawerCreated, b, s))
             except Poison as e:
-                bad.append(str(e))
-        if bad and not events:
-            raise Poison(bad[0])
+                # One bad event must not hold back (or silently ride along with) the good ones.
+                await dead_letter(deps.broker, s, service=deps.service, raw=raw, reason=str(e), error_type="invalid")
+                await raw.ack()
+        if not events:
+            return
         by_ws: dict[str, list[DrawerCreated]] = defaultdict(list)
         for ev in events:
             by_ws[ev.workspace_id].append(ev)

@@ -72,8 +72,15 @@ def apply_migrations(database_url: str, embed_dim: int) -> list[str]:
                     f"database was created with embedding dimension {row[0]}, configuration says {embed_dim}: "
                     "set PALACE_EMBED_DIM to match, or re-embed into a new database"
                 )
-            done = {r[0] for r in conn.execute("SELECT version FROM schema_migrations")}
+            done = dict(conn.execute("SELECT version, checksum FROM schema_migrations").fetchall())
             for mig in load_migrations():
+                if mig.version in done and done[mig.version] != mig.checksum:
+                    # An applied migration was edited: this database has the old schema. Fail loudly.
+                    raise RuntimeError(
+                        f"migration {mig.version:04d}_{mig.name} changed after it was applied to this database "
+                        f"(checksum {done[mig.version]} → {mig.checksum}); add a new migration instead, or "
+                        "recreate a development database"
+                    )
                 if mig.version in done:
                     continue
                 with conn.transaction():

@@ -130,3 +130,15 @@ def test_maintain_redrives_stuck_raw_drawers(stack: Stack) -> None:
     stack.wait_processed(w, 1, timeout=60)
     row = stack.sql("SELECT state, retry_count, embedding IS NOT NULL FROM drawers WHERE workspace_id = %s", (w,))
     assert row[0][0] == "processed" and row[0][1] >= 1 and row[0][2]
+
+
+def test_bad_event_in_an_embed_batch_is_dead_lettered_and_the_rest_embedded(stack: Stack) -> None:
+    w = ws()
+    stack.publish(session(w, "s", ["The quarterly planning offsite is in Porto this year."]))
+    stack.wait_processed(w, 1)
+    # A malformed drawer.created published among good traffic on the same subject.
+    stack.publish({"workspace_id": w, "event_id": "x", "drawer_ids": ["not-a-drawer-id"]}, subject="drawer.created")
+    stack.publish(session(w, "s2", ["Our on-call rotation now starts on Wednesdays at noon."]))
+    stack.wait_processed(w, 2)
+    dead = wait_for(lambda: [d for d in _dead(stack, w) if d.info.subject == "drawer.created"], what="dead letter")
+    assert dead[0].info.service == "embed" and "drawer_ids" in dead[0].info.reason

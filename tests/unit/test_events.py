@@ -64,3 +64,11 @@ def test_bad_input_is_poison_with_reason(payload: bytes, reason: str) -> None:
     with pytest.raises(Poison) as e:
         decode_event(SessionCompleted, payload, Settings())
     assert reason in str(e.value)
+
+
+def test_migrations_have_stable_checksums() -> None:
+    from shared.db.migrate import load_migrations
+
+    migs = load_migrations()
+    assert [m.version for m in migs] == sorted({m.version for m in migs})
+    assert all(len(m.checksum) == 16 for m in migs)
