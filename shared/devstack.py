@@ -334,10 +334,13 @@ class DevStack:
 
     def stop(self) -> None:
         """Stop both servers (services first, if any were recorded)."""
-        self.kill_recorded_services()
-        self.stop_nats()
-        self.stop_postgres()
-        self.write_state(database_url=None, owner_pid=None)
+        try:
+            self.kill_recorded_services()
+            self.stop_nats()
+        finally:
+            # Whatever failed above, never leave PostgreSQL running behind a "stopped" stack.
+            self.stop_postgres()
+            self.write_state(database_url=None, owner_pid=None)
 
     def as_dict(self) -> dict[str, object]:
         info = self.info()
