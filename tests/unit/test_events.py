@@ -72,3 +72,11 @@ def test_migrations_have_stable_checksums() -> None:
     migs = load_migrations()
     assert [m.version for m in migs] == sorted({m.version for m in migs})
     assert all(len(m.checksum) == 16 for m in migs)
+
+
+def test_readme_documents_every_setting() -> None:
+    from shared.config import Settings
+
+    readme = (ROOT / "README.md").read_text()
+    missing = [f"PALACE_{n.upper()}" for n in Settings.model_fields if f"`PALACE_{n.upper()}`" not in readme]
+    assert not missing, f"README configuration table lacks {missing}"
