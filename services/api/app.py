@@ -7,7 +7,6 @@ import contextlib
 import signal
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from datetime import datetime
 from typing import Annotated, Any
 
 import uvicorn
@@ -21,6 +20,7 @@ from shared.bus import build_broker, ensure_streams, publish_event
 from shared.config import Settings
 from shared.db.migrate import apply_migrations
 from shared.db.pool import open_pool
+from shared.db.search import SearchHit
 from shared.endpoints import resolve_urls
 from shared.events import SessionCompleted
 from shared.events.models import WorkspaceId
@@ -38,27 +38,11 @@ class SearchRequest(BaseModel):
     k: int = Field(10, ge=1, le=50, description="How many drawers to return.")
 
 
-class Hit(BaseModel):
-    id: str
-    content: str
-    score: float
-    dense: float = Field(description="Similarity to the query, min-max normalised over the candidates.")
-    text: float = Field(description="Full-text rank, normalised over the candidates.")
-    memory_type: str | None
-    importance: float
-    wing: str
-    room: str
-    session_id: str | None
-    speaker: str | None
-    role: str | None
-    occurred_at: datetime | None
-    metadata: dict[str, Any]
-
-
 class SearchResponse(BaseModel):
     workspace_id: str
     query: str
-    hits: list[Hit]
+    hits: list[SearchHit] = Field(description="Best first. `dense` and `text` are the two signals, each "
+                                  "min-max normalised over the candidates; `score` is the fused rank.")
 
 
 class Accepted(BaseModel):
@@ -130,7 +114,7 @@ def create_app(settings: Settings) -> FastAPI:
         """Hybrid recall (dense + full text, fused) within one workspace."""
         hits = await r.search(req.workspace_id, req.query, req.k)
         return SearchResponse(workspace_id=req.workspace_id, query=req.query,
-                              hits=[Hit(**h.__dict__) for h in hits])
+                              hits=hits)
 
     @app.get("/v1/search", response_model=SearchResponse, tags=["recall"])
     async def search_get(
