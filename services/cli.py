@@ -270,6 +270,31 @@ def dlq_redrive(seq: Annotated[list[int] | None, typer.Option(help="Dead-letter 
     console.print(f"re-drove {n} message(s)")
 
 
+apikey_app = typer.Typer(help="API keys (stored as hashes; shown once).", no_args_is_help=True)
+app.add_typer(apikey_app, name="apikey")
+
+
+@apikey_app.command("create")
+def apikey_create(workspace: Annotated[str, typer.Option("--workspace", "-w", help="Workspace the key may use.")],
+                  name: Annotated[str | None, typer.Option(help="A label for the key.")] = None) -> None:
+    """Create an API key for one workspace and print it (it cannot be shown again)."""
+    from shared.db.apikeys import create_api_key
+    from shared.db.pool import open_pool
+
+    s = _settings()
+    db, _ = _urls(s)
+
+    async def go() -> str:
+        pool = await open_pool(db, name="cli", max_size=1)
+        try:
+            async with pool.connection() as conn, conn.transaction():
+                return await create_api_key(conn, workspace, name)
+        finally:
+            await pool.close()
+
+    console.print(asyncio.run(go()))
+
+
 @app.command()
 def demo(keep: Annotated[bool, typer.Option(help="Leave the stack running afterwards.")] = False) -> None:
     """Start everything, publish a sample conversation, and show what recall returns."""

@@ -85,6 +85,9 @@ class Settings(BaseSettings):
     api_port: int = Field(8080, description="API port (also serves /metrics and /healthz).")
     metrics_port: int = Field(9100, description="Metrics and health port of a worker service.")
     max_request_bytes: int = Field(1_000_000, description="Largest HTTP request body accepted.")
+    api_auth: bool = Field(
+        False, description="Require 'Authorization: Bearer <key>' ('palace apikey create'), scoped to its workspace."
+    )
     search_limit_max: int = Field(50, description="Largest k a search may ask for.")
     log_level: str = Field("INFO", description="Log level.")
     log_json: bool = Field(True, description="JSON log lines (false: human-readable console).")

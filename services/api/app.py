@@ -18,6 +18,7 @@ from pydantic import BaseModel, Field
 from services._runtime import QuietServer
 from shared.bus import build_broker, ensure_streams, publish_event
 from shared.config import Settings
+from shared.db.apikeys import workspace_for_key
 from shared.db.migrate import apply_migrations
 from shared.db.pool import open_pool
 from shared.db.search import SearchHit
@@ -57,6 +58,23 @@ def _recaller(request: Request) -> Recaller:
 RecallerDep = Annotated[Recaller, Depends(_recaller)]
 
 
+async def _authorize(request: Request, workspace_id: str) -> None:
+    """With PALACE_API_AUTH, a request may only touch the workspace its bearer key belongs to."""
+    settings: Settings = request.app.state.settings
+    if not settings.api_auth:
+        return
+    header = request.headers.get("authorization", "")
+    scheme, _, key = header.partition(" ")
+    if scheme.lower() != "bearer" or not key:
+        raise HTTPException(401, "missing bearer API key", headers={"WWW-Authenticate": "Bearer"})
+    async with request.app.state.pool.connection() as conn:
+        owner = await workspace_for_key(conn, key.strip())
+    if owner is None:
+        raise HTTPException(401, "invalid API key", headers={"WWW-Authenticate": "Bearer"})
+    if owner != workspace_id:
+        raise HTTPException(403, "this API key belongs to another workspace")
+
+
 def create_app(settings: Settings) -> FastAPI:
     """Build the API; servers are connected in the lifespan, once."""
     state: dict[str, Any] = {}
@@ -77,6 +95,7 @@ def create_app(settings: Settings) -> FastAPI:
         await ensure_streams(broker, settings)
         state.update(pool=pool, broker=broker, recaller=Recaller(pool, embedder))
         app.state.recaller = state["recaller"]
+        app.state.pool = pool
         yield
         await state["recaller"].drain()
         await broker.stop()
@@ -87,6 +106,7 @@ def create_app(settings: Settings) -> FastAPI:
         title="Palace", version="0.1.0", lifespan=lifespan,
         description="Long-term memory for AI agents: recall before every turn, raw-first writes.",
     )
+    app.state.settings = settings
     app.mount("/metrics", make_asgi_app())
 
     @app.middleware("http")
@@ -110,8 +130,9 @@ def create_app(settings: Settings) -> FastAPI:
         return {"database": True, "nats": True}
 
     @app.post("/v1/search", response_model=SearchResponse, tags=["recall"])
-    async def search(req: SearchRequest, r: RecallerDep) -> SearchResponse:
+    async def search(req: SearchRequest, r: RecallerDep, request: Request) -> SearchResponse:
         """Hybrid recall (dense + full text, fused) within one workspace."""
+        await _authorize(request, req.workspace_id)
         hits = await r.search(req.workspace_id, req.query, req.k)
         return SearchResponse(workspace_id=req.workspace_id, query=req.query,
                               hits=hits)
@@ -119,22 +140,25 @@ def create_app(settings: Settings) -> FastAPI:
     @app.get("/v1/search", response_model=SearchResponse, tags=["recall"])
     async def search_get(
         r: RecallerDep,
+        request: Request,
         workspace_id: Annotated[str, Query(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}$")],
         q: Annotated[str, Query(min_length=1, max_length=4000)],
         k: Annotated[int, Query(ge=1, le=50)] = 10,
     ) -> SearchResponse:
         """Same as POST /v1/search, for quick checks from a browser or curl."""
-        return await search(SearchRequest(workspace_id=workspace_id, query=q, k=k), r)
+        return await search(SearchRequest(workspace_id=workspace_id, query=q, k=k), r, request)
 
     @app.post("/v1/sessions", response_model=Accepted, status_code=202, tags=["write"])
-    async def post_session(event: SessionCompleted) -> Accepted:
+    async def post_session(event: SessionCompleted, request: Request) -> Accepted:
         """Publish a completed session to the bus (JetStream acks it durably before we answer)."""
+        await _authorize(request, event.workspace_id)
         await publish_event(state["broker"], settings, event)
         return Accepted(event_id=event.event_id or "", subject=event.subject)
 
     @app.get("/v1/workspaces/{workspace_id}/stats", tags=["recall"])
-    async def stats(workspace_id: str) -> dict[str, Any]:
+    async def stats(workspace_id: str, request: Request) -> dict[str, Any]:
         """Drawer counts by state and memory type, and session/message counts."""
+        await _authorize(request, workspace_id)
         async with state["pool"].connection() as conn:
             by_state = dict(await (await conn.execute(
                 "SELECT state, count(*) FROM drawers WHERE workspace_id = %s GROUP BY state", (workspace_id,)
