@@ -26,11 +26,11 @@ from faststream import BaseMiddleware
 from faststream.middlewares import AckPolicy
 from faststream.nats import JStream, NatsBroker, PullSub
 from nats.js.errors import NotFoundError
-from pydantic import BaseModel, ValidationError
+from pydantic import ValidationError
 
 from shared import metrics
 from shared.config import Settings
-from shared.events import EVENT_MODELS, DeadLetterInfo, Event
+from shared.events import DeadLetterInfo, Event
 from shared.logging import get_logger
 
 __all__ = [
@@ -277,6 +277,3 @@ def _pipeline_middleware(settings: Settings, service: str) -> Callable[..., Base
 
     return PipelineMiddleware
 
-
-def model_for(subject: str) -> type[BaseModel]:
-    return EVENT_MODELS[subject]

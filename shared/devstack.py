@@ -14,7 +14,6 @@ import contextlib
 import json
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -51,7 +50,6 @@ class StackInfo:
     pg_data: str
     nats_pid: int | None = None
     nats_monitor_url: str | None = None
-    service_pids: dict[str, int] | None = None
 
 
 def _free_port() -> int:
@@ -346,6 +344,3 @@ class DevStack:
         info = self.info()
         return asdict(info) if info else {}
 
-
-def _signal_name(sig: int) -> str:
-    return signal.Signals(sig).name

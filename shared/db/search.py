@@ -153,12 +153,11 @@ async def hybrid_search(
         workspace_size: live drawers in the workspace, if known: at most ``params.exact_max`` selects the
             exact nearest-neighbour scan (None: HNSW).
     """
-    dim_vec = embedding if embedding is not None else np.zeros(1, dtype=np.float32)
     async with conn.cursor(row_factory=dict_row) as cur:
         await cur.execute(
             _SQL,
             {
-                "emb": dim_vec if embedding is not None else None, "use_ann": embedding is not None,
+                "emb": embedding, "use_ann": embedding is not None,
                 "text": query, "ws": workspace_id, "n_ann": params.ann_candidates,
                 "n_fts": params.fts_candidates, "w_dense": params.w_dense, "w_text": params.w_text,
                 "smooth": params.smooth, "sess": params.session_boost, "w_imp": params.w_importance,
