@@ -59,6 +59,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from shared.config import Settings
+from shared.db.tenancy import workspace_tx
 from shared.events import Message, SessionCompleted
 from shared.ids import content_hash, drawer_id
 from shared.memory.filing import plan_session
@@ -326,7 +327,7 @@ async def explain(database_url: str, embedder: Embedder, workspace: str, vectors
     vec = vectors[query]
     pool = await open_pool(database_url, name="bench-explain", min_size=1, max_size=1)
     try:
-        async with pool.connection() as conn:
+        async with workspace_tx(pool, workspace) as conn:
             cur = await conn.execute(sql.SQL("EXPLAIN ") + bare_sql(k), (workspace, vec))
             plan = _short("\n".join(r[0] for r in await cur.fetchall()))
             out["bare_plan"], out["bare_uses_hnsw"] = plan, "drawers_embedding_hnsw" in plan
@@ -337,7 +338,7 @@ async def explain(database_url: str, embedder: Embedder, workspace: str, vectors
         seen = list(_RecordingCursor.seen)
         # Every statement one search sends, pool health check included (round trips add up).
         out["statements_per_search"] = [" ".join(_text(q).split())[:100] for q, _ in seen]
-        async with pool.connection() as conn:
+        async with workspace_tx(pool, workspace) as conn:
             conn.cursor_factory = psycopg.AsyncCursor
             stmts = [(q, p) for q, p in seen if "drawers" in _text(q)]
             if stmts:
@@ -402,7 +403,8 @@ async def measure(pool: Any, embedder: Embedder, vectors: dict[str, np.ndarray],
         return len(await sql_r.search(workspace, q, k))
 
     async def bare(q: str) -> int:
-        async with pool.connection() as conn:
+        # Scoped like every service query (row-level security), so the ratios compare like with like.
+        async with workspace_tx(pool, workspace) as conn:
             cur = await conn.execute(bare_sql(k), (workspace, vectors[q]))
             return len(await cur.fetchall())
 

@@ -102,7 +102,8 @@ async def serve_worker(spec: WorkerSpec, settings: Settings, stop: asyncio.Event
     http_task = asyncio.create_task(http.serve())
     await wait_for_database(db_url)
     await asyncio.to_thread(apply_migrations, db_url, settings.embed_dim)
-    pool = await open_pool(db_url, name=spec.name, min_size=settings.db_pool_min, max_size=settings.db_pool_max)
+    pool = await open_pool(db_url, name=spec.name, min_size=settings.db_pool_min, max_size=settings.db_pool_max,
+                           role=settings.db_role)
     embedder = None
     if spec.needs_embedder:
         from shared.adapters import build_embedder

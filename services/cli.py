@@ -192,7 +192,7 @@ async def _local_search(s: Settings, workspace: str, query: str, k: int) -> list
     from shared.recall import Recaller
 
     db, _ = _urls(s)
-    pool = await open_pool(db, name="cli", max_size=2)
+    pool = await open_pool(db, name="cli", max_size=2, role=s.db_role)
     emb = build_embedder(s)
     try:
         r = Recaller(pool, emb)
@@ -280,14 +280,15 @@ def apikey_create(workspace: Annotated[str, typer.Option("--workspace", "-w", he
     """Create an API key for one workspace and print it (it cannot be shown again)."""
     from shared.db.apikeys import create_api_key
     from shared.db.pool import open_pool
+    from shared.db.tenancy import workspace_tx
 
     s = _settings()
     db, _ = _urls(s)
 
     async def go() -> str:
-        pool = await open_pool(db, name="cli", max_size=1)
+        pool = await open_pool(db, name="cli", max_size=1, role=s.db_role)
         try:
-            async with pool.connection() as conn, conn.transaction():
+            async with workspace_tx(pool, workspace) as conn:
                 return await create_api_key(conn, workspace, name)
         finally:
             await pool.close()

@@ -32,6 +32,10 @@ class Settings(BaseSettings):
     devstack_dir: Path = Field(Path(".devstack"), description="Where the embedded PostgreSQL and NATS keep data.")
     db_pool_min: int = Field(1, description="Minimum connections per service pool.")
     db_pool_max: int = Field(8, description="Maximum connections per service pool.")
+    db_role: str | None = Field(
+        "palace_app", description="Row-level-security role every service connection switches to (SET ROLE); "
+        "empty: keep the login role (only when that role is itself a restricted member of palace_app).",
+    )
 
     # --- JetStream -----------------------------------------------------------------------------
     stream_name: str = Field("PALACE", description="JetStream stream holding the pipeline subjects.")

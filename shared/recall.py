@@ -15,6 +15,7 @@ import numpy as np
 from psycopg_pool import AsyncConnectionPool
 
 from shared.db.search import SearchHit, SearchParams, hybrid_search, touch_access, workspace_size
+from shared.db.tenancy import workspace_tx
 from shared.logging import get_logger
 from shared.metrics import SEARCH_SECONDS
 from shared.ports import Embedder
@@ -63,7 +64,7 @@ class Recaller:
         vec = await self._embed(query)
         params = SearchParams(**{**self.params.__dict__, "k": k})
         t1 = time.perf_counter()
-        async with self.pool.connection() as conn:
+        async with workspace_tx(self.pool, workspace_id) as conn:
             cached = self._sizes.get(workspace_id)
             if cached is None or time.monotonic() - cached[1] > self.size_ttl_s:
                 cached = (await workspace_size(conn, workspace_id), time.monotonic())
@@ -79,7 +80,7 @@ class Recaller:
 
     async def _touch(self, workspace_id: str, ids: list[str]) -> None:
         try:
-            async with self.pool.connection() as conn:
+            async with workspace_tx(self.pool, workspace_id) as conn:
                 await touch_access(conn, workspace_id, ids)
         except Exception as e:
             log.warning("touch_failed", error=repr(e)[:200])

@@ -22,11 +22,13 @@ from shared.db.apikeys import workspace_for_key
 from shared.db.migrate import apply_migrations
 from shared.db.pool import open_pool
 from shared.db.search import SearchHit
+from shared.db.tenancy import key_lookup_tx, workspace_tx
 from shared.endpoints import resolve_urls
 from shared.events import SessionCompleted
 from shared.events.models import WorkspaceId
 from shared.logging import configure_logging, get_logger
 from shared.recall import Recaller
+from shared.security import key_id_of
 
 __all__ = ["create_app", "main"]
 
@@ -67,8 +69,12 @@ async def _authorize(request: Request, workspace_id: str) -> None:
     scheme, _, key = header.partition(" ")
     if scheme.lower() != "bearer" or not key:
         raise HTTPException(401, "missing bearer API key", headers={"WWW-Authenticate": "Bearer"})
-    async with request.app.state.pool.connection() as conn:
-        owner = await workspace_for_key(conn, key.strip())
+    key = key.strip()
+    key_id = key_id_of(key)
+    owner = None
+    if key_id is not None:
+        async with key_lookup_tx(request.app.state.pool, key_id) as conn:
+            owner = await workspace_for_key(conn, key)
     if owner is None:
         raise HTTPException(401, "invalid API key", headers={"WWW-Authenticate": "Bearer"})
     if owner != workspace_id:
@@ -85,7 +91,8 @@ def create_app(settings: Settings) -> FastAPI:
 
         db_url, nats_url = resolve_urls(settings)
         await asyncio.to_thread(apply_migrations, db_url, settings.embed_dim)
-        pool = await open_pool(db_url, name="api", min_size=settings.db_pool_min, max_size=settings.db_pool_max)
+        pool = await open_pool(db_url, name="api", min_size=settings.db_pool_min, max_size=settings.db_pool_max,
+                               role=settings.db_role)
         embedder = build_embedder(settings)
         warm = getattr(embedder, "warm_up", None)
         if warm is not None:
@@ -159,7 +166,7 @@ def create_app(settings: Settings) -> FastAPI:
     async def stats(workspace_id: str, request: Request) -> dict[str, Any]:
         """Drawer counts by state and memory type, and session/message counts."""
         await _authorize(request, workspace_id)
-        async with state["pool"].connection() as conn:
+        async with workspace_tx(state["pool"], workspace_id) as conn:
             by_state = dict(await (await conn.execute(
                 "SELECT state, count(*) FROM drawers WHERE workspace_id = %s GROUP BY state", (workspace_id,)
             )).fetchall())

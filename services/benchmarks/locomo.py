@@ -31,6 +31,7 @@ from services.supervisor import Supervisor
 from shared.adapters import build_embedder
 from shared.config import Settings
 from shared.db.pool import open_pool
+from shared.db.tenancy import workspace_tx
 from shared.evaluation.locomo import Conversation, load_locomo, to_events
 from shared.evaluation.metrics import QuestionResult, Summary, flatten_units, summarize
 from shared.events import SessionCompleted
@@ -110,7 +111,7 @@ async def _run_queries(
     warm = getattr(embedder, "warm_up", None)
     if warm:
         await warm()
-    pool = await open_pool(db_url, name="bench", max_size=2)
+    pool = await open_pool(db_url, name="bench", max_size=2, role=settings.db_role)
     recaller = Recaller(pool, embedder, touch=False)
     hybrid: list[QuestionResult] = []
     dense: list[QuestionResult] = []
@@ -127,7 +128,7 @@ async def _run_queries(
                 ranked = flatten_units(dmap.get(h.id, []) for h in hits)
                 hybrid.append(QuestionResult(conv.sample_id, q.category, q.evidence, tuple(ranked), ms))
                 qv = await embedder.embed_query(q.question)
-                async with pool.connection() as conn:
+                async with workspace_tx(pool, ws) as conn:
                     cur = await conn.execute(
                         "SELECT id FROM drawers WHERE workspace_id = %s AND embedding IS NOT NULL"
                         " ORDER BY (embedding <=> %s) + 0 LIMIT %s", (ws, np.asarray(qv), CANDIDATE_DRAWERS))

@@ -5,6 +5,7 @@ from __future__ import annotations
 from services._runtime import Deps
 from shared.bus import decode_event, publish_event, subscriber_kwargs
 from shared.db.drawers import drawers_by_id, save_classifications
+from shared.db.tenancy import workspace_tx
 from shared.events import DrawerClassified, DrawerEmbedded
 from shared.ids import event_id_for
 from shared.memory.classify import classify
@@ -22,7 +23,7 @@ def register(deps: Deps) -> None:
     async def on_drawer_embedded(body: bytes) -> None:
         """drawer.embedded → (classify, then commit) → drawer.classified."""
         ev: DrawerEmbedded = decode_event(DrawerEmbedded, body, s)
-        async with deps.pool.connection() as conn:
+        async with workspace_tx(deps.pool, ev.workspace_id) as conn:
             rows = [r for r in await drawers_by_id(conn, ev.workspace_id, ev.drawer_ids) if r.state == "raw"]
         outcomes = []
         for r in rows:
@@ -30,7 +31,7 @@ def register(deps: Deps) -> None:
             outcomes.append({"id": r.id, "memory_type": c.memory_type, "confidence": c.confidence,
                              "importance": c.importance, "tier": "heuristic"})
         if outcomes:
-            async with deps.pool.connection() as conn, conn.transaction():
+            async with workspace_tx(deps.pool, ev.workspace_id) as conn:
                 await save_classifications(conn, ev.workspace_id, outcomes, event_id=ev.event_id, actor="classify")
         DRAWERS.labels(deps.service, "processed").inc(len(outcomes))
         await publish_event(deps.broker, s, DrawerClassified(

@@ -5,6 +5,7 @@ from __future__ import annotations
 from services._runtime import Deps
 from shared.bus import decode_event, subscriber_kwargs
 from shared.db.drawers import drawers_by_id, older_twins, record_history
+from shared.db.tenancy import workspace_tx
 from shared.events import DrawerClassified, EntityUpserted
 from shared.memory.dedup import decide
 from shared.metrics import DRAWERS
@@ -22,7 +23,7 @@ def register(deps: Deps) -> None:
     async def on_drawer_classified(body: bytes) -> None:
         """drawer.classified → merge near-duplicates into their older twin (audit in memory_history)."""
         ev: DrawerClassified = decode_event(DrawerClassified, body, s)
-        async with deps.pool.connection() as conn:
+        async with workspace_tx(deps.pool, ev.workspace_id) as conn:
             rows = await drawers_by_id(conn, ev.workspace_id, ev.drawer_ids, with_embedding=True)
             decisions = []
             for r in rows:
@@ -33,7 +34,7 @@ def register(deps: Deps) -> None:
                 if d.action == "MERGE":
                     decisions.append((r.id, d))
         for did, d in decisions:
-            async with deps.pool.connection() as conn, conn.transaction():
+            async with workspace_tx(deps.pool, ev.workspace_id) as conn:
                 # Merge only while the target is still a live, processed drawer (checked in the same statement).
                 cur = await conn.execute(
                     """UPDATE drawers SET state = 'merged', cluster_id = %(t)s, updated_at = now()
@@ -51,7 +52,7 @@ def register(deps: Deps) -> None:
     async def on_entity_upserted(body: bytes) -> None:
         """entity.upserted → refresh mention counts of the entities."""
         ev: EntityUpserted = decode_event(EntityUpserted, body, s)
-        async with deps.pool.connection() as conn, conn.transaction():
+        async with workspace_tx(deps.pool, ev.workspace_id) as conn:
             await conn.execute(
                 """UPDATE entities e SET mention_count = m.n, updated_at = now()
                      FROM (SELECT entity_id, count(*) AS n FROM entity_mentions

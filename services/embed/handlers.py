@@ -11,6 +11,7 @@ from faststream import Context
 from services._runtime import Deps
 from shared.bus import Poison, dead_letter, decode_event, publish_event, subscriber_kwargs
 from shared.db.drawers import cached_embeddings, drawers_by_id, save_embeddings
+from shared.db.tenancy import workspace_tx
 from shared.events import DrawerCreated, DrawerEmbedded
 from shared.ids import content_hash, event_id_for
 from shared.memory.filing import embedding_text
@@ -45,7 +46,7 @@ def register(deps: Deps) -> None:
             by_ws[ev.workspace_id].append(ev)
         for ws, evs in by_ws.items():
             ids = list(dict.fromkeys(i for ev in evs for i in ev.drawer_ids))
-            async with deps.pool.connection() as conn:
+            async with workspace_tx(deps.pool, ws) as conn:
                 rows = [r for r in await drawers_by_id(conn, ws, ids) if not r.has_embedding]
                 etext = {r.id: embedding_text(r.content, r.speaker, r.context) for r in rows}
                 ehash = {r.id: content_hash(etext[r.id]) for r in rows}
@@ -62,7 +63,7 @@ def register(deps: Deps) -> None:
             else:
                 by_text = {}
             out = [(r.id, ehash[r.id], cached.get(ehash[r.id], by_text.get(etext[r.id]))) for r in rows]
-            async with deps.pool.connection() as conn, conn.transaction():
+            async with workspace_tx(deps.pool, ws) as conn:
                 await save_embeddings(conn, ws, embedder.model_name, [o for o in out if o[2] is not None])
             DRAWERS.labels(deps.service, "embedded").inc(len(out))
             for ev in evs:

@@ -7,6 +7,7 @@ import numpy as np
 from services._runtime import Deps
 from shared.bus import decode_event, publish_event, subscriber_kwargs
 from shared.db.episodes import session_turns, upsert_entities, upsert_episode
+from shared.db.tenancy import workspace_tx
 from shared.events import EntityUpserted, EpisodicCreated, SessionStored
 from shared.ids import event_id_for, stable_id
 from shared.memory.entities import entity_id, extract_entities
@@ -26,7 +27,7 @@ def register(deps: Deps) -> None:
     async def on_session_stored(body: bytes) -> None:
         """session.stored → (summarise, then commit) → episodic.created."""
         ev: SessionStored = decode_event(SessionStored, body, s)
-        async with deps.pool.connection() as conn:
+        async with workspace_tx(deps.pool, ev.workspace_id) as conn:
             turns = await session_turns(conn, ev.workspace_id, ev.session_id)
         if not turns:
             return
@@ -37,7 +38,7 @@ def register(deps: Deps) -> None:
             m = np.mean(embs, axis=0)
             centroid = (m / (np.linalg.norm(m) or 1.0)).astype(np.float32)
         episode_id = stable_id("episode", ev.workspace_id, ev.session_id)
-        async with deps.pool.connection() as conn, conn.transaction():
+        async with workspace_tx(deps.pool, ev.workspace_id) as conn:
             await upsert_episode(
                 conn, ev.workspace_id, episode_id=episode_id, session_id=ev.session_id,
                 agent_id=turns[0]["agent_id"], summary=draft.summary, abstract=draft.abstract,
@@ -54,7 +55,7 @@ def register(deps: Deps) -> None:
     async def on_episodic_created(body: bytes) -> None:
         """episodic.created → (extract, then commit) → entity.upserted."""
         ev: EpisodicCreated = decode_event(EpisodicCreated, body, s)
-        async with deps.pool.connection() as conn:
+        async with workspace_tx(deps.pool, ev.workspace_id) as conn:
             turns = await session_turns(conn, ev.workspace_id, ev.session_id)
         speakers = tuple(sorted({t["speaker"] for t in turns if t["speaker"]}))
         entities: dict[str, tuple[str, str, str]] = {}
@@ -66,7 +67,7 @@ def register(deps: Deps) -> None:
                 mentions.add((eid, t["id"]))
         if not entities:
             return
-        async with deps.pool.connection() as conn, conn.transaction():
+        async with workspace_tx(deps.pool, ev.workspace_id) as conn:
             await upsert_entities(conn, ev.workspace_id, list(entities.values()), sorted(mentions))
         ids = sorted(entities)
         await publish_event(deps.broker, s, EntityUpserted(

@@ -7,6 +7,7 @@ from faststream.nats import NatsMessage
 from services._runtime import Deps
 from shared.bus import decode_event, publish_event, subscriber_kwargs
 from shared.db.sessions import store_session, unembedded_drawer_ids
+from shared.db.tenancy import workspace_tx
 from shared.events import DrawerCreated, SessionCompleted, SessionStored
 from shared.ids import event_id_for
 from shared.memory.filing import plan_session
@@ -35,13 +36,13 @@ def register(deps: Deps) -> None:
 
             raise Poison(f"messages {too_long[:5]} exceed {s.max_message_chars} characters")
         plan = plan_session(event, chunk_chars=s.chunk_chars, chunk_overlap=s.chunk_overlap, min_chars=s.min_chars)
-        async with deps.pool.connection() as conn, conn.transaction():
+        async with workspace_tx(deps.pool, event.workspace_id) as conn:
             created = await store_session(conn, plan)
         DRAWERS.labels(deps.service, "created").inc(len(created))
         all_ids = [d.id for d in plan.drawers]
         # Announce every drawer of the session still raw, not only the new ones: if an earlier
         # attempt committed and then died before publishing, this redelivery finishes its job.
-        async with deps.pool.connection() as conn:
+        async with workspace_tx(deps.pool, event.workspace_id) as conn:
             pending = await unembedded_drawer_ids(conn, event.workspace_id, all_ids) if all_ids else []
         for i in range(0, len(pending), _ANNOUNCE_CHUNK):
             ids = pending[i : i + _ANNOUNCE_CHUNK]

@@ -11,6 +11,7 @@ from collections import defaultdict
 from services._runtime import Deps, WorkerSpec, run_worker
 from shared.bus import publish_event
 from shared.db.maintenance import decay, fail_exhausted, prune, stuck_drawers, take_lease
+from shared.db.tenancy import maintenance_tx
 from shared.events import DrawerCreated
 from shared.ids import event_id_for
 from shared.logging import get_logger
@@ -24,28 +25,33 @@ async def sweep(deps: Deps, holder: str) -> dict[str, int]:
     """One round of every job whose lease this replica wins. Returns counts for the log."""
     s = deps.settings
     out: dict[str, int] = {}
-    async with deps.pool.connection() as conn:
-        if await take_lease(conn, "redrive", holder, ttl_s=s.maintain_interval_s, every_s=s.maintain_interval_s / 2):
-            async with conn.transaction():
-                stuck = await stuck_drawers(conn, s.stuck_after_s, MAX_REDRIVES)
-            by_ws: dict[tuple[str, int], list[str]] = defaultdict(list)
-            for ws, did, n in stuck:
-                by_ws[(ws, n)].append(did)
-            for (ws, n), ids in by_ws.items():
-                for i in range(0, len(ids), 256):
-                    chunk = ids[i : i + 256]
-                    await publish_event(deps.broker, s, DrawerCreated(
-                        event_id=event_id_for("drawer.redrive", ws, str(n), *chunk), workspace_id=ws,
-                        drawer_ids=chunk))
-            out["redriven"] = len(stuck)
-            async with conn.transaction():
-                out["failed"] = await fail_exhausted(conn, s.stuck_after_s, MAX_REDRIVES)
-            DRAWERS.labels(deps.service, "redriven").inc(out["redriven"])
-            DRAWERS.labels(deps.service, "failed").inc(out["failed"])
-        if await take_lease(conn, "decay", holder, ttl_s=600, every_s=86_400):
-            async with conn.transaction():
-                out["decayed"] = await decay(conn, s.decay_after_days, s.decay_factor)
-                out["pruned"] = await prune(conn, s.prune_keep_min)
+    # Sweeps span workspaces by nature, so they run under the maintenance role (migration 0003),
+    # one short transaction each; publishing happens between transactions, never inside one.
+    async with maintenance_tx(deps.pool) as conn:
+        won = await take_lease(conn, "redrive", holder, ttl_s=s.maintain_interval_s, every_s=s.maintain_interval_s / 2)
+    if won:
+        async with maintenance_tx(deps.pool) as conn:
+            stuck = await stuck_drawers(conn, s.stuck_after_s, MAX_REDRIVES)
+        by_ws: dict[tuple[str, int], list[str]] = defaultdict(list)
+        for ws, did, n in stuck:
+            by_ws[(ws, n)].append(did)
+        for (ws, n), ids in by_ws.items():
+            for i in range(0, len(ids), 256):
+                chunk = ids[i : i + 256]
+                await publish_event(deps.broker, s, DrawerCreated(
+                    event_id=event_id_for("drawer.redrive", ws, str(n), *chunk), workspace_id=ws,
+                    drawer_ids=chunk))
+        out["redriven"] = len(stuck)
+        async with maintenance_tx(deps.pool) as conn:
+            out["failed"] = await fail_exhausted(conn, s.stuck_after_s, MAX_REDRIVES)
+        DRAWERS.labels(deps.service, "redriven").inc(out["redriven"])
+        DRAWERS.labels(deps.service, "failed").inc(out["failed"])
+    async with maintenance_tx(deps.pool) as conn:
+        won = await take_lease(conn, "decay", holder, ttl_s=600, every_s=86_400)
+    if won:
+        async with maintenance_tx(deps.pool) as conn:
+            out["decayed"] = await decay(conn, s.decay_after_days, s.decay_factor)
+            out["pruned"] = await prune(conn, s.prune_keep_min)
     return out
 
 

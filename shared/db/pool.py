@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 import psycopg
 from pgvector.psycopg import register_vector_async
+from psycopg import sql
 from psycopg_pool import AsyncConnectionPool
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_exponential_jitter
 
@@ -16,10 +18,14 @@ __all__ = ["open_pool", "wait_for_database"]
 log = get_logger("palace.db")
 
 
-async def _configure(conn: psycopg.AsyncConnection[Any]) -> None:
+async def _configure(conn: psycopg.AsyncConnection[Any], *, role: str | None) -> None:
     await register_vector_async(conn)
     # pgvector's default (40) caps what a filtered HNSW walk can return; search asks for 100 candidates.
     await conn.execute("SET hnsw.ef_search = 200")
+    if role:
+        # For the life of the connection: row-level security applies to everything it runs
+        # (migration 0003), and each transaction names its workspace (shared.db.tenancy).
+        await conn.execute(sql.SQL("SET ROLE {}").format(sql.Identifier(role)))
     await conn.commit()
 
 
@@ -38,7 +44,9 @@ async def wait_for_database(database_url: str, max_wait_s: float = 300.0) -> Non
             await conn.close()
 
 
-async def open_pool(database_url: str, *, name: str, min_size: int = 1, max_size: int = 8) -> AsyncConnectionPool:
+async def open_pool(
+    database_url: str, *, name: str, min_size: int = 1, max_size: int = 8, role: str | None = "palace_app"
+) -> AsyncConnectionPool:
     """Open a pool with pgvector types registered on every connection.
 
     Args:
@@ -46,10 +54,12 @@ async def open_pool(database_url: str, *, name: str, min_size: int = 1, max_size
         name: shows in ``pg_stat_activity.application_name``.
         min_size: connections kept open.
         max_size: upper bound (bounds the service's database concurrency).
+        role: the row-level-security role every connection switches to (PALACE_DB_ROLE); None keeps
+            the login role, for deployments whose login role is itself restricted.
     """
     await wait_for_database(database_url)
     pool = AsyncConnectionPool(
-        database_url, min_size=min_size, max_size=max_size, open=False, configure=_configure,
+        database_url, min_size=min_size, max_size=max_size, open=False, configure=partial(_configure, role=role),
         kwargs={"application_name": f"palace-{name}"}, reconnect_timeout=300, timeout=60,
         check=AsyncConnectionPool.check_connection,
     )

@@ -93,12 +93,8 @@ WITH lex AS (
      ORDER BY d.embedding <=> %(emb)s::vector
      LIMIT %(n_ann)s
 ), fts AS (
-    SELECT m.id
-      FROM (SELECT d.id, d.tsv FROM drawers d, q
-             WHERE d.workspace_id = %(ws)s AND d.tsv @@ q.tsq AND d.deleted_at IS NULL AND d.state <> 'merged'
-             LIMIT %(fts_scan)s) m, q
-     ORDER BY ts_rank_cd(m.tsv, q.tsq, 1) DESC
-     LIMIT %(n_fts)s
+    -- Through the migration-0003 function, so the GIN index serves it under row-level security.
+    SELECT t.id FROM q, palace_text_candidates(%(ws)s, q.tsq, %(fts_scan)s, %(n_fts)s) t
 ), feat AS (
     SELECT d.id, d.session_id, d.seq,
            CASE WHEN %(use_ann)s AND d.embedding IS NOT NULL THEN 1 - (d.embedding <=> q.emb) END AS cos,

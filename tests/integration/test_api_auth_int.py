@@ -10,6 +10,7 @@ from services.api.app import create_app
 from shared.config import Settings
 from shared.db.apikeys import create_api_key
 from shared.db.pool import open_pool
+from shared.db.tenancy import workspace_tx
 from tests.integration.helpers import Stack, ws
 
 
@@ -17,7 +18,7 @@ def _key(stack: Stack, workspace: str) -> str:
     async def go() -> str:
         pool = await open_pool(stack.database_url, name="test", max_size=1)
         try:
-            async with pool.connection() as conn, conn.transaction():
+            async with workspace_tx(pool, workspace) as conn:
                 return await create_api_key(conn, workspace, "test")
         finally:
             await pool.close()

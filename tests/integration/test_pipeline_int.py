@@ -148,6 +148,7 @@ async def test_large_workspace_path_uses_hnsw_and_lexeme_pairs(stack: Stack) -> 
     from shared.adapters import build_embedder
     from shared.db.pool import open_pool
     from shared.db.search import SearchParams, hybrid_search
+    from shared.db.tenancy import workspace_tx
 
     w = ws()
     # The helpers are synchronous (they run their own event loop): keep them off this test's loop.
@@ -158,7 +159,7 @@ async def test_large_workspace_path_uses_hnsw_and_lexeme_pairs(stack: Stack) -> 
     try:
         query = "why does the nightly export fail"
         vec = await emb.embed_query(query)
-        async with pool.connection() as conn:
+        async with workspace_tx(pool, w) as conn:
             hnsw = await hybrid_search(conn, w, query, vec, SearchParams(k=3, exact_max=0), workspace_size=10**6)
             exact = await hybrid_search(conn, w, query, vec, SearchParams(k=3), workspace_size=4)
             text_only = await hybrid_search(conn, w, query, None, SearchParams(k=3, exact_max=0), workspace_size=10**6)
