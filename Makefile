@@ -35,6 +35,10 @@ up: install
 stop: install
 	$(BIN)/palace stack stop
 
+## The fault suite at full size: 10,000 sessions, SIGKILLs, PostgreSQL and NATS restarts (~10 min).
+fault: install
+	$(BIN)/python -m tests.fault_suite --events 10000
+
 bench-ingest: install
 	$(BIN)/python bench/ingest.py
 

@@ -5,6 +5,9 @@ pipeline middleware turns handler outcomes into acks:
 
 * success → ack (after the handler's commit);
 * ``Poison`` (invalid input) → copy to ``dlq.<subject>`` with the reason, then ack: retrying cannot help;
+* a dependency down (``shared.faults.is_transient``: database, bus, embedding endpoint) → the
+  message is held and retried in place, with backoff, for up to ``dependency_wait_s``: an outage
+  must not use up a good message's attempts and dead-letter it;
 * any other exception → NAK with a delay from ``backoff_s``; on attempt ``max_deliver`` → dead-letter.
 
 The server-side ``max_deliver`` is two higher than ours, so a message whose handler crashed the
@@ -14,7 +17,9 @@ silently dropped by the server.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import random
 import ssl
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -31,6 +36,7 @@ from pydantic import ValidationError
 from shared import metrics
 from shared.config import Settings
 from shared.events import DeadLetterInfo, Event
+from shared.faults import is_transient
 from shared.logging import get_logger
 
 __all__ = [
@@ -244,8 +250,30 @@ def _pipeline_middleware(settings: Settings, service: str) -> Callable[..., Base
                 return None
             metrics.IN_FLIGHT.labels(service).inc(len(raws))
             start = time.perf_counter()
+            hold_until = time.monotonic() + settings.dependency_wait_s
+            waits = 0
             try:
-                result = await call_next(msg)
+                while True:
+                    try:
+                        result = await call_next(msg)
+                        break
+                    except Poison:
+                        raise
+                    except Exception as e:
+                        if not is_transient(e) or time.monotonic() >= hold_until:
+                            raise
+                        # A dependency is down: every message would fail alike, so this one keeps its
+                        # place (and its delivery count) and is retried here until the outage ends.
+                        waits += 1
+                        metrics.DEPENDENCY_WAITS.labels(service, type(e).__name__).inc()
+                        log.warning("dependency_unavailable", service=service, subject=subject,
+                                    error=repr(e)[:300], wait=waits)
+                        for r in raws:
+                            if not r._ackd:
+                                with contextlib.suppress(Exception):
+                                    await r.in_progress()  # keep JetStream from redelivering meanwhile
+                        delay = min(settings.dependency_retry_max_s, 0.25 * 2 ** min(waits, 8))
+                        await asyncio.sleep(delay * random.uniform(0.5, 1.0))
             except Poison as e:
                 metrics.FAILED.labels(service, subject, "invalid").inc(len(raws))
                 for r in raws:

@@ -46,6 +46,11 @@ class Settings(BaseSettings):
         [1.0, 5.0, 15.0, 30.0], description="NAK delays between attempts (JSON list, seconds)."
     )
     ack_wait_s: float = Field(60.0, description="Seconds JetStream waits for an ack before redelivering.")
+    dependency_wait_s: float = Field(
+        900.0, description="How long a handler holds a message and retries in place while the database, bus or "
+        "embedding endpoint is unreachable, before normal NAK/backoff/dead-letter handling resumes.",
+    )
+    dependency_retry_max_s: float = Field(5.0, description="Longest pause between those in-place retries.")
     max_ack_pending: int = Field(256, description="Un-acked messages a consumer may hold (backpressure).")
     fetch_batch: int = Field(16, description="Messages fetched per pull request.")
     max_event_bytes: int = Field(1_000_000, description="Largest event accepted (bytes).")

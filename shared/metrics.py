@@ -8,6 +8,7 @@ __all__ = [
     "CONSUMER_ACK_PENDING",
     "CONSUMER_PENDING",
     "DEAD_LETTERED",
+    "DEPENDENCY_WAITS",
     "DRAWERS",
     "EMBED_SECONDS",
     "EMBED_TEXTS",
@@ -31,6 +32,10 @@ DEAD_LETTERED = Counter(
 )
 HANDLER_SECONDS = Histogram(
     "palace_handler_seconds", "Handler latency, receive to commit.", ["service", "subject"], buckets=_BUCKETS
+)
+DEPENDENCY_WAITS = Counter(
+    "palace_dependency_waits_total", "Handler retries held in place because a dependency was unreachable.",
+    ["service", "error"],
 )
 IN_FLIGHT = Gauge("palace_in_flight_messages", "Messages being handled now.", ["service"])
 CONSUMER_PENDING = Gauge(

@@ -1,0 +1,64 @@
+"""Which failures are the world's fault, not the message's.
+
+A handler that fails because PostgreSQL restarts, NATS reconnects or the embedding endpoint is
+down would fail the same way for every message; counting those attempts toward ``max_deliver``
+would dead-letter good input during any outage longer than the backoff schedule. The pipeline
+middleware instead holds such a message and retries it in place (shared.bus) until the dependency
+is back; only failures that could be the message's own go through NAK, backoff and dead-lettering.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import psycopg
+
+__all__ = ["is_transient"]
+
+
+def _optional_types() -> tuple[type[BaseException], ...]:
+    types: list[type[BaseException]] = []
+    try:
+        import nats.errors as ne
+        import nats.js.errors as jse
+
+        types += [ne.ConnectionClosedError, ne.TimeoutError, ne.NoServersError, ne.StaleConnectionError,
+                  ne.OutboundBufferLimitError, ne.ConnectionReconnectingError, ne.FlushTimeoutError,
+                  jse.NoStreamResponseError, jse.ServiceUnavailableError]
+    except ImportError:  # pragma: no cover - nats is a core dependency
+        pass
+    try:
+        import httpx
+
+        types.append(httpx.TransportError)
+    except ImportError:  # pragma: no cover
+        pass
+    try:
+        import openai
+
+        types += [openai.APIConnectionError, openai.InternalServerError, openai.RateLimitError]
+    except ImportError:  # pragma: no cover
+        pass
+    return tuple(types)
+
+
+_TRANSIENT: tuple[type[BaseException], ...] = (
+    psycopg.OperationalError,  # connection lost, server shutting down, pool timeout, serialization retry
+    psycopg.InterfaceError,  # "the connection is closed"
+    ConnectionError,
+    TimeoutError,
+    asyncio.TimeoutError,
+    *_optional_types(),
+)
+
+
+def is_transient(exc: BaseException) -> bool:
+    """True when ``exc`` (or what caused it) says a dependency is unreachable or overloaded."""
+    seen = 0
+    e: BaseException | None = exc
+    while e is not None and seen < 5:
+        if isinstance(e, _TRANSIENT):
+            return True
+        e = e.__cause__  # an explicit `raise ... from`, not whatever happened to be handled nearby
+        seen += 1
+    return False
