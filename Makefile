@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test unit up stop fault bench-ingest bench-search schemas lint clean
+.PHONY: install demo test unit up stop fault audit bench-ingest bench-search schemas lint clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -38,6 +38,13 @@ stop: install
 ## The fault suite at full size: 10,000 sessions, SIGKILLs, PostgreSQL and NATS restarts (~10 min).
 fault: install
 	$(BIN)/python -m tests.fault_suite --events 10000
+
+## Known-vulnerability audit of every installed dependency (pip-audit, PyPI advisory data). --strict:
+## a dependency that could not be looked up fails the audit instead of passing silently.
+audit: install
+	test -x .venv-audit/bin/pip-audit || ($(PY) -m venv .venv-audit && .venv-audit/bin/pip install -q pip-audit)
+	.venv-audit/bin/pip-audit --strict --skip-editable --progress-spinner off \
+		--path "$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
 
 bench-ingest: install
 	$(BIN)/python bench/ingest.py

@@ -111,7 +111,10 @@ def make_sessions(cfg: SuiteConfig, run_id: str) -> list[SessionCompleted]:
 async def _publish_all(nats_url: str, sessions: list[SessionCompleted], rate: float, progress: Progress) -> int:
     """Publish at ``rate``; a publish that fails (server restarting) is retried until JetStream acks it.
     ``Nats-Msg-Id`` makes those retries idempotent in the stream, and ingest is idempotent anyway."""
-    nc = await nats.connect(nats_url, max_reconnect_attempts=-1, reconnect_time_wait=0.5)
+    async def quiet(e: Exception) -> None:  # the restart is deliberate: no traceback per reconnect try
+        pass
+
+    nc = await nats.connect(nats_url, max_reconnect_attempts=-1, reconnect_time_wait=0.5, error_cb=quiet)
     js = nc.jetstream(timeout=5)
     task = progress.add_task("publish", total=len(sessions))
     t0 = time.monotonic()
