@@ -8,7 +8,11 @@ import os
 import socket
 from collections import defaultdict
 
+from nats.js.errors import NotFoundError
+
 from services._runtime import Deps, WorkerSpec, run_worker
+from services.classify.handlers import DURABLE as CLASSIFY_DURABLE
+from services.embed.handlers import DURABLE as EMBED_DURABLE
 from shared.bus import publish_event
 from shared.db.maintenance import decay, fail_exhausted, prune, stuck_drawers, take_lease
 from shared.events import DrawerCreated
@@ -18,14 +22,36 @@ from shared.metrics import DRAWERS
 
 log = get_logger("palace.maintain")
 MAX_REDRIVES = 3
+# The consumers a re-driven drawer goes through before it leaves 'raw'.
+REDRIVE_PATH = (EMBED_DURABLE, CLASSIFY_DURABLE)
+
+
+async def pipeline_backlog(deps: Deps) -> int:
+    """Messages waiting in (or held un-acked by) the consumers a re-drive goes through.
+
+    While they hold a backlog, a raw drawer is most likely queued rather than lost: re-driving it
+    would put a second copy of its work behind the same queue (feeding the overload), and failing
+    it would give up on work that is merely late. A consumer that does not exist counts as empty.
+    """
+    js = deps.broker.config.connection_state.stream
+    total = 0
+    for durable in REDRIVE_PATH:
+        with contextlib.suppress(NotFoundError):
+            info = await js.consumer_info(deps.settings.stream_name, durable)
+            total += (info.num_pending or 0) + (info.num_ack_pending or 0)
+    return total
 
 
 async def sweep(deps: Deps, holder: str) -> dict[str, int]:
     """One round of every job whose lease this replica wins. Returns counts for the log."""
     s = deps.settings
     out: dict[str, int] = {}
+    backlog = await pipeline_backlog(deps)
+    if backlog:
+        out["redrive_deferred_backlog"] = backlog
     async with deps.pool.connection() as conn:
-        if await take_lease(conn, "redrive", holder, ttl_s=s.maintain_interval_s, every_s=s.maintain_interval_s / 2):
+        if not backlog and await take_lease(conn, "redrive", holder, ttl_s=s.maintain_interval_s,
+                                            every_s=s.maintain_interval_s / 2):
             async with conn.transaction():
                 stuck = await stuck_drawers(conn, s.stuck_after_s, MAX_REDRIVES)
             by_ws: dict[tuple[str, int], list[str]] = defaultdict(list)
