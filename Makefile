@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test unit up stop fault audit bench-ingest bench-search schemas lint clean
+.PHONY: install demo test unit up stop fault audit bench-ingest bench-search soak schemas lint clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -52,6 +52,10 @@ bench-ingest: install
 bench-search: install
 	$(BIN)/python bench/search.py
 
+## Fixed-rate publishing into a deliberately slower pipeline: per-service peak RSS and growth, backlog, nothing dropped.
+soak: install
+	$(BIN)/python bench/soak.py
+
 schemas: install
 	$(BIN)/palace schemas
 
@@ -60,4 +64,4 @@ lint: install
 
 clean:
 	-$(BIN)/palace stack stop
-	rm -rf .devstack .devstack-test
+	rm -rf .devstack .devstack-test .devstack-test-ext

@@ -46,7 +46,9 @@ class _Child:
 
 @dataclass
 class Supervisor:
-    """Start, watch and stop the stack. ``services`` picks which services run."""
+    """Start, watch and stop the stack. ``services`` picks which services run; ``env`` is laid over
+    ``os.environ`` for every child (a second stack in one process, e.g. the fault tests, must not
+    change the environment the first stack's restarts inherit)."""
 
     settings: Settings
     services: list[str] = field(default_factory=lambda: list(ALL_SERVICES))
@@ -56,6 +58,7 @@ class Supervisor:
     children: dict[str, _Child] = field(default_factory=dict)
     database_url: str = ""
     nats_url: str = ""
+    env: dict[str, str] = field(default_factory=dict)
 
     def start_servers(self) -> None:
         """Start the embedded servers (recovering from a crash) or use the configured ones."""
@@ -72,7 +75,7 @@ class Supervisor:
             log.info("migrations_applied", applied=applied)
 
     def _env(self, name: str, index: int) -> dict[str, str]:
-        env = dict(os.environ)
+        env = {**os.environ, **self.env}
         env["PALACE_DATABASE_URL"] = self.database_url
         env["PALACE_NATS_URL"] = self.nats_url
         env["PALACE_METRICS_PORT"] = str(self.metrics_base_port + index)

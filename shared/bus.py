@@ -13,6 +13,12 @@ pipeline middleware turns handler outcomes into acks:
 The server-side ``max_deliver`` is two higher than ours, so a message whose handler crashed the
 process (no NAK sent) is still redelivered, seen past the limit, and dead-lettered instead of
 silently dropped by the server.
+
+While a handler runs, its messages get an in-progress ack (``+WPI``) every third of ``ack_wait``:
+a slow dependency (an embedder taking longer than ``ack_wait`` for a batch) must not make
+JetStream redeliver work that is still being done, which would double it and spend the message's
+deliveries until a healthy-but-slow pipeline dead-letters it. A handler that hangs stops being
+kept alive after ten ``ack_wait`` periods, so it is redelivered as if its process had died.
 """
 
 from __future__ import annotations
@@ -229,8 +235,21 @@ def dead_letter_info(headers: dict[str, str] | None) -> DeadLetterInfo:
     return DeadLetterInfo.model_validate(fields)
 
 
+async def _keep_in_progress(raws: Sequence[Any], every_s: float, for_at_most_s: float) -> None:
+    """Tell JetStream these messages are still being worked on (``+WPI``), so ``ack_wait`` only
+    expires for a consumer that died, not for one waiting on a slow dependency."""
+    deadline = time.monotonic() + for_at_most_s
+    while time.monotonic() < deadline:
+        await asyncio.sleep(every_s)
+        for r in raws:
+            if not r._ackd:
+                with contextlib.suppress(Exception):  # a lost heartbeat only risks a redelivery
+                    await r.in_progress()
+
+
 def _pipeline_middleware(settings: Settings, service: str) -> Callable[..., BaseMiddleware]:
     backoff: Sequence[float] = settings.backoff_s or [1.0]
+    heartbeat_s = max(0.2, settings.ack_wait_s / 3)
 
     class PipelineMiddleware(BaseMiddleware):
         """Metrics, dead-lettering and backoff for every consumed message (single or batch)."""
@@ -250,6 +269,7 @@ def _pipeline_middleware(settings: Settings, service: str) -> Callable[..., Base
                 return None
             metrics.IN_FLIGHT.labels(service).inc(len(raws))
             start = time.perf_counter()
+            heartbeat = asyncio.create_task(_keep_in_progress(raws, heartbeat_s, 10 * settings.ack_wait_s))
             hold_until = time.monotonic() + settings.dependency_wait_s
             waits = 0
             try:
@@ -298,6 +318,7 @@ def _pipeline_middleware(settings: Settings, service: str) -> Callable[..., Base
                         await r.nak(delay=backoff[min(n - 1, len(backoff) - 1)])
                 return None
             finally:
+                heartbeat.cancel()
                 metrics.IN_FLIGHT.labels(service).dec(len(raws))
                 metrics.HANDLER_SECONDS.labels(service, subject).observe(time.perf_counter() - start)
             metrics.PROCESSED.labels(service, subject).inc(len(raws))

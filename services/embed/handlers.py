@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections import defaultdict
 from typing import Any
@@ -10,7 +11,7 @@ from faststream import Context
 
 from services._runtime import Deps
 from shared.bus import Poison, dead_letter, decode_event, publish_event, subscriber_kwargs
-from shared.db.drawers import cached_embeddings, drawers_by_id, save_embeddings
+from shared.db.drawers import cached_embeddings, drawers_by_id, note_failure, save_embeddings
 from shared.db.tenancy import workspace_tx
 from shared.events import DrawerCreated, DrawerEmbedded
 from shared.ids import content_hash, event_id_for
@@ -56,7 +57,16 @@ def register(deps: Deps) -> None:
                 # Embed outside any transaction (network or CPU work never holds a connection).
                 texts = list(dict.fromkeys(etext[r.id] for r in missing))
                 t0 = time.perf_counter()
-                vecs = await embedder.embed_documents(texts)
+                try:
+                    vecs = await embedder.embed_documents(texts)
+                except Exception as e:
+                    # The middleware NAKs (or dead-letters) the events; the drawers stay raw and keep
+                    # the reason, so one that is never embedded is failed by maintain with it.
+                    with contextlib.suppress(Exception):
+                        async with workspace_tx(deps.pool, ws) as conn:
+                            await note_failure(conn, ws, [r.id for r in missing],
+                                               f"embedding failed: {type(e).__name__}: {e}")
+                    raise
                 EMBED_SECONDS.labels(embedder.model_name).observe(time.perf_counter() - t0)
                 EMBED_TEXTS.labels(embedder.model_name).inc(len(texts))
                 by_text = dict(zip(texts, vecs, strict=True))

@@ -8,7 +8,11 @@ import os
 import socket
 from collections import defaultdict
 
+from nats.js.errors import NotFoundError
+
 from services._runtime import Deps, WorkerSpec, run_worker
+from services.classify.handlers import DURABLE as CLASSIFY_DURABLE
+from services.embed.handlers import DURABLE as EMBED_DURABLE
 from shared.bus import publish_event
 from shared.db.maintenance import decay, fail_exhausted, prune, stuck_drawers, take_lease
 from shared.db.tenancy import maintenance_tx
@@ -19,6 +23,24 @@ from shared.metrics import DRAWERS
 
 log = get_logger("palace.maintain")
 MAX_REDRIVES = 3
+# The consumers a re-driven drawer goes through before it leaves 'raw'.
+REDRIVE_PATH = (EMBED_DURABLE, CLASSIFY_DURABLE)
+
+
+async def pipeline_backlog(deps: Deps) -> int:
+    """Messages waiting in (or held un-acked by) the consumers a re-drive goes through.
+
+    While they hold a backlog, a raw drawer is most likely queued rather than lost: re-driving it
+    would put a second copy of its work behind the same queue (feeding the overload), and failing
+    it would give up on work that is merely late. A consumer that does not exist counts as empty.
+    """
+    js = deps.broker.config.connection_state.stream
+    total = 0
+    for durable in REDRIVE_PATH:
+        with contextlib.suppress(NotFoundError):
+            info = await js.consumer_info(deps.settings.stream_name, durable)
+            total += (info.num_pending or 0) + (info.num_ack_pending or 0)
+    return total
 
 
 async def sweep(deps: Deps, holder: str) -> dict[str, int]:
@@ -27,8 +49,15 @@ async def sweep(deps: Deps, holder: str) -> dict[str, int]:
     out: dict[str, int] = {}
     # Sweeps span workspaces by nature, so they run under the maintenance role (migration 0003),
     # one short transaction each; publishing happens between transactions, never inside one.
-    async with maintenance_tx(deps.pool) as conn:
-        won = await take_lease(conn, "redrive", holder, ttl_s=s.maintain_interval_s, every_s=s.maintain_interval_s / 2)
+    # Drawers queued behind a backlog are not stuck: re-driving them would only add work.
+    backlog = await pipeline_backlog(deps)
+    if backlog:
+        out["redrive_deferred_backlog"] = backlog
+    won = False
+    if not backlog:
+        async with maintenance_tx(deps.pool) as conn:
+            won = await take_lease(conn, "redrive", holder, ttl_s=s.maintain_interval_s,
+                                   every_s=s.maintain_interval_s / 2)
     if won:
         async with maintenance_tx(deps.pool) as conn:
             stuck = await stuck_drawers(conn, s.stuck_after_s, MAX_REDRIVES)

@@ -15,13 +15,26 @@ from shared.ids import stable_id
 
 __all__ = [
     "DrawerRow",
+    "as_array",
     "cached_embeddings",
     "drawers_by_id",
+    "note_failure",
     "older_twins",
     "record_history",
     "save_classifications",
     "save_embeddings",
 ]
+
+
+def as_array(v: Any) -> np.ndarray:
+    """A ``vector`` column value as a float32 array.
+
+    pgvector >= 0.4 loads ``vector`` as ``pgvector.Vector``, which ``np.asarray`` cannot convert
+    (``float() argument must be ... not 'Vector'``): enrich failed on every session whose drawers
+    were already embedded, and embed on every embedding-cache hit.
+    """
+    to_numpy = getattr(v, "to_numpy", None)
+    return np.asarray(to_numpy() if to_numpy is not None else v, dtype=np.float32)
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,7 +71,7 @@ async def cached_embeddings(
         " AND content_hash = ANY(%s)",
         (workspace_id, model, hashes),
     )
-    return {r[0]: np.asarray(r[1], dtype=np.float32) for r in await cur.fetchall()}
+    return {r[0]: as_array(r[1]) for r in await cur.fetchall()}
 
 
 async def save_embeddings(
@@ -67,11 +80,17 @@ async def save_embeddings(
 ) -> int:
     """Set embeddings on drawers still lacking one; fill the cache.
 
+    A drawer maintain had given up on (``failed``: still raw after every re-drive, typically an
+    embedding endpoint that was down for long) goes back to ``raw`` with its recorded failure
+    cleared, so re-driving its dead letter once the endpoint is fixed finishes it instead of
+    leaving an embedded drawer marked failed.
+
     rows: (drawer_id, hash of the embedded text, vector).
     """
     async with conn.cursor() as cur:
         await cur.executemany(
-            "UPDATE drawers SET embedding = %s, embedding_model = %s, updated_at = now()"
+            "UPDATE drawers SET embedding = %s, embedding_model = %s, failure_reason = NULL,"
+            " state = CASE WHEN state = 'failed' THEN 'raw' ELSE state END, updated_at = now()"
             " WHERE workspace_id = %s AND id = %s AND embedding IS NULL",
             [(vec, model, workspace_id, did) for did, _, vec in rows],
         )
@@ -82,6 +101,20 @@ async def save_embeddings(
                 [(workspace_id, model, h, vec) for _, h, vec in rows],
             )
     return len(rows)
+
+
+async def note_failure(conn: AsyncConnection[Any], workspace_id: str, ids: list[str], reason: str) -> int:
+    """Remember why the last attempt on these still-raw drawers failed.
+
+    The drawer stays raw (the event is retried, and maintain re-drives it); if it is never
+    processed, maintain marks it failed and this reason is what the operator reads. ``updated_at``
+    is left alone: it is the clock maintain's stuck-drawer sweep runs on.
+    """
+    cur = await conn.execute(
+        "UPDATE drawers SET failure_reason = %s WHERE workspace_id = %s AND id = ANY(%s) AND state = 'raw'",
+        (reason[:1000], workspace_id, ids),
+    )
+    return cur.rowcount
 
 
 async def save_classifications(

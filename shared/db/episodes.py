@@ -8,6 +8,8 @@ from typing import Any
 import numpy as np
 from psycopg import AsyncConnection
 
+from shared.db.drawers import as_array
+
 __all__ = ["session_turns", "upsert_entities", "upsert_episode"]
 
 
@@ -23,7 +25,11 @@ async def session_turns(conn: AsyncConnection[Any], workspace_id: str, session_i
         (workspace_id, session_id),
     )
     cols = ["id", "speaker", "content", "embedding", "agent_id", "started_at", "completed_at"]
-    return [dict(zip(cols, r, strict=True)) for r in await cur.fetchall()]
+    rows = [dict(zip(cols, r, strict=True)) for r in await cur.fetchall()]
+    for row in rows:
+        if row["embedding"] is not None:
+            row["embedding"] = as_array(row["embedding"])
+    return rows
 
 
 async def upsert_episode(

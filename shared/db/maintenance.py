@@ -41,10 +41,12 @@ async def stuck_drawers(conn: AsyncConnection[Any], older_than_s: float, max_ret
 
 
 async def fail_exhausted(conn: AsyncConnection[Any], older_than_s: float, max_retries: int) -> int:
-    """Drawers still raw after every re-drive are marked failed, with the reason; never deleted."""
+    """Drawers still raw after every re-drive are marked failed, with the reason (and the last
+    error a stage recorded, e.g. the embedding endpoint's answer); never deleted."""
     cur = await conn.execute(
         """UPDATE drawers SET state = 'failed', updated_at = now(),
                   failure_reason = 'still raw after ' || retry_count || ' re-drives'
+                                   || coalesce('; last error: ' || failure_reason, '')
             WHERE state = 'raw' AND deleted_at IS NULL AND retry_count >= %s
               AND updated_at < now() - make_interval(secs => %s)""",
         (max_retries, older_than_s),

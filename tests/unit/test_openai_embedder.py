@@ -34,7 +34,7 @@ async def test_transient_failures_are_retried() -> None:
     assert vecs.shape == (1, 384) and state.calls == 3
 
 
-@pytest.mark.parametrize("mode", ["garbage_shape", "garbage_nan", "fail"])
+@pytest.mark.parametrize("mode", ["garbage_shape", "garbage_nan", "garbage_count", "fail"])
 async def test_garbage_or_down_endpoint_raises(mode: str) -> None:
     state = StubState(mode=mode)
     with serve_stub(state) as url:
