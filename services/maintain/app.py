@@ -9,6 +9,8 @@ import socket
 from collections import defaultdict
 
 from services._runtime import Deps, WorkerSpec, run_worker
+from services.classify.handlers import DURABLE as CLASSIFY_DURABLE
+from services.embed.handlers import DURABLE as EMBED_DURABLE
 from shared.bus import publish_event
 from shared.db.maintenance import decay, fail_exhausted, prune, stuck_drawers, take_lease
 from shared.db.tenancy import maintenance_tx
@@ -19,6 +21,24 @@ from shared.metrics import DRAWERS
 
 log = get_logger("palace.maintain")
 MAX_REDRIVES = 3
+# Durable consumers a raw drawer's event may be queued in (embed, then classify).
+QUEUES = (EMBED_DURABLE, CLASSIFY_DURABLE)
+
+
+async def backlog(deps: Deps) -> int:
+    """Events queued and not yet delivered to the consumers a raw drawer waits on.
+
+    A drawer raw for a while behind a backlog is not stuck: re-driving it only lengthens the queue
+    (each re-drive is another event to work through) and, after three, marks a drawer failed whose
+    work is still on its way. Seen in the poison test: 1,000 bad events ahead of 100 good sessions
+    (250 drawers) on a busy machine made maintain publish 748 re-drives and fail 246 of those drawers.
+    """
+    js = deps.broker.config.connection_state.stream
+    total = 0
+    for durable in QUEUES:
+        with contextlib.suppress(Exception):  # consumer not created yet: nothing queued in it
+            total += (await js.consumer_info(deps.settings.stream_name, durable)).num_pending or 0
+    return total
 
 
 async def sweep(deps: Deps, holder: str) -> dict[str, int]:
@@ -29,7 +49,10 @@ async def sweep(deps: Deps, holder: str) -> dict[str, int]:
     # one short transaction each; publishing happens between transactions, never inside one.
     async with maintenance_tx(deps.pool) as conn:
         won = await take_lease(conn, "redrive", holder, ttl_s=s.maintain_interval_s, every_s=s.maintain_interval_s / 2)
-    if won:
+    queued = await backlog(deps) if won else 0
+    if queued:
+        out["redrive_deferred"] = queued
+    elif won:
         async with maintenance_tx(deps.pool) as conn:
             stuck = await stuck_drawers(conn, s.stuck_after_s, MAX_REDRIVES)
         by_ws: dict[tuple[str, int], list[str]] = defaultdict(list)
