@@ -199,6 +199,16 @@ async def publish_event(broker: NatsBroker, settings: Settings, event: Event) ->
     )
 
 
+def _header_value(value: object) -> str:
+    """Header values as printable ASCII: reasons and ids quote the payload (an unknown field's name, a
+    workspace id), and a non-ASCII or control character there made ``js.get_msg``, whose header parser
+    is the e-mail one, return ``Header`` objects instead of strings, so listing the DLQ failed."""
+    text = str(value)
+    if text.isascii() and text.isprintable():
+        return text
+    return "".join(c if c.isascii() and c.isprintable() else c.encode("unicode_escape").decode() for c in text)
+
+
 async def dead_letter(
     broker: NatsBroker, settings: Settings, *, service: str, raw: Any, reason: str, error_type: str
 ) -> None:
@@ -217,13 +227,16 @@ async def dead_letter(
         deliveries=meta.num_delivered, failed_at=datetime.now(UTC), event_id=event_id,
         workspace_id=workspace_id, size=len(raw.data),
     )
-    headers = {f"Palace-{k}": str(v) for k, v in info.model_dump(mode="json", exclude_none=True).items()}
+    headers = {f"Palace-{k}": _header_value(v) for k, v in info.model_dump(mode="json", exclude_none=True).items()}
     # One dead letter per (stream, sequence): a redelivered failure doesn't duplicate it.
     headers["Nats-Msg-Id"] = f"dlq:{meta.stream}:{meta.sequence.stream}"
     await broker.publish(
         raw.data, subject=f"dlq.{raw.subject}", headers=headers, stream=settings.dlq_stream_name, timeout=10.0
     )
     metrics.DEAD_LETTERED.labels(service, raw.subject).inc()
+    if error_type == "invalid":
+        # Counted here, not by the caller: a batch handler dead-letters its bad events one by one.
+        metrics.FAILED.labels(service, raw.subject, "invalid").inc()
     log.warning("dead_lettered", service=service, subject=raw.subject, reason=reason[:500],
                 deliveries=meta.num_delivered, workspace_id=workspace_id, event_id=event_id)
 
@@ -231,7 +244,7 @@ async def dead_letter(
 def dead_letter_info(headers: dict[str, str] | None) -> DeadLetterInfo:
     """Rebuild the record from a dead letter's headers (for listing and re-driving)."""
     h = headers or {}
-    fields = {k.removeprefix("Palace-"): v for k, v in h.items() if k.startswith("Palace-")}
+    fields = {k.removeprefix("Palace-"): str(v) for k, v in h.items() if k.startswith("Palace-")}
     return DeadLetterInfo.model_validate(fields)
 
 
@@ -295,7 +308,6 @@ def _pipeline_middleware(settings: Settings, service: str) -> Callable[..., Base
                         delay = min(settings.dependency_retry_max_s, 0.25 * 2 ** min(waits, 8))
                         await asyncio.sleep(delay * random.uniform(0.5, 1.0))
             except Poison as e:
-                metrics.FAILED.labels(service, subject, "invalid").inc(len(raws))
                 for r in raws:
                     if not r._ackd:
                         await dead_letter(broker, settings, service=service, raw=r, reason=str(e),

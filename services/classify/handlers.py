@@ -24,7 +24,10 @@ def register(deps: Deps) -> None:
         """drawer.embedded → (classify, then commit) → drawer.classified."""
         ev: DrawerEmbedded = decode_event(DrawerEmbedded, body, s)
         async with workspace_tx(deps.pool, ev.workspace_id) as conn:
-            rows = [r for r in await drawers_by_id(conn, ev.workspace_id, ev.drawer_ids) if r.state == "raw"]
+            # 'failed' too: maintain gives up on drawers raw for too long, even when their events were
+            # only queued behind a backlog; when the work does arrive, it completes them.
+            rows = [r for r in await drawers_by_id(conn, ev.workspace_id, ev.drawer_ids)
+                    if r.state in ("raw", "failed")]
         outcomes = []
         for r in rows:
             c = classify(r.content)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections import defaultdict
-from typing import Any
+from typing import Any, NamedTuple
 
 from faststream import Context
 
@@ -21,6 +21,17 @@ from shared.metrics import DRAWERS, EMBED_SECONDS, EMBED_TEXTS
 __all__ = ["DURABLE", "register"]
 
 DURABLE = "embed"
+
+
+class _Pending(NamedTuple):
+    """One workspace's share of a batch: its events, drawers lacking a vector, their texts and cache hits."""
+
+    workspace_id: str
+    events: list[DrawerCreated]
+    rows: list[Any]
+    etext: dict[str, str]
+    ehash: dict[str, str]
+    cached: dict[str, Any]
 
 
 def register(deps: Deps) -> None:
@@ -45,6 +56,11 @@ def register(deps: Deps) -> None:
         by_ws: dict[str, list[DrawerCreated]] = defaultdict(list)
         for ev in events:
             by_ws[ev.workspace_id].append(ev)
+        # Read every workspace first, then embed all the batch's missing texts in one call: a batch
+        # from many workspaces (the multi-tenant norm) would otherwise be many small model calls, and
+        # each one synchronises the engine's threads (measured on 2 busy cores: 16 calls of 3 texts
+        # 16.4 s, one call of 48 texts 5.7 s).
+        plans: list[_Pending] = []
         for ws, evs in by_ws.items():
             ids = list(dict.fromkeys(i for ev in evs for i in ev.drawer_ids))
             async with workspace_tx(deps.pool, ws) as conn:
@@ -52,26 +68,28 @@ def register(deps: Deps) -> None:
                 etext = {r.id: embedding_text(r.content, r.speaker, r.context) for r in rows}
                 ehash = {r.id: content_hash(etext[r.id]) for r in rows}
                 cached = await cached_embeddings(conn, ws, embedder.model_name, list(set(ehash.values())))
-            missing = [r for r in rows if ehash[r.id] not in cached]
-            if missing:
-                # Embed outside any transaction (network or CPU work never holds a connection).
-                texts = list(dict.fromkeys(etext[r.id] for r in missing))
-                t0 = time.perf_counter()
-                try:
-                    vecs = await embedder.embed_documents(texts)
-                except Exception as e:
-                    # The middleware NAKs (or dead-letters) the events; the drawers stay raw and keep
-                    # the reason, so one that is never embedded is failed by maintain with it.
-                    with contextlib.suppress(Exception):
-                        async with workspace_tx(deps.pool, ws) as conn:
-                            await note_failure(conn, ws, [r.id for r in missing],
-                                               f"embedding failed: {type(e).__name__}: {e}")
-                    raise
-                EMBED_SECONDS.labels(embedder.model_name).observe(time.perf_counter() - t0)
-                EMBED_TEXTS.labels(embedder.model_name).inc(len(texts))
-                by_text = dict(zip(texts, vecs, strict=True))
-            else:
-                by_text = {}
+                plans.append(_Pending(ws, evs, rows, etext, ehash, cached))
+        texts = list(dict.fromkeys(p.etext[r.id] for p in plans for r in p.rows if p.ehash[r.id] not in p.cached))
+        by_text: dict[str, Any] = {}
+        if texts:
+            # Embed outside any transaction (network or CPU work never holds a connection).
+            t0 = time.perf_counter()
+            try:
+                vecs = await embedder.embed_documents(texts)
+            except Exception as e:
+                # The middleware holds, NAKs or dead-letters the events; the drawers stay raw and keep
+                # the reason, so one that is never embedded is failed by maintain with it.
+                for p in plans:
+                    missing = [r.id for r in p.rows if p.ehash[r.id] not in p.cached]
+                    if missing:
+                        with contextlib.suppress(Exception):
+                            async with workspace_tx(deps.pool, p.ws) as conn:
+                                await note_failure(conn, p.ws, missing, f"embedding failed: {type(e).__name__}: {e}")
+                raise
+            EMBED_SECONDS.labels(embedder.model_name).observe(time.perf_counter() - t0)
+            EMBED_TEXTS.labels(embedder.model_name).inc(len(texts))
+            by_text = dict(zip(texts, vecs, strict=True))
+        for ws, evs, rows, etext, ehash, cached in plans:
             out = [(r.id, ehash[r.id], cached.get(ehash[r.id], by_text.get(etext[r.id]))) for r in rows]
             async with workspace_tx(deps.pool, ws) as conn:
                 await save_embeddings(conn, ws, embedder.model_name, [o for o in out if o[2] is not None])

@@ -120,7 +120,8 @@ async def note_failure(conn: AsyncConnection[Any], workspace_id: str, ids: list[
 async def save_classifications(
     conn: AsyncConnection[Any], workspace_id: str, rows: list[dict[str, Any]], *, event_id: str, actor: str
 ) -> int:
-    """Apply classifier outcomes to drawers still raw; audit each one. Returns drawers changed."""
+    """Apply classifier outcomes to drawers still raw, or failed by maintain while their work was only
+    queued behind a backlog (a late success beats a give-up); audit each one. Returns drawers changed."""
     changed = 0
     async with conn.cursor() as cur:
         for r in rows:
@@ -128,9 +129,9 @@ async def save_classifications(
                 """
                 UPDATE drawers
                    SET memory_type = %(memory_type)s, confidence = %(confidence)s, importance = %(importance)s,
-                       pipeline_tier = %(tier)s, state = 'processed', updated_at = now(),
+                       pipeline_tier = %(tier)s, state = 'processed', failure_reason = NULL, updated_at = now(),
                        room = CASE WHEN room = 'general' THEN %(memory_type)s ELSE room END
-                 WHERE workspace_id = %(ws)s AND id = %(id)s AND state = 'raw'
+                 WHERE workspace_id = %(ws)s AND id = %(id)s AND state IN ('raw', 'failed')
                 """,
                 {**r, "ws": workspace_id},
             )

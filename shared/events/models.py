@@ -8,10 +8,11 @@ instead of a silently lossy coercion.
 
 from __future__ import annotations
 
+import math
 from datetime import datetime
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
 from shared.ids import content_hash, event_id_for
 
@@ -49,24 +50,32 @@ DrawerIds = Annotated[
 ]
 
 
-def _no_nul(value: str) -> str:
-    if "\x00" in value:
-        raise ValueError("text contains NUL bytes, which PostgreSQL text cannot store")
-    return value
+def _unstorable(value: Any, path: str = "") -> str | None:
+    """Where ``value`` holds something PostgreSQL cannot store, and why; None when it is all storable.
 
-
-def _no_nul_json(value: Any) -> Any:
-    """JSONB cannot hold U+0000 either, so reject it anywhere inside free metadata."""
+    text and JSONB cannot hold U+0000, and JSONB has no NaN or Infinity (which Python's JSON parser
+    accepts). Checked over the whole event, keys included, so no field can let one through into a
+    handler, where the database would refuse it on every redelivery instead of it being dead-lettered
+    once as invalid input.
+    """
     if isinstance(value, str):
-        _no_nul(value)
-    elif isinstance(value, dict):
+        return f"{path or '<root>'}: text contains NUL (U+0000), which PostgreSQL cannot store" \
+            if "\x00" in value else None
+    if isinstance(value, float) and not math.isfinite(value):
+        return f"{path or '<root>'}: {value} is not a finite number, which JSONB cannot store"
+    items: list[tuple[str, Any]] = []
+    if isinstance(value, dict):
         for k, v in value.items():
-            _no_nul(k)
-            _no_nul_json(v)
+            if isinstance(k, str) and "\x00" in k:
+                return f"{path or '<root>'}: a key contains NUL (U+0000), which PostgreSQL cannot store"
+            items.append((str(k), v))
     elif isinstance(value, list):
-        for v in value:
-            _no_nul_json(v)
-    return value
+        items = [(str(i), v) for i, v in enumerate(value)]
+    for k, v in items:
+        found = _unstorable(v, f"{path}.{k}" if path else k)
+        if found:
+            return found
+    return None
 
 
 class Event(BaseModel):
@@ -83,6 +92,14 @@ class Event(BaseModel):
     )
     workspace_id: WorkspaceId
 
+    @model_validator(mode="before")
+    @classmethod
+    def _storable(cls, data: Any) -> Any:
+        problem = _unstorable(data)
+        if problem:
+            raise ValueError(problem)
+        return data
+
 
 class Message(BaseModel):
     """One conversation turn, stored verbatim."""
@@ -98,16 +115,6 @@ class Message(BaseModel):
     metadata: dict[str, Any] = Field(
         default_factory=dict, description="Free producer metadata kept with the raw message."
     )
-
-    @field_validator("content")
-    @classmethod
-    def _check_content(cls, v: str) -> str:
-        return _no_nul(v)
-
-    @field_validator("metadata")
-    @classmethod
-    def _check_metadata(cls, v: dict[str, Any]) -> dict[str, Any]:
-        return _no_nul_json(v)
 
 
 class SessionCompleted(Event):
@@ -132,11 +139,6 @@ class SessionCompleted(Event):
         default_factory=dict,
         description="Free metadata. 'wing', 'room' and 'hall' (strings) choose where drawers are filed.",
     )
-
-    @field_validator("metadata")
-    @classmethod
-    def _check_metadata(cls, v: dict[str, Any]) -> dict[str, Any]:
-        return _no_nul_json(v)
 
     @model_validator(mode="after")
     def _derive_event_id(self) -> SessionCompleted:

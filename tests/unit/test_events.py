@@ -58,6 +58,10 @@ def _bad(**changes: object) -> bytes:
     (_bad(messages=[{"role": "robot", "content": "x"}]), "role"),
     (_bad(messages=[{"role": "user", "content": "a\u0000b"}]), "NUL"),
     (_bad(metadata={"k": "a\u0000"}), "NUL"),
+    (_bad(messages=[{"role": "user", "content": "ok", "name": "a\u0000"}]), "messages.0.name: text contains NUL"),
+    (_bad(metadata={"a\u0000": 1}), "key contains NUL"),
+    (_bad(metadata={"k": float("nan")}), "metadata.k: nan is not a finite number"),
+    (_bad(messages=[{"role": "user", "content": "ok", "metadata": {"x": [1e999]}}]), "messages.0.metadata.x.0: inf"),
     (b"x" * 2_000_000, "exceeds"),
 ])
 def test_bad_input_is_poison_with_reason(payload: bytes, reason: str) -> None:
@@ -80,3 +84,14 @@ def test_readme_documents_every_setting() -> None:
     readme = (ROOT / "README.md").read_text()
     missing = [f"PALACE_{n.upper()}" for n in Settings.model_fields if f"`PALACE_{n.upper()}`" not in readme]
     assert not missing, f"README configuration table lacks {missing}"
+
+
+@pytest.mark.parametrize(("model", "payload"), [
+    ("entity.upserted", {"event_id": "e", "workspace_id": "w", "entity_ids": ["a\u0000"], "names": ["n"]}),
+    ("episodic.created", {"event_id": "e", "workspace_id": "w", "episode_id": "0" * 32, "session_id": "s",
+                          "summary": "a\u0000", "abstract": "a"}),
+])
+def test_nul_is_rejected_in_every_event(model: str, payload: dict[str, object]) -> None:
+    """Any string field may reach SQL as a parameter, and PostgreSQL refuses NUL on every attempt."""
+    with pytest.raises(Poison, match="NUL"):
+        decode_event(EVENT_MODELS[model], json.dumps(payload).encode(), Settings())  # type: ignore[arg-type]
