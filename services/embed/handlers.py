@@ -7,6 +7,7 @@ import time
 from collections import defaultdict
 from typing import Any, NamedTuple
 
+import psycopg
 from faststream import Context
 
 from services._runtime import Deps
@@ -79,12 +80,14 @@ def register(deps: Deps) -> None:
             except Exception as e:
                 # The middleware holds, NAKs or dead-letters the events; the drawers stay raw and keep
                 # the reason, so one that is never embedded is failed by maintain with it.
+                reason = f"embedding failed: {type(e).__name__}: {e}"
                 for p in plans:
                     missing = [r.id for r in p.rows if p.ehash[r.id] not in p.cached]
                     if missing:
-                        with contextlib.suppress(Exception):
-                            async with workspace_tx(deps.pool, p.ws) as conn:
-                                await note_failure(conn, p.ws, missing, f"embedding failed: {type(e).__name__}: {e}")
+                        # Best effort (the database may be what is down); the original error wins.
+                        with contextlib.suppress(psycopg.Error, OSError):
+                            async with workspace_tx(deps.pool, p.workspace_id) as conn:
+                                await note_failure(conn, p.workspace_id, missing, reason)
                 raise
             EMBED_SECONDS.labels(embedder.model_name).observe(time.perf_counter() - t0)
             EMBED_TEXTS.labels(embedder.model_name).inc(len(texts))
