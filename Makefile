@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test unit up stop fault audit bench-ingest bench-search soak schemas lint clean
+.PHONY: install demo test unit up stop fault audit audit-full bench-ingest bench-search soak schemas lint clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -22,6 +22,7 @@ demo: install
 test: install
 	$(BIN)/ruff check .
 	$(BIN)/palace schemas --check
+	$(BIN)/python tools/audit_deps.py
 	$(BIN)/pytest -ra
 
 ## Unit tests only (no servers).
@@ -39,9 +40,13 @@ stop: install
 fault: install
 	$(BIN)/python -m tests.fault_suite --events 10000
 
-## Known-vulnerability audit of every installed dependency (pip-audit, PyPI advisory data). --strict:
-## a dependency that could not be looked up fails the audit instead of passing silently.
+## Known vulnerabilities in the installed dependencies, from PyPI's advisory data (tools/audit_deps.py).
 audit: install
+	$(BIN)/python tools/audit_deps.py --verbose
+
+## The same with pip-audit (--strict: a dependency it cannot look up fails the audit). Needs PyPI's
+## per-release JSON API, which the package mirror of the development machines does not serve.
+audit-full: install
 	test -x .venv-audit/bin/pip-audit || ($(PY) -m venv .venv-audit && .venv-audit/bin/pip install -q pip-audit)
 	.venv-audit/bin/pip-audit --strict --skip-editable --progress-spinner off \
 		--path "$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
