@@ -1,29 +1,35 @@
 """Ranking lab: evaluate fusion variants on LoCoMo-dev in seconds, from features read once.
 
-Run ``palace bench locomo --reuse`` first (it ingests the dev conversations through the pipeline); this
-reads, per question, every drawer's dense similarity (exact, numpy) and full-text rank (PostgreSQL
-``ts_rank_cd``, the index the product uses) and scores ranking formulas offline. Winners move into the
-one SQL statement in shared/db/search.py and are confirmed there by ``palace bench locomo``.
+Run ``palace bench locomo`` first (it ingests the dev conversations through the pipeline), then
+``palace stack start`` so this can read the database. It reads every drawer (embedding, text, lexemes
+with their counts, session, position) and, per question, its lexemes and the product's ``ts_rank_cd``;
+everything is cached under bench/results/.cache, so later runs need neither the database nor the model.
+Variants are scored offline in numpy; winners move into the one SQL statement in shared/db/search.py
+and are confirmed there by ``palace bench locomo``.
+
+``shipped`` reproduces that statement (candidates, min-max fusion, neighbour smoothing, session boost,
+importance) so a variant is always compared with what the product does, in the same run.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import json
+import pickle
+import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
-import psycopg
-from pgvector.psycopg import register_vector
 
-from services.benchmarks.locomo import _workspace
-from shared.adapters import build_embedder
 from shared.config import Settings
 from shared.evaluation.locomo import load_locomo
 from shared.evaluation.metrics import QuestionResult, flatten_units, summarize
+
+CACHE = Path("bench/results/.cache")
 
 
 @dataclass
@@ -33,38 +39,59 @@ class Conv:
     emb: np.ndarray
     dia: list[list[str]]
     session: np.ndarray  # session ordinal per drawer
-    seq: np.ndarray  # position within the conversation
+    seq: np.ndarray  # position within its session (as drawers.seq)
+    importance: np.ndarray
+    content: list[str]
+    speaker: list[str]
+    context: list[str]
+    occurred: list[str]
+    lex: list[dict[str, int]]  # lexeme → count (content, weight A)
     questions: list  # (question, evidence, category)
     qvec: np.ndarray
-    text_rank: list[np.ndarray]  # per question: ts_rank_cd per drawer (0 if no match)
+    qlex: list[list[str]]
+    text_rank: list[np.ndarray]  # per question: product ts_rank_cd per drawer (0 if no match)
+    extra: dict[str, object] = field(default_factory=dict)
 
 
-def load(settings: Settings, data: Path, db_url: str) -> list[Conv]:
-    convs = load_locomo(data)
+def load(settings: Settings, data: Path) -> list[Conv]:
+    """Features of every dev conversation, from the cache or the running stack."""
+    key = hashlib.sha256(f"{data.resolve()}|{settings.embed_model}|v2".encode()).hexdigest()[:10]
+    path = CACHE / f"lab-{key}.pkl"
+    if path.exists():
+        return pickle.loads(path.read_bytes())
+    import psycopg
+    from pgvector.psycopg import register_vector
+
+    from services.benchmarks.locomo import _workspace
+    from shared.adapters import build_embedder
+
+    db_url = json.loads((settings.devstack_dir / "stack.json").read_text())["database_url"]
     emb = build_embedder(settings)
     out = []
     with psycopg.connect(db_url) as conn:
         register_vector(conn)
-        for c in convs:
+        for c in load_locomo(data):
             ws = _workspace(c.sample_id, settings, data)
             rows = conn.execute(
-                """SELECT d.id, d.embedding, array_agg(m.metadata->>'dia_id' ORDER BY ds.session_id, ds.seq)
+                """SELECT d.id, d.embedding, array_agg(m.metadata->>'dia_id' ORDER BY ds.session_id, ds.seq),
+                          d.seq, d.importance, d.content, coalesce(d.speaker, ''), coalesce(d.context, ''),
+                          coalesce(d.occurred_at::text, ''),
+                          (SELECT json_object_agg(u.lexeme, coalesce(array_length(u.positions, 1), 1))
+                             FROM unnest(to_tsvector('english', d.content)) u)
                      FROM drawers d JOIN drawer_sources ds ON ds.workspace_id = d.workspace_id AND ds.drawer_id = d.id
                      JOIN messages m ON m.workspace_id = ds.workspace_id AND m.session_id = ds.session_id
                                     AND m.seq = ds.seq
-                    WHERE d.workspace_id = %s AND d.state <> 'merged' GROUP BY d.id, d.embedding""", (ws,)).fetchall()
+                    WHERE d.workspace_id = %s AND d.state <> 'merged' AND d.deleted_at IS NULL
+                    GROUP BY d.workspace_id, d.id""", (ws,)).fetchall()
             ids = [r[0] for r in rows]
             dia = [list(dict.fromkeys(r[2])) for r in rows]
-            first = [d[0] for d in dia]
-            sess = np.array([int(d[1:].split(":")[0]) for d in first])
-            turn = np.array([int(d.split(":")[1]) for d in first])
-            order = np.lexsort((turn, sess))
-            pos = np.empty(len(ids), dtype=int)
-            pos[order] = np.arange(len(ids))
+            sess = np.array([int(d[0][1:].split(":")[0]) for d in dia])
             qs = [(q.question, q.evidence, q.category) for q in c.questions]
-            qvec = np.vstack([asyncio.run(emb.embed_query(q[0])) for q in qs])
+            batch = getattr(emb, "_queries", None)  # one batched call when local
+            qvec = (np.asarray(batch([q[0] for q in qs])) if batch
+                    else np.vstack([asyncio.run(emb.embed_query(q[0])) for q in qs]))
             idx = {d: i for i, d in enumerate(ids)}
-            tr = []
+            tr, ql = [], []
             for q in qs:
                 r = conn.execute(
                     """SELECT id, ts_rank_cd(tsv, x.q, 1) FROM drawers,
@@ -75,26 +102,33 @@ def load(settings: Settings, data: Path, db_url: str) -> list[Conv]:
                     if did in idx:
                         v[idx[did]] = rank
                 tr.append(v)
-            out.append(Conv(c.sample_id, ids, np.array([r[1].to_numpy() for r in rows]), dia, sess, pos, qs, qvec, tr))
+                ql.append([x[0] for x in conn.execute(
+                    "SELECT DISTINCT unnest(tsvector_to_array(to_tsvector('english', %s)))", (q[0],)).fetchall()])
+            out.append(Conv(c.sample_id, ids, np.array([r[1].to_numpy() for r in rows]), dia, sess,
+                            np.array([r[3] or 0 for r in rows]), np.array([float(r[4]) for r in rows]),
+                            [r[5] for r in rows], [r[6] for r in rows], [r[7] for r in rows],
+                            [r[8] for r in rows], [r[9] or {} for r in rows], qs, qvec, ql, tr))
+    CACHE.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(pickle.dumps(out))
     return out
 
 
-def evaluate(convs: list[Conv], scorer: Callable[[Conv, int], np.ndarray],
-             expand: Callable[[Conv, np.ndarray], list[list[str]]] | None = None) -> dict[str, float]:
+def evaluate(convs: list[Conv], scorer: Callable[[Conv, int], np.ndarray]) -> dict[str, float]:
     res = []
     for c in convs:
         for qi, (_, ev, cat) in enumerate(c.questions):
             s = scorer(c, qi)
-            order = np.argsort(-s, kind="stable")[:40]
-            units = expand(c, order) if expand else [c.dia[i] for i in order]
-            res.append(QuestionResult(c.sample_id, cat, ev, tuple(flatten_units(units)), 0.0))
+            order = np.argsort(-s, kind="stable")[:30]
+            res.append(QuestionResult(c.sample_id, cat, ev, tuple(flatten_units(c.dia[i] for i in order)), 0.0))
     s = summarize(res)
     return {"R@5": s.turn_recall_5, "R@10": s.turn_recall_10, "S@5": s.session_any_5, "S@10": s.session_any_10}
 
 
-def _minmax(v: np.ndarray) -> np.ndarray:
-    lo, hi = v.min(), v.max()
-    return (v - lo) / (hi - lo) if hi > lo else np.zeros_like(v)
+# ---- building blocks -------------------------------------------------------------------------------
+
+def _minmax(v: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    lo, hi = v[mask].min(), v[mask].max()
+    return np.where(mask, (v - lo) / (hi - lo) if hi > lo else 0.0, 0.0)
 
 
 def _rank(v: np.ndarray) -> np.ndarray:
@@ -103,29 +137,161 @@ def _rank(v: np.ndarray) -> np.ndarray:
     return r
 
 
-def dense(c: Conv, qi: int) -> np.ndarray:
-    return c.emb @ c.qvec[qi]
+def neighbours(c: Conv) -> tuple[np.ndarray, np.ndarray]:
+    """Index of the previous and the next drawer of the same session (-1: none), by seq ± 1."""
+    if "nb" not in c.extra:
+        pos = {(int(s), int(q)): i for i, (s, q) in enumerate(zip(c.session, c.seq, strict=True))}
+        prev = np.array([pos.get((int(s), int(q) - 1), -1) for s, q in zip(c.session, c.seq, strict=True)])
+        nxt = np.array([pos.get((int(s), int(q) + 1), -1) for s, q in zip(c.session, c.seq, strict=True)])
+        c.extra["nb"] = (prev, nxt)
+    return c.extra["nb"]  # type: ignore[return-value]
+
+
+def bm25(c: Conv, qi: int, k1: float = 1.2, b: float = 0.75, within: np.ndarray | None = None) -> np.ndarray:
+    """Okapi BM25 over the workspace's drawers (content lexemes), document frequencies of the workspace
+    (or, with ``within``, of those drawers only: what SQL can count cheaply among its candidates)."""
+    if "df" not in c.extra:
+        df: dict[str, int] = {}
+        for lx in c.lex:
+            for t in lx:
+                df[t] = df.get(t, 0) + 1
+        c.extra["df"] = df
+        c.extra["dl"] = np.array([sum(lx.values()) for lx in c.lex], dtype=float)
+    df = c.extra["df"]
+    dl = c.extra["dl"]
+    n = len(c.lex)
+    avg = dl.mean() if within is None else dl[within].mean()
+    s = np.zeros(n)
+    for t in c.qlex[qi]:
+        tf = np.array([lx.get(t, 0) for lx in c.lex], dtype=float)
+        if within is None:
+            f, nn = df.get(t, 0), n  # type: ignore[union-attr]
+        else:
+            f, nn = int((tf[within] > 0).sum()), int(within.sum())
+        if not f:
+            continue
+        idf = np.log(1 + (nn - f + 0.5) / (f + 0.5))
+        s += idf * tf * (k1 + 1) / (tf + k1 * (1 - b + b * dl / avg))
+    return s
+
+
+@dataclass(frozen=True)
+class P:
+    """Knobs of the ranking; the defaults are what shared/db/search.py ships."""
+
+    n_ann: int = 100
+    n_fts: int = 100
+    w_dense: float = 0.65
+    w_text: float = 0.35
+    smooth: float = 0.2
+    sess: float = 0.3
+    sess_top: int = 3
+    w_imp: float = 0.02
+    text: str = "bm25-local"  # tsrank (ts_rank_cd) | bm25 (workspace df) | bm25-local (df among candidates)
+    fusion: str = "minmax"  # minmax | rrf
+    rrf_k: float = 60.0
+    prf_m: int = 0  # pseudo-relevance feedback: mean of the top-m drawer vectors added to the query
+    prf_beta: float = 0.0
+    smooth_mode: str = "max"  # max | mean | both
+    dense_next: float = 0.0  # add w × cosine of the next turn (answer follows question)
+    speaker_boost: float = 0.3  # add w when the drawer's speaker is named in the query
+    sess_dense: bool = False  # session strength from dense similarity alone
+    sess_mode: str = "mean"  # mean | max | sum-softmax
+    smooth2: float = 0.0  # second-ring neighbours (seq ± 2)
+
+
+def scored(c: Conv, qi: int, p: P) -> np.ndarray:
+    """The shipped statement, generalised: every knob of P at its default reproduces shipped recall
+    (the speaker match is a word match on the question here, a stemmed lexeme match in SQL)."""
+    q = c.qvec[qi]
+    cos = c.emb @ q
+    if p.prf_m:
+        top = np.argsort(-cos)[: p.prf_m]
+        q2 = q + p.prf_beta * c.emb[top].mean(axis=0)
+        cos = c.emb @ (q2 / np.linalg.norm(q2))
+    text = c.text_rank[qi] if p.text in ("tsrank", "bm25-local") else bm25(c, qi)
+    n = len(cos)
+    cand = np.zeros(n, bool)
+    cand[np.argsort(-cos, kind="stable")[: p.n_ann]] = True
+    matched = np.flatnonzero(text > 0)
+    cand[matched[np.argsort(-text[matched], kind="stable")[: p.n_fts]]] = True
+    if p.text == "bm25-local":  # candidates chosen by ts_rank_cd, then ranked by BM25 with candidate df
+        text = bm25(c, qi, within=cand)
+    if p.fusion == "minmax":
+        d = _minmax(cos, cand)
+        t = np.where(cand, text / max(text[cand].max(), 1e-12), 0.0)
+        s = p.w_dense * d + p.w_text * t
+    else:
+        rc = _rank(np.where(cand, cos, -np.inf))
+        rt = _rank(np.where(cand & (text > 0), text, -np.inf))
+        s = p.w_dense / (p.rrf_k + rc) + p.w_text * (text > 0) / (p.rrf_k + rt)
+        s = s / (1 / (p.rrf_k + 1))  # roughly 0..1 like min-max
+    if p.dense_next:
+        prev, nxt = neighbours(c)
+        s = s + p.dense_next * np.where(nxt >= 0, _minmax(cos, np.ones(n, bool))[nxt], 0.0)
+    if p.speaker_boost:
+        ql = c.questions[qi][0].lower()
+        named = np.array([bool(sp) and re.search(rf"\b{re.escape(sp.lower())}\b", ql) is not None
+                          for sp in c.speaker])
+        s = s + p.speaker_boost * named
+    s = np.where(cand, s, 0.0)
+    prev, nxt = neighbours(c)
+    sp = np.where((prev >= 0) & cand[prev], s[prev], 0.0)
+    sn = np.where((nxt >= 0) & cand[nxt], s[nxt], 0.0)
+    if p.smooth_mode == "max":
+        nb = np.maximum(sp, sn)
+    elif p.smooth_mode == "mean":
+        nb = (sp + sn) / 2
+    else:
+        nb = np.maximum(sp, sn) + (sp + sn) / 2
+    sm = s + p.smooth * nb
+    if p.smooth2:
+        pp = np.where(prev >= 0, prev[np.maximum(prev, 0)], -1)
+        nn = np.where(nxt >= 0, nxt[np.maximum(nxt, 0)], -1)
+        s2 = np.maximum(np.where((pp >= 0) & cand[pp], s[pp], 0.0), np.where((nn >= 0) & cand[nn], s[nn], 0.0))
+        sm = sm + p.smooth2 * s2
+    top_s = np.zeros(n)
+    for sid in np.unique(c.session):
+        m = (c.session == sid) & cand
+        if m.any():
+            base = (_minmax(cos, cand) if p.sess_dense else sm)[m]
+            top = np.sort(base)[::-1][: p.sess_top]
+            top_s[c.session == sid] = top.mean() if p.sess_mode == "mean" else top.max()
+    final = (sm + p.sess * top_s) * (1 + p.w_imp * (c.importance - 3))
+    return np.where(cand, final, -np.inf)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--data", type=Path, default=Path("../shared/bench/locomo-dev.json"))
+    ap.add_argument("--only", default="", help="comma-separated variant name prefixes")
     args = ap.parse_args()
-    settings = Settings()
-    db_url = json.loads((settings.devstack_dir / "stack.json").read_text())["database_url"]
-    convs = load(settings, args.data, db_url)
-    variants: dict[str, Callable[[Conv, int], np.ndarray]] = {
-        "dense": dense,
-        "text": lambda c, q: c.text_rank[q],
-        "0.7 cos + 0.3 text/max": lambda c, q: (
-            0.7 * dense(c, q) + 0.3 * c.text_rank[q] / max(c.text_rank[q].max(), 1e-9)),
-        "rrf60": lambda c, q: 1 / (60 + _rank(dense(c, q))) + 1 / (60 + _rank(c.text_rank[q])) * (c.text_rank[q] > 0),
+    convs = load(Settings(), args.data)
+    before = P(text="tsrank", w_dense=0.75, w_text=0.25, speaker_boost=0.0)  # shipped until 2026-11-23
+    variants: dict[str, P] = {
+        "before: ts_rank_cd, 0.75/0.25": before,
+        "rrf (k=60) instead of min-max": replace(before, fusion="rrf", w_dense=1, w_text=1),
+        "prf: + mean of top-3 vectors x0.5": replace(before, prf_m=3, prf_beta=0.5),
+        "prf: + mean of top-5 vectors x1": replace(before, prf_m=5, prf_beta=1.0),
+        "speaker named 0.3 (on ts_rank_cd)": replace(before, speaker_boost=0.3),
+        "bm25 (workspace df)": replace(before, text="bm25"),
+        "bm25 (candidate df)": replace(before, text="bm25-local"),
+        "bm25 (candidate df), 0.65/0.35": replace(before, text="bm25-local", w_dense=0.65, w_text=0.35),
+        "bm25, 0.65/0.35": replace(before, text="bm25", w_dense=0.65, w_text=0.35),
+        "bm25, + speaker named 0.3": replace(before, text="bm25", speaker_boost=0.3),
+        "bm25, 0.65/0.35, + speaker 0.3": replace(before, text="bm25", w_dense=0.65, w_text=0.35, speaker_boost=0.3),
+        "shipped: bm25 (candidate df), 0.65/0.35, speaker": P(),
+        "shipped, session strength from its best turn": P(sess_top=1),
+        "shipped, second-ring smoothing 0.1": P(smooth2=0.1),
+        "shipped, + next turn's cosine 0.1": P(dense_next=0.1),
+        "shipped, all 200 candidates each way": P(n_ann=200, n_fts=200),
     }
-    for w in (0.5, 0.6, 0.7, 0.8):
-        variants[f"{w} minmax(cos) + {1 - w:.1f} minmax(text)"] = (
-            lambda c, q, w=w: w * _minmax(dense(c, q)) + (1 - w) * _minmax(c.text_rank[q]))
-    for name, fn in variants.items():
-        print(f"{name:40s}", {k: round(v, 3) for k, v in evaluate(convs, fn).items()})
+    print(f"{'variant':44s} R@5    R@10   S@5    S@10")
+    for name, p in variants.items():
+        if args.only and not any(name.startswith(o) for o in args.only.split(",")):
+            continue
+        r = evaluate(convs, lambda c, q, p=p: scored(c, q, p))
+        print(f"{name:44s} {r['R@5']:.3f}  {r['R@10']:.3f}  {r['S@5']:.3f}  {r['S@10']:.3f}", flush=True)
 
 
 if __name__ == "__main__":

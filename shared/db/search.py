@@ -1,18 +1,25 @@
 """Hybrid recall: one SQL statement over HNSW candidates and full-text candidates, fused and ranked.
 
-1. Candidates: the nearest drawers by embedding ∪ the best full-text matches (GIN; an OR of the
-   query's lexemes, since ``plainto_tsquery``'s AND misses most paraphrases). The HNSW index is
-   shared by all workspaces and pgvector 0.6 filters *after* the graph walk, so a small workspace in a
-   big table would get only a handful of its own neighbours; workspaces under ``exact_max`` drawers
-   therefore get an exact scan (``+ 0`` keeps the planner off the index; 5k distances cost a few ms),
-   larger ones the HNSW index
-   with a raised ``hnsw.ef_search``. In those large workspaces the full-text branch also asks for two
-   of the query's lexemes together (an OR of pairs): a plain OR matched 27% of a 100k-drawer
-   workspace and ranking every match cost ~170 ms (bench/search.py); and at most ``fts_scan_max``
-   matching rows are ranked, which bounds the tail on very large workspaces.
-2. Each candidate gets both signals: cosine similarity, min-max normalised over the candidates
-   (e5-family cosines sit in a narrow band, so raw cosines let any text weight swamp them), and
-   ``ts_rank_cd`` divided by the best rank; fused ``w_dense·dense + w_text·text``.
+1. Candidates: the nearest drawers by embedding ∪ the best full-text matches (GIN, ordered by
+   ``ts_rank_cd``; an OR of the query's lexemes, since ``plainto_tsquery``'s AND misses most
+   paraphrases). The HNSW index is shared by all workspaces and pgvector 0.6 filters *after* the graph
+   walk, so a small workspace in a big table would get only a handful of its own neighbours; workspaces
+   under ``exact_max`` drawers therefore get an exact scan (``+ 0`` keeps the planner off the index; 5k
+   distances cost a few ms), larger ones the HNSW index with a raised ``hnsw.ef_search``. In those
+   large workspaces the full-text branch also asks for two of the query's lexemes together (an OR of
+   pairs): a plain OR matched 27% of a 100k-drawer workspace and ranking every match cost ~170 ms
+   (bench/search.py); and at most ``fts_scan_max`` matching rows are ranked, which bounds the tail on
+   very large workspaces.
+2. Each candidate gets three signals: cosine similarity, min-max normalised over the candidates
+   (e5-family cosines sit in a narrow band, so raw cosines let any text weight swamp them); Okapi BM25
+   of its content against the query's lexemes, divided by the best BM25 among the candidates; and
+   whether its speaker is named in the query. Document frequencies and the mean length are counted
+   among the candidates (a few hundred rows, no term-statistics table to maintain), which measured
+   as well as workspace-wide statistics and better than ``ts_rank_cd``, which has no notion of how
+   rare a word is. The speaker signal exists because recall questions name people ("What did Ana
+   decide?") and the answer is in what that person said, not in what was said to them; the embedded
+   text carries the speaker too, but diluted by the preceding turn. Fused
+   ``w_dense·dense + w_text·bm25 + w_speaker·named``.
 3. Conversation structure: a drawer inherits ``smooth`` × the better of its neighbouring turns'
    scores (an answer sits next to its question), and ``session_boost`` × the mean of its session's
    three best scores (evidence clusters in sessions).
@@ -42,8 +49,11 @@ class SearchParams:
     fts_candidates: int = 100
     exact_max: int = 5_000
     fts_scan_max: int = 2_000
-    w_dense: float = 0.75
-    w_text: float = 0.25
+    w_dense: float = 0.65
+    w_text: float = 0.35
+    w_speaker: float = 0.3
+    bm25_k1: float = 1.2
+    bm25_b: float = 0.75
     smooth: float = 0.2
     session_boost: float = 0.3
     w_importance: float = 0.02
@@ -77,7 +87,8 @@ WITH lex AS (
            CASE WHEN %(exact)s OR (SELECT count(*) FROM lex) < 2
                 THEN replace(plainto_tsquery('english', %(text)s)::text, ' & ', ' | ')
                 ELSE (SELECT string_agg(format('(%%L & %%L)', a.l, b.l), ' | ') FROM lex a JOIN lex b ON a.l < b.l)
-           END::tsquery AS tsq
+           END::tsquery AS tsq,
+           replace(plainto_tsquery('english', %(text)s)::text, ' & ', ' | ')::tsquery AS tsq_any
 ), ann_exact AS (
     SELECT d.id
       FROM drawers d
@@ -98,16 +109,35 @@ WITH lex AS (
 ), feat AS (
     SELECT d.id, d.session_id, d.seq,
            CASE WHEN %(use_ann)s AND d.embedding IS NOT NULL THEN 1 - (d.embedding <=> q.emb) END AS cos,
-           CASE WHEN d.tsv @@ q.tsq THEN ts_rank_cd(d.tsv, q.tsq, 1) ELSE 0 END AS text_rank
+           ts_filter(d.tsv, '{a}') AS ctsv,
+           (to_tsvector('english', coalesce(d.speaker, '')) @@ q.tsq_any)::int AS named
       FROM (SELECT id FROM ann_exact UNION SELECT id FROM ann_hnsw UNION SELECT id FROM fts) c
       JOIN drawers d ON d.workspace_id = %(ws)s AND d.id = c.id, q
+), terms AS (
+    SELECT f.id, u.lexeme, coalesce(array_length(u.positions, 1), 1) AS tf
+      FROM feat f, unnest(f.ctsv) u
+), doclen AS (
+    SELECT id, sum(tf) AS dl FROM terms GROUP BY id
+), hits AS (
+    SELECT t.id, t.lexeme, t.tf FROM terms t JOIN lex ON lex.l = t.lexeme
+), bm25 AS (
+    SELECT h.id,
+           sum(ln(1 + (st.n - df.df + 0.5) / (df.df + 0.5))
+               * h.tf * (%(k1)s + 1) / (h.tf + %(k1)s * (1 - %(b)s + %(b)s * dl.dl / st.avgdl))) AS bm
+      FROM hits h
+      JOIN (SELECT lexeme, count(*) AS df FROM hits GROUP BY lexeme) df ON df.lexeme = h.lexeme
+      JOIN doclen dl ON dl.id = h.id,
+           (SELECT count(*) AS n, avg(dl) AS avgdl FROM doclen) st
+     GROUP BY h.id
 ), base AS (
-    SELECT id, session_id, seq,
-           coalesce((cos - min(cos) OVER ()) / nullif(max(cos) OVER () - min(cos) OVER (), 0), 0) AS dense_n,
-           coalesce(text_rank / nullif(max(text_rank) OVER (), 0), 0) AS text_n
-      FROM feat
+    SELECT f.id, f.session_id, f.seq, f.named,
+           coalesce((f.cos - min(f.cos) OVER ()) / nullif(max(f.cos) OVER () - min(f.cos) OVER (), 0), 0) AS dense_n,
+           coalesce(b.bm / nullif(max(b.bm) OVER (), 0), 0) AS text_n
+      FROM feat f LEFT JOIN bm25 b ON b.id = f.id
 ), fused AS (
-    SELECT id, session_id, seq, dense_n, text_n, %(w_dense)s * dense_n + %(w_text)s * text_n AS s FROM base
+    SELECT id, session_id, seq, dense_n, text_n,
+           %(w_dense)s * dense_n + %(w_text)s * text_n + %(w_speaker)s * named AS s
+      FROM base
 ), smoothed AS (
     SELECT f.id, f.session_id, f.dense_n, f.text_n,
            f.s + %(smooth)s * coalesce(max(n.s), 0) AS s
@@ -156,6 +186,7 @@ async def hybrid_search(
                 "emb": embedding, "use_ann": embedding is not None,
                 "text": query, "ws": workspace_id, "n_ann": params.ann_candidates,
                 "n_fts": params.fts_candidates, "w_dense": params.w_dense, "w_text": params.w_text,
+                "w_speaker": params.w_speaker, "k1": params.bm25_k1, "b": params.bm25_b,
                 "smooth": params.smooth, "sess": params.session_boost, "w_imp": params.w_importance,
                 "w_rec": params.w_recency, "rec_days": params.recency_days,
                 "k": params.k, "fts_scan": params.fts_scan_max,
