@@ -60,6 +60,23 @@ class Stack:
         wait_for(done, timeout, f"{n_drawers} processed drawers in {workspace}")
 
 
+def api_key_for(stack: Stack, workspace: str, name: str = "test") -> str:
+    """A fresh API key of ``workspace``, created the way `palace apikey create` does (scoped transaction)."""
+    from shared.db.apikeys import create_api_key
+    from shared.db.pool import open_pool
+    from shared.db.tenancy import workspace_tx
+
+    async def go() -> str:
+        pool = await open_pool(stack.database_url, name="test-keys", max_size=1)
+        try:
+            async with workspace_tx(pool, workspace) as conn:
+                return await create_api_key(conn, workspace, name)
+        finally:
+            await pool.close()
+
+    return asyncio.run(go())
+
+
 def wait_for(pred: Callable[[], T], timeout: float = 30, what: str = "condition") -> T:
     deadline = time.monotonic() + timeout
     while True:

@@ -2,33 +2,16 @@
 
 from __future__ import annotations
 
-import asyncio
-
 from fastapi.testclient import TestClient
 
 from services.api.app import create_app
 from shared.config import Settings
-from shared.db.apikeys import create_api_key
-from shared.db.pool import open_pool
-from shared.db.tenancy import workspace_tx
-from tests.integration.helpers import Stack, ws
-
-
-def _key(stack: Stack, workspace: str) -> str:
-    async def go() -> str:
-        pool = await open_pool(stack.database_url, name="test", max_size=1)
-        try:
-            async with workspace_tx(pool, workspace) as conn:
-                return await create_api_key(conn, workspace, "test")
-        finally:
-            await pool.close()
-
-    return asyncio.run(go())
+from tests.integration.helpers import Stack, api_key_for, ws
 
 
 def test_bearer_keys_are_required_and_scoped(stack: Stack) -> None:
     a, b = ws(), ws()
-    key_a = _key(stack, a)
+    key_a = api_key_for(stack, a)
     stored = stack.sql("SELECT key_hash FROM api_keys WHERE workspace_id = %s", (a,))[0][0]
     assert key_a not in stored and len(stored) == 64, "only the hash is stored"
     settings = Settings(database_url=stack.database_url, nats_url=stack.nats_url, api_auth=True)

@@ -15,10 +15,9 @@ from hypothesis import strategies as st
 
 from services.api.app import create_app
 from shared.config import Settings
-from shared.db.apikeys import create_api_key
 from shared.db.pool import open_pool
 from shared.db.tenancy import maintenance_tx, workspace_tx
-from tests.integration.helpers import Stack, session, ws
+from tests.integration.helpers import Stack, api_key_for, session, ws
 
 WORDS = ["violin", "glacier", "compiler", "saffron", "tram", "orchid"]
 
@@ -89,18 +88,6 @@ async def test_queries_without_a_workspace_filter_still_see_one_workspace(stack:
     assert stack.sql("SELECT min(importance) > 0.01 FROM drawers WHERE workspace_id = %s", (b,))[0][0]
 
 
-def _make_key(stack: Stack, workspace: str) -> str:
-    async def go() -> str:
-        pool = await open_pool(stack.database_url, name="test-keys", max_size=1)
-        try:
-            async with workspace_tx(pool, workspace) as conn:
-                return await create_api_key(conn, workspace, "property-test")
-        finally:
-            await pool.close()
-
-    return asyncio.run(go())
-
-
 def _ids_of(stack: Stack, workspace: str) -> set[str]:
     return {r[0] for r in stack.sql("SELECT id FROM drawers WHERE workspace_id = %s", (workspace,))}
 
@@ -139,7 +126,7 @@ def _check(stack: Stack, client: TestClient, keys: dict[str, str], call: dict[st
 
 def test_random_api_calls_never_cross_workspaces(stack: Stack) -> None:
     spaces = _seed(stack, 3)
-    keys = {w: _make_key(stack, w) for w in spaces}
+    keys = {w: api_key_for(stack, w, "property-test") for w in spaces}
     stranger = ws()  # a workspace with no key and no data
     cfg = Settings(database_url=stack.database_url, nats_url=stack.nats_url, api_auth=True)
     call = st.fixed_dictionaries({
