@@ -1,37 +1,29 @@
-"""Hybrid recall: one SQL statement over HNSW candidates and full-text candidates, fused and ranked.
+"""Hybrid recall: candidates from PostgreSQL, fused in numpy (shared/memory/ranking.py).
 
-1. Candidates: the nearest drawers by embedding ∪ the best full-text matches (GIN, ordered by
+Two statements, so the first can run while the query is still being embedded (shared/recall.py):
+
+1. ``text_candidates``: the query's lexemes and the best full-text matches (GIN, ordered by
    ``ts_rank_cd``; an OR of the query's lexemes, since ``plainto_tsquery``'s AND misses most
-   paraphrases). The HNSW index is shared by all workspaces and pgvector 0.6 filters *after* the graph
-   walk, so a small workspace in a big table would get only a handful of its own neighbours; workspaces
-   under ``exact_max`` drawers therefore get an exact scan (``+ 0`` keeps the planner off the index; 5k
-   distances cost a few ms), larger ones the HNSW index with a raised ``hnsw.ef_search``. In those
-   large workspaces the full-text branch also asks for two of the query's lexemes together (an OR of
-   pairs): a plain OR matched 27% of a 100k-drawer workspace and ranking every match cost ~170 ms
-   (bench/search.py); and at most ``fts_scan_max`` matching rows are ranked, which bounds the tail on
-   very large workspaces.
-2. Each candidate gets three signals: cosine similarity, min-max normalised over the candidates
-   (e5-family cosines sit in a narrow band, so raw cosines let any text weight swamp them); Okapi BM25
-   of its content against the query's lexemes, divided by the best BM25 among the candidates; and
-   whether its speaker is named in the query. Document frequencies and the mean length are counted
-   among the candidates (a few hundred rows, no term-statistics table to maintain), which measured
-   as well as workspace-wide statistics and better than ``ts_rank_cd``, which has no notion of how
-   rare a word is. The speaker signal exists because recall questions name people ("What did Ana
-   decide?") and the answer is in what that person said, not in what was said to them; the embedded
-   text carries the speaker too, but diluted by the preceding turn. Fused
-   ``w_dense·dense + w_text·bm25 + w_speaker·named``.
-3. Conversation structure: a drawer inherits ``smooth`` × the better of its neighbouring turns'
-   scores (an answer sits next to its question), and ``session_boost`` × the mean of its session's
-   three best scores (evidence clusters in sessions).
-4. Importance and recency nudge the result.
+   paraphrases). In workspaces over ``exact_max`` drawers the full-text branch asks for two of the
+   query's lexemes together (an OR of pairs): a plain OR matched 27% of a 100k-drawer workspace and
+   ranking every match cost ~170 ms (bench/search.py); and at most ``fts_scan_max`` matching rows are
+   ranked, which bounds the tail on very large workspaces. It goes through the migration-0003
+   function, so the GIN index serves it under row-level security.
+2. ``candidate_features``: the nearest drawers by embedding ∪ those text matches ∪ up to
+   ``date_candidates`` drawers inside a time window the query names, each with what ranking needs
+   (cosine, the ``tsv`` lexemes, session position, importance, age, whether it is in a window). The
+   HNSW index is shared by all workspaces and pgvector 0.6 filters *after* the graph walk, so a small
+   workspace in a big table would get only a handful of its own neighbours; workspaces under
+   ``exact_max`` drawers therefore get an exact scan (``+ 0`` keeps the planner off the index; 5k
+   distances cost a few ms), larger ones the HNSW index with a raised ``hnsw.ef_search``.
 
-Weights were chosen on ../shared/bench/locomo-dev.json with ``bench/ranking_lab.py`` (README,
-"Recall quality"). Everything is scoped to one workspace; merged or deleted drawers never return.
+Then ``rank`` scores the candidates and ``fetch_hits`` reads the top k. Everything is scoped to one
+workspace; merged or deleted drawers never return.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -39,7 +31,11 @@ import numpy as np
 from psycopg import AsyncConnection
 from psycopg.rows import dict_row
 
-__all__ = ["SearchHit", "SearchParams", "hybrid_search", "touch_access", "workspace_size"]
+from shared.memory.ranking import Candidate, RankParams, parse_tsvector, rank
+from shared.memory.timeexpr import date_windows
+
+__all__ = ["SearchHit", "SearchParams", "TextCandidates", "candidate_features", "fetch_hits", "hybrid_search",
+           "text_candidates", "touch_access", "workspace_size"]
 
 
 @dataclass(frozen=True)
@@ -47,18 +43,10 @@ class SearchParams:
     k: int = 10
     ann_candidates: int = 100
     fts_candidates: int = 100
+    date_candidates: int = 50
     exact_max: int = 5_000
     fts_scan_max: int = 2_000
-    w_dense: float = 0.65
-    w_text: float = 0.35
-    w_speaker: float = 0.3
-    bm25_k1: float = 1.2
-    bm25_b: float = 0.75
-    smooth: float = 0.2
-    session_boost: float = 0.3
-    w_importance: float = 0.02
-    recency_days: float = 30.0
-    w_recency: float = 0.05
+    rank: RankParams = field(default_factory=RankParams)
 
 
 @dataclass(frozen=True)
@@ -79,16 +67,29 @@ class SearchHit:
     metadata: dict[str, Any]
 
 
-_SQL = """
+@dataclass(frozen=True)
+class TextCandidates:
+    lexemes: list[str]
+    ids: list[str]
+
+
+_TEXT_SQL = """
 WITH lex AS (
     SELECT DISTINCT unnest(tsvector_to_array(to_tsvector('english', %(text)s))) AS l
 ), q AS (
-    SELECT %(emb)s::vector AS emb,
-           CASE WHEN %(exact)s OR (SELECT count(*) FROM lex) < 2
+    SELECT CASE WHEN %(exact)s OR (SELECT count(*) FROM lex) < 2
                 THEN replace(plainto_tsquery('english', %(text)s)::text, ' & ', ' | ')
                 ELSE (SELECT string_agg(format('(%%L & %%L)', a.l, b.l), ' | ') FROM lex a JOIN lex b ON a.l < b.l)
-           END::tsquery AS tsq,
-           replace(plainto_tsquery('english', %(text)s)::text, ' & ', ' | ')::tsquery AS tsq_any
+           END::tsquery AS tsq
+)
+SELECT (SELECT coalesce(array_agg(l ORDER BY l), '{}') FROM lex) AS lexemes,
+       coalesce((SELECT array_agg(t.id) FROM q, palace_text_candidates(%(ws)s, q.tsq, %(fts_scan)s, %(n_fts)s) t),
+                '{}') AS ids
+"""
+
+_FEATURES_SQL = """
+WITH w AS (
+    SELECT unnest(%(lo)s::timestamptz[]) AS lo, unnest(%(hi)s::timestamptz[]) AS hi
 ), ann_exact AS (
     SELECT d.id
       FROM drawers d
@@ -103,106 +104,113 @@ WITH lex AS (
        AND d.deleted_at IS NULL AND d.state <> 'merged'
      ORDER BY d.embedding <=> %(emb)s::vector
      LIMIT %(n_ann)s
-), fts AS (
-    -- Through the migration-0003 function, so the GIN index serves it under row-level security.
-    SELECT t.id FROM q, palace_text_candidates(%(ws)s, q.tsq, %(fts_scan)s, %(n_fts)s) t
-), feat AS (
-    SELECT d.id, d.session_id, d.seq,
-           CASE WHEN %(use_ann)s AND d.embedding IS NOT NULL THEN 1 - (d.embedding <=> q.emb) END AS cos,
-           ts_filter(d.tsv, '{a}') AS ctsv,
-           (to_tsvector('english', coalesce(d.speaker, '')) @@ q.tsq_any)::int AS named
-      FROM (SELECT id FROM ann_exact UNION SELECT id FROM ann_hnsw UNION SELECT id FROM fts) c
-      JOIN drawers d ON d.workspace_id = %(ws)s AND d.id = c.id, q
-), terms AS (
-    SELECT f.id, u.lexeme, coalesce(array_length(u.positions, 1), 1) AS tf
-      FROM feat f, unnest(f.ctsv) u
-), doclen AS (
-    SELECT id, sum(tf) AS dl FROM terms GROUP BY id
-), hits AS (
-    SELECT t.id, t.lexeme, t.tf FROM terms t JOIN lex ON lex.l = t.lexeme
-), bm25 AS (
-    SELECT h.id,
-           sum(ln(1 + (st.n - df.df + 0.5) / (df.df + 0.5))
-               * h.tf * (%(k1)s + 1) / (h.tf + %(k1)s * (1 - %(b)s + %(b)s * dl.dl / st.avgdl))) AS bm
-      FROM hits h
-      JOIN (SELECT lexeme, count(*) AS df FROM hits GROUP BY lexeme) df ON df.lexeme = h.lexeme
-      JOIN doclen dl ON dl.id = h.id,
-           (SELECT count(*) AS n, avg(dl) AS avgdl FROM doclen) st
-     GROUP BY h.id
-), base AS (
-    SELECT f.id, f.session_id, f.seq, f.named,
-           coalesce((f.cos - min(f.cos) OVER ()) / nullif(max(f.cos) OVER () - min(f.cos) OVER (), 0), 0) AS dense_n,
-           coalesce(b.bm / nullif(max(b.bm) OVER (), 0), 0) AS text_n
-      FROM feat f LEFT JOIN bm25 b ON b.id = f.id
-), fused AS (
-    SELECT id, session_id, seq, dense_n, text_n,
-           %(w_dense)s * dense_n + %(w_text)s * text_n + %(w_speaker)s * named AS s
-      FROM base
-), smoothed AS (
-    SELECT f.id, f.session_id, f.dense_n, f.text_n,
-           f.s + %(smooth)s * coalesce(max(n.s), 0) AS s
-      FROM fused f
-      LEFT JOIN fused n ON n.session_id = f.session_id AND n.seq IN (f.seq - 1, f.seq + 1)
-     GROUP BY f.id, f.session_id, f.dense_n, f.text_n, f.s
-), sessions AS (
-    SELECT session_id, avg(s) AS top_s
-      FROM (SELECT session_id, s, row_number() OVER (PARTITION BY session_id ORDER BY s DESC) AS rn
-              FROM smoothed WHERE session_id IS NOT NULL) x
-     WHERE rn <= 3 GROUP BY session_id
+), dated AS (
+    SELECT x.id
+      FROM (SELECT d.id, d.embedding FROM drawers d
+             WHERE %(n_date)s > 0 AND d.workspace_id = %(ws)s AND d.deleted_at IS NULL AND d.state <> 'merged'
+               AND d.occurred_at >= %(lo_min)s AND d.occurred_at < %(hi_max)s
+               AND EXISTS (SELECT 1 FROM w WHERE d.occurred_at >= w.lo AND d.occurred_at < w.hi)
+             LIMIT %(fts_scan)s) x
+     ORDER BY CASE WHEN %(use_ann)s THEN x.embedding <=> %(emb)s::vector END, x.id
+     LIMIT %(n_date)s
+), c AS (
+    SELECT array(SELECT id FROM ann_exact UNION SELECT id FROM ann_hnsw UNION SELECT unnest(%(fts)s::text[])
+                 UNION SELECT id FROM dated) AS ids
 )
-SELECT d.id, d.content, d.memory_type, d.importance, d.wing, d.room, d.session_id, d.speaker, d.role,
-       d.occurred_at, d.metadata, m.dense_n AS dense, m.text_n,
-       (m.s + %(sess)s * coalesce(se.top_s, 0))
-         * (1 + %(w_imp)s * (d.importance - 3))
-         * (1 + %(w_rec)s / (1 + extract(epoch FROM now() - coalesce(d.last_accessed_at, d.filed_at))
-                                 / 86400.0 / %(rec_days)s)) AS score
-  FROM smoothed m
-  LEFT JOIN sessions se ON se.session_id = m.session_id
-  JOIN drawers d ON d.workspace_id = %(ws)s AND d.id = m.id
- ORDER BY score DESC, d.id
- LIMIT %(k)s
+-- = ANY(array) rather than a join: the primary key fetches the ~200 rows, instead of a scan of the table.
+SELECT d.id, d.session_id, d.seq,
+       CASE WHEN %(use_ann)s AND d.embedding IS NOT NULL THEN 1 - (d.embedding <=> %(emb)s::vector) END AS cos,
+       d.tsv::text AS tsv, d.importance,
+       extract(epoch FROM now() - coalesce(d.last_accessed_at, d.filed_at)) / 86400.0 AS age_days,
+       EXISTS (SELECT 1 FROM w WHERE d.occurred_at >= w.lo AND d.occurred_at < w.hi) AS dated
+  FROM c, drawers d
+ WHERE d.workspace_id = %(ws)s AND d.id = ANY(c.ids) AND d.deleted_at IS NULL AND d.state <> 'merged'
 """
+
+_HITS_SQL = """
+SELECT id, content, memory_type, importance, wing, room, session_id, speaker, role, occurred_at, metadata
+  FROM drawers WHERE workspace_id = %s AND id = ANY(%s)
+"""
+
+
+def _exact(params: SearchParams, workspace_size: int | None) -> bool:
+    return workspace_size is not None and workspace_size <= params.exact_max
+
+
+async def text_candidates(
+    conn: AsyncConnection[Any], workspace_id: str, query: str, params: SearchParams, *,
+    workspace_size: int | None = None,
+) -> TextCandidates:
+    """The query's lexemes and its best full-text matches; needs no embedding, so it can overlap one."""
+    cur = await conn.execute(_TEXT_SQL, {
+        "text": query, "ws": workspace_id, "exact": _exact(params, workspace_size),
+        "fts_scan": params.fts_scan_max, "n_fts": params.fts_candidates})
+    row = await cur.fetchone()
+    return TextCandidates(list(row[0]) if row else [], list(row[1]) if row else [])
+
+
+async def candidate_features(
+    conn: AsyncConnection[Any], workspace_id: str, embedding: np.ndarray | None, text: TextCandidates,
+    windows: list[tuple[datetime, datetime]], params: SearchParams, *, workspace_size: int | None = None,
+) -> list[Candidate]:
+    """Every candidate of the query with the numbers ``rank`` needs."""
+    cur = await conn.execute(_FEATURES_SQL, {
+        "emb": embedding, "use_ann": embedding is not None, "ws": workspace_id,
+        "exact": _exact(params, workspace_size), "n_ann": params.ann_candidates, "fts": text.ids,
+        "n_date": params.date_candidates if windows else 0, "fts_scan": params.fts_scan_max,
+        "lo": [w[0] for w in windows], "hi": [w[1] for w in windows],
+        "lo_min": min((w[0] for w in windows), default=None), "hi_max": max((w[1] for w in windows), default=None),
+    })
+    out = []
+    for did, session_id, seq, cos, tsv, importance, age_days, dated in await cur.fetchall():
+        content_tf, speaker = parse_tsvector(tsv or "")
+        out.append(Candidate(did, session_id, seq, None if cos is None else float(cos), content_tf, speaker,
+                             bool(dated), float(importance), float(age_days or 0.0)))
+    return out
+
+
+async def fetch_hits(conn: AsyncConnection[Any], workspace_id: str, ranked: list[Any]) -> list[SearchHit]:
+    """The ranked drawers' rows, in rank order."""
+    if not ranked:
+        return []
+    async with conn.cursor(row_factory=dict_row) as cur:
+        await cur.execute(_HITS_SQL, (workspace_id, [r.id for r in ranked]))
+        rows = {r["id"]: r for r in await cur.fetchall()}
+    return [
+        SearchHit(
+            id=r.id, content=row["content"], score=r.score, dense=r.dense, text=r.text,
+            memory_type=row["memory_type"], importance=float(row["importance"]), wing=row["wing"],
+            room=row["room"], session_id=row["session_id"], speaker=row["speaker"], role=row["role"],
+            occurred_at=row["occurred_at"], metadata=row["metadata"] or {},
+        )
+        for r in ranked if (row := rows.get(r.id)) is not None
+    ]
 
 
 async def hybrid_search(
     conn: AsyncConnection[Any], workspace_id: str, query: str, embedding: np.ndarray | None,
-    params: SearchParams = SearchParams(), *, workspace_size: int | None = None,
+    params: SearchParams = SearchParams(), *, workspace_size: int | None = None, now: datetime | None = None,
+    text: TextCandidates | None = None,
 ) -> list[SearchHit]:
     """Top-k drawers of one workspace for a query.
 
     Args:
-        conn: a connection with pgvector registered.
+        conn: a connection with pgvector registered, inside the workspace's transaction.
         workspace_id: the tenant; nothing outside it is ever read.
-        query: the query text (full-text branch).
-        embedding: the query's embedding, or None to search full text only (embedder down).
-        params: fusion weights and candidate counts.
+        query: the query text (full text, the speaker signal and time windows).
+        embedding: the query's embedding, or None to search without it (embedder down).
+        params: candidate counts and fusion weights.
         workspace_size: live drawers in the workspace, if known: at most ``params.exact_max`` selects the
             exact nearest-neighbour scan (None: HNSW).
+        now: the reference time of relative expressions ("yesterday"); default the current time.
+        text: ``text_candidates`` already fetched (recall runs it while the query is embedded).
     """
-    async with conn.cursor(row_factory=dict_row) as cur:
-        await cur.execute(
-            _SQL,
-            {
-                "emb": embedding, "use_ann": embedding is not None,
-                "text": query, "ws": workspace_id, "n_ann": params.ann_candidates,
-                "n_fts": params.fts_candidates, "w_dense": params.w_dense, "w_text": params.w_text,
-                "w_speaker": params.w_speaker, "k1": params.bm25_k1, "b": params.bm25_b,
-                "smooth": params.smooth, "sess": params.session_boost, "w_imp": params.w_importance,
-                "w_rec": params.w_recency, "rec_days": params.recency_days,
-                "k": params.k, "fts_scan": params.fts_scan_max,
-                "exact": workspace_size is not None and workspace_size <= params.exact_max,
-            },
-        )
-        rows = await cur.fetchall()
-    return [
-        SearchHit(
-            id=r["id"], content=r["content"], score=float(r["score"]), dense=float(r["dense"]),
-            text=float(r["text_n"]), memory_type=r["memory_type"], importance=float(r["importance"]),
-            wing=r["wing"], room=r["room"], session_id=r["session_id"], speaker=r["speaker"], role=r["role"],
-            occurred_at=r["occurred_at"], metadata=r["metadata"] or {},
-        )
-        for r in rows
-    ]
+    if text is None:
+        text = await text_candidates(conn, workspace_id, query, params, workspace_size=workspace_size)
+    windows = date_windows(query, now)
+    cands = await candidate_features(conn, workspace_id, embedding, text, windows, params,
+                                     workspace_size=workspace_size)
+    return await fetch_hits(conn, workspace_id, rank(cands, text.lexemes, params.rank, params.k))
 
 
 async def workspace_size(conn: AsyncConnection[Any], workspace_id: str) -> int:

@@ -1,0 +1,160 @@
+"""Fusion of recall signals over a few hundred candidates: pure numpy, no I/O.
+
+The database finds candidates (nearest by embedding ∪ best full-text matches ∪ memories inside a
+time window the query names) and returns a handful of numbers per candidate; this module turns them
+into one score. It used to be CTEs in the search statement: the same arithmetic in numpy takes
+~0.3 ms instead of ~12 ms of PostgreSQL (term unnesting, aggregates and self-joins over ~200 rows),
+which is most of what recall can spend under its 25 ms budget once the query embedding took its ~15.
+
+Signals, each chosen on ../shared/bench/locomo-dev.json with bench/ranking_lab.py (README, "Recall
+quality"):
+
+1. cosine similarity, min-max normalised over the candidates (e5-family cosines sit in a narrow band,
+   so raw cosines let any text weight swamp them);
+2. Okapi BM25 of the content against the query's lexemes, divided by the best among the candidates;
+   document frequencies and the mean length are counted among the candidates (no term-statistics
+   table to maintain), which measured as well as workspace-wide statistics and better than
+   ``ts_rank_cd``, which has no notion of how rare a word is;
+3. the drawer's speaker is named in the query ("What did Ana decide?": the answer is in what Ana
+   said, not in what was said to her);
+4. the drawer happened inside a time window the query names (shared/memory/timeexpr.py);
+5. conversation structure: a drawer inherits ``smooth`` × the better of its neighbouring turns' scores
+   (an answer sits next to its question), and ``session_boost`` × the mean of its session's three best
+   scores (evidence clusters in sessions);
+6. importance and recency nudge the result.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = ["Candidate", "RankParams", "Ranked", "parse_tsvector", "rank"]
+
+
+@dataclass(frozen=True)
+class RankParams:
+    """Fusion weights; the defaults are what ships (measured on LoCoMo-dev, README)."""
+
+    w_dense: float = 0.65
+    w_text: float = 0.35
+    w_speaker: float = 0.3
+    w_date: float = 0.3
+    bm25_k1: float = 1.2
+    bm25_b: float = 0.75
+    smooth: float = 0.2
+    session_boost: float = 0.3
+    session_top: int = 3
+    w_importance: float = 0.02
+    recency_days: float = 30.0
+    w_recency: float = 0.05
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """What ranking needs of one drawer; ``content_tf`` counts the content's lexemes (stemmed)."""
+
+    id: str
+    session_id: str | None
+    seq: int | None
+    cos: float | None
+    content_tf: dict[str, int]
+    speaker_lexemes: frozenset[str]
+    dated: bool
+    importance: float
+    age_days: float
+
+
+@dataclass(frozen=True)
+class Ranked:
+    id: str
+    score: float
+    dense: float
+    text: float
+
+
+_TSV_ITEM = re.compile(r"'([^']*(?:''[^']*)*)':(\S+)")
+
+
+def parse_tsvector(text: str) -> tuple[dict[str, int], frozenset[str]]:
+    """Split a drawer's ``tsv`` (content at weight A ‖ speaker at weight D, migration 0001) into the
+    content's lexeme counts and the speaker's lexemes. PostgreSQL prints weight D without a letter, so
+    a position without "A" is the speaker's. (~8 µs a drawer: recall parses ~200 per query.)"""
+    content: dict[str, int] = {}
+    speaker: set[str] = set()
+    for lexeme, positions in _TSV_ITEM.findall(text):
+        if "''" in lexeme:
+            lexeme = lexeme.replace("''", "'")
+        a = positions.count("A")
+        if a:
+            content[lexeme] = a
+        if a <= positions.count(","):
+            speaker.add(lexeme)
+    return content, frozenset(speaker)
+
+
+def _minmax(v: np.ndarray, valid: np.ndarray) -> np.ndarray:
+    if not valid.any():
+        return np.zeros_like(v)
+    lo, hi = v[valid].min(), v[valid].max()
+    return np.where(valid, (v - lo) / (hi - lo), 0.0) if hi > lo else np.zeros_like(v)
+
+
+def _bm25(cands: Sequence[Candidate], lexemes: Sequence[str], k1: float, b: float) -> np.ndarray:
+    dl = np.array([sum(c.content_tf.values()) for c in cands], dtype=float)
+    counted = dl > 0
+    n = int(counted.sum())
+    if not n or not lexemes:
+        return np.zeros(len(cands))
+    avgdl = dl[counted].mean()
+    norm = k1 * (1 - b + b * dl / avgdl)
+    out = np.zeros(len(cands))
+    for t in set(lexemes):
+        tf = np.array([c.content_tf.get(t, 0) for c in cands], dtype=float)
+        df = int((tf > 0).sum())
+        if df:
+            out += math.log(1 + (n - df + 0.5) / (df + 0.5)) * tf * (k1 + 1) / (tf + norm)
+    return out
+
+
+def rank(cands: Sequence[Candidate], query_lexemes: Sequence[str], p: RankParams, k: int) -> list[Ranked]:
+    """The best ``k`` candidates, best first (ties broken by id, so a ranking is reproducible)."""
+    if not cands:
+        return []
+    n = len(cands)
+    cos = np.array([c.cos if c.cos is not None else np.nan for c in cands], dtype=float)
+    dense = _minmax(np.nan_to_num(cos), ~np.isnan(cos))
+    bm = _bm25(cands, query_lexemes, p.bm25_k1, p.bm25_b)
+    text = bm / bm.max() if bm.max() > 0 else bm
+    qset = set(query_lexemes)
+    named = np.array([bool(qset & c.speaker_lexemes) for c in cands], dtype=float)
+    dated = np.array([c.dated for c in cands], dtype=float)
+    s = p.w_dense * dense + p.w_text * text + p.w_speaker * named + p.w_date * dated
+
+    pos = {(c.session_id, c.seq): i for i, c in enumerate(cands) if c.session_id is not None and c.seq is not None}
+    nb = np.zeros(n)
+    for i, c in enumerate(cands):
+        if c.session_id is not None and c.seq is not None:
+            around = [pos[key] for key in ((c.session_id, c.seq - 1), (c.session_id, c.seq + 1)) if key in pos]
+            if around:
+                nb[i] = max(s[j] for j in around)
+    sm = s + p.smooth * nb
+
+    by_session: dict[str, list[float]] = defaultdict(list)
+    for i, c in enumerate(cands):
+        if c.session_id is not None:
+            by_session[c.session_id].append(sm[i])
+    strength = {sid: float(np.mean(sorted(v, reverse=True)[: p.session_top])) for sid, v in by_session.items()}
+    sess = np.array([strength.get(c.session_id, 0.0) if c.session_id is not None else 0.0 for c in cands])
+
+    imp = np.array([c.importance for c in cands], dtype=float)
+    age = np.array([max(c.age_days, 0.0) for c in cands], dtype=float)
+    final = (sm + p.session_boost * sess) * (1 + p.w_importance * (imp - 3)) \
+        * (1 + p.w_recency / (1 + age / p.recency_days))
+    order = sorted(range(n), key=lambda i: (-final[i], cands[i].id))[:k]
+    return [Ranked(cands[i].id, float(final[i]), float(dense[i]), float(text[i])) for i in order]
