@@ -21,6 +21,7 @@ import pickle
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from datetime import datetime
 from pathlib import Path
 
 import numpy as np
@@ -28,6 +29,8 @@ import numpy as np
 from shared.config import Settings
 from shared.evaluation.locomo import load_locomo
 from shared.evaluation.metrics import QuestionResult, flatten_units, summarize
+from shared.memory.ranking import Candidate, RankParams, rank
+from shared.memory.timeexpr import date_windows
 
 CACHE = Path("bench/results/.cache")
 
@@ -261,6 +264,60 @@ def scored(c: Conv, qi: int, p: P) -> np.ndarray:
     return np.where(cand, final, -np.inf)
 
 
+def speaker_lexemes(convs: list[Conv]) -> dict[str, frozenset[str]]:
+    """Each speaker's lexemes as PostgreSQL stems them (what the drawer's ``tsv`` holds at weight D),
+    cached beside the features; the first run needs the stack."""
+    path = CACHE / "speakers.json"
+    names = sorted({sp for c in convs for sp in c.speaker})
+    known: dict[str, list[str]] = json.loads(path.read_text()) if path.exists() else {}
+    if not set(names) <= set(known):
+        import psycopg
+
+        db_url = json.loads((Settings().devstack_dir / "stack.json").read_text())["database_url"]
+        with psycopg.connect(db_url) as conn:
+            for n in names:
+                row = conn.execute("SELECT tsvector_to_array(to_tsvector('english', %s))", (n,)).fetchone()
+                known[n] = list(row[0]) if row else []
+        path.write_text(json.dumps(known))
+    return {n: frozenset(v) for n, v in known.items()}
+
+
+def product_candidates(c: Conv, qi: int, sp: dict[str, frozenset[str]], n_ann: int = 100, n_fts: int = 100,
+                       n_date: int = 50) -> list[Candidate]:
+    """The candidates shared/db/search.py fetches for question ``qi``, as ``rank`` receives them: nearest
+    by cosine ∪ best by ``ts_rank_cd`` ∪ the nearest of those inside a window the question names."""
+    cos = c.emb @ c.qvec[qi]
+    text = c.text_rank[qi]
+    chosen = set(np.argsort(-cos, kind="stable")[:n_ann].tolist())
+    matched = np.flatnonzero(text > 0)
+    chosen |= set(matched[np.argsort(-text[matched], kind="stable")[:n_fts]].tolist())
+    windows = date_windows(c.questions[qi][0])
+    if "occ" not in c.extra:
+        c.extra["occ"] = [datetime.fromisoformat(o.replace("+00", "+00:00")) if o else None for o in c.occurred]
+    occ = c.extra["occ"]
+    dated = np.array([o is not None and any(lo <= o < hi for lo, hi in windows) for o in occ])
+    if windows and dated.any():
+        idx = np.flatnonzero(dated)
+        chosen |= set(idx[np.argsort(-cos[idx], kind="stable")[:n_date]].tolist())
+    sess_ids = [str(s) for s in c.session]
+    return [Candidate(c.ids[i], sess_ids[i], int(c.seq[i]), float(cos[i]), c.lex[i], sum(c.lex[i].values()),
+                      sp.get(c.speaker[i], frozenset()), bool(dated[i]), float(c.importance[i]), 0.0)
+            for i in sorted(chosen)]
+
+
+def product_scorer(rp: RankParams, sp: dict[str, frozenset[str]], **cand_kw: int) -> Callable[[Conv, int], np.ndarray]:
+    """Scores as the product ranks: shared/memory/ranking.py over ``product_candidates`` (recency is the
+    same for every drawer of a benchmark run, so age 0 here)."""
+    def score(c: Conv, qi: int) -> np.ndarray:
+        cands = product_candidates(c, qi, sp, **cand_kw)
+        out = np.full(len(c.ids), -np.inf)
+        pos = {d: i for i, d in enumerate(c.ids)}
+        for r, hit in enumerate(rank(cands, c.qlex[qi], rp, 30)):
+            out[pos[hit.id]] = 30 - r
+        return out
+    return score
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--data", type=Path, default=Path("../shared/bench/locomo-dev.json"))
@@ -286,7 +343,19 @@ def main() -> None:
         "shipped, + next turn's cosine 0.1": P(dense_next=0.1),
         "shipped, all 200 candidates each way": P(n_ann=200, n_fts=200),
     }
+    sp = speaker_lexemes(convs)
+    product: dict[str, Callable[[Conv, int], np.ndarray]] = {
+        "product: shared/memory/ranking.py as shipped": product_scorer(RankParams(), sp),
+        "product without time windows (w_date 0, no dated candidates)":
+            product_scorer(RankParams(w_date=0.0), sp, n_date=0),
+        "product, time windows as a signal only (no dated candidates)": product_scorer(RankParams(), sp, n_date=0),
+    }
     print(f"{'variant':44s} R@5    R@10   S@5    S@10")
+    for name, scorer in product.items():
+        if args.only and not any(name.startswith(o) for o in args.only.split(",")):
+            continue
+        r = evaluate(convs, scorer)
+        print(f"{name:44s} {r['R@5']:.3f}  {r['R@10']:.3f}  {r['S@5']:.3f}  {r['S@10']:.3f}", flush=True)
     for name, p in variants.items():
         if args.only and not any(name.startswith(o) for o in args.only.split(",")):
             continue

@@ -17,24 +17,24 @@ Two statements, so the first can run while the query is still being embedded (sh
    ``exact_max`` drawers therefore get an exact scan (``+ 0`` keeps the planner off the index; 5k
    distances cost a few ms), larger ones the HNSW index with a raised ``hnsw.ef_search``.
 
-Then ``rank`` scores the candidates and ``fetch_hits`` reads the top k. Everything is scoped to one
+Then ``rank`` scores the candidates and the top k are returned. Everything is scoped to one
 workspace; merged or deleted drawers never return.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 import numpy as np
 from psycopg import AsyncConnection
-from psycopg.rows import dict_row
 
-from shared.memory.ranking import Candidate, RankParams, parse_tsvector, rank
+from shared.memory.ranking import Candidate, Ranked, RankParams, parse_tsvector, rank
 from shared.memory.timeexpr import date_windows
 
-__all__ = ["SearchHit", "SearchParams", "TextCandidates", "candidate_features", "fetch_hits", "hybrid_search",
+__all__ = ["SearchHit", "SearchParams", "TextCandidates", "candidate_features", "hybrid_search",
            "text_candidates", "touch_access", "workspace_size"]
 
 
@@ -122,16 +122,11 @@ SELECT d.id, d.session_id, d.seq,
        CASE WHEN %(use_ann)s AND d.embedding IS NOT NULL THEN 1 - (d.embedding <=> %(emb)s::vector) END AS cos,
        d.tsv::text AS tsv, d.importance,
        extract(epoch FROM now() - coalesce(d.last_accessed_at, d.filed_at)) / 86400.0 AS age_days,
-       EXISTS (SELECT 1 FROM w WHERE d.occurred_at >= w.lo AND d.occurred_at < w.hi) AS dated
+       EXISTS (SELECT 1 FROM w WHERE d.occurred_at >= w.lo AND d.occurred_at < w.hi) AS dated,
+       d.content, d.memory_type, d.wing, d.room, d.speaker, d.role, d.occurred_at, d.metadata::text
   FROM c, drawers d
  WHERE d.workspace_id = %(ws)s AND d.id = ANY(c.ids) AND d.deleted_at IS NULL AND d.state <> 'merged'
 """
-
-_HITS_SQL = """
-SELECT id, content, memory_type, importance, wing, room, session_id, speaker, role, occurred_at, metadata
-  FROM drawers WHERE workspace_id = %s AND id = ANY(%s)
-"""
-
 
 def _exact(params: SearchParams, workspace_size: int | None) -> bool:
     return workspace_size is not None and workspace_size <= params.exact_max
@@ -149,11 +144,29 @@ async def text_candidates(
     return TextCandidates(list(row[0]) if row else [], list(row[1]) if row else [])
 
 
+@dataclass(frozen=True)
+class _Row:
+    """What a hit shows besides its scores; kept per candidate until ranking picks the top k."""
+
+    content: str
+    memory_type: str | None
+    importance: float
+    wing: str
+    room: str
+    session_id: str | None
+    speaker: str | None
+    role: str | None
+    occurred_at: datetime | None
+    metadata_json: str | None
+
+
 async def candidate_features(
     conn: AsyncConnection[Any], workspace_id: str, embedding: np.ndarray | None, text: TextCandidates,
     windows: list[tuple[datetime, datetime]], params: SearchParams, *, workspace_size: int | None = None,
-) -> list[Candidate]:
-    """Every candidate of the query with the numbers ``rank`` needs."""
+) -> tuple[list[Candidate], dict[str, _Row]]:
+    """Every candidate of the query with the numbers ``rank`` needs, and the rows to show for it (one
+    round trip: fetching the top k afterwards cost more than reading ~200 short texts now; metadata
+    stays JSON text until a row is picked)."""
     cur = await conn.execute(_FEATURES_SQL, {
         "emb": embedding, "use_ann": embedding is not None, "ws": workspace_id,
         "exact": _exact(params, workspace_size), "n_ann": params.ann_candidates, "fts": text.ids,
@@ -161,30 +174,29 @@ async def candidate_features(
         "lo": [w[0] for w in windows], "hi": [w[1] for w in windows],
         "lo_min": min((w[0] for w in windows), default=None), "hi_max": max((w[1] for w in windows), default=None),
     })
+    cands, rows = [], {}
+    for (did, session_id, seq, cos, tsv, importance, age_days, dated,
+         content, memory_type, wing, room, speaker, role, occurred_at, metadata) in await cur.fetchall():
+        content_tf, speaker_lexemes = parse_tsvector(tsv or "")
+        cands.append(Candidate(did, session_id, seq, None if cos is None else float(cos), content_tf,
+                               sum(content_tf.values()), speaker_lexemes, bool(dated), float(importance),
+                               float(age_days or 0.0)))
+        rows[did] = _Row(content, memory_type, float(importance), wing, room, session_id, speaker, role,
+                         occurred_at, metadata)
+    return cands, rows
+
+
+def _hits(ranked: list[Ranked], rows: dict[str, _Row]) -> list[SearchHit]:
     out = []
-    for did, session_id, seq, cos, tsv, importance, age_days, dated in await cur.fetchall():
-        content_tf, speaker = parse_tsvector(tsv or "")
-        out.append(Candidate(did, session_id, seq, None if cos is None else float(cos), content_tf, speaker,
-                             bool(dated), float(importance), float(age_days or 0.0)))
+    for r in ranked:
+        row = rows[r.id]
+        out.append(SearchHit(
+            id=r.id, content=row.content, score=r.score, dense=r.dense, text=r.text,
+            memory_type=row.memory_type, importance=row.importance, wing=row.wing, room=row.room,
+            session_id=row.session_id, speaker=row.speaker, role=row.role, occurred_at=row.occurred_at,
+            metadata=json.loads(row.metadata_json) if row.metadata_json else {},
+        ))
     return out
-
-
-async def fetch_hits(conn: AsyncConnection[Any], workspace_id: str, ranked: list[Any]) -> list[SearchHit]:
-    """The ranked drawers' rows, in rank order."""
-    if not ranked:
-        return []
-    async with conn.cursor(row_factory=dict_row) as cur:
-        await cur.execute(_HITS_SQL, (workspace_id, [r.id for r in ranked]))
-        rows = {r["id"]: r for r in await cur.fetchall()}
-    return [
-        SearchHit(
-            id=r.id, content=row["content"], score=r.score, dense=r.dense, text=r.text,
-            memory_type=row["memory_type"], importance=float(row["importance"]), wing=row["wing"],
-            room=row["room"], session_id=row["session_id"], speaker=row["speaker"], role=row["role"],
-            occurred_at=row["occurred_at"], metadata=row["metadata"] or {},
-        )
-        for r in ranked if (row := rows.get(r.id)) is not None
-    ]
 
 
 async def hybrid_search(
@@ -208,9 +220,9 @@ async def hybrid_search(
     if text is None:
         text = await text_candidates(conn, workspace_id, query, params, workspace_size=workspace_size)
     windows = date_windows(query, now)
-    cands = await candidate_features(conn, workspace_id, embedding, text, windows, params,
-                                     workspace_size=workspace_size)
-    return await fetch_hits(conn, workspace_id, rank(cands, text.lexemes, params.rank, params.k))
+    cands, rows = await candidate_features(conn, workspace_id, embedding, text, windows, params,
+                                           workspace_size=workspace_size)
+    return _hits(rank(cands, text.lexemes, params.rank, params.k), rows)
 
 
 async def workspace_size(conn: AsyncConnection[Any], workspace_id: str) -> int:

@@ -26,9 +26,7 @@ quality"):
 
 from __future__ import annotations
 
-import math
 import re
-from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -64,6 +62,7 @@ class Candidate:
     seq: int | None
     cos: float | None
     content_tf: dict[str, int]
+    content_len: int
     speaker_lexemes: frozenset[str]
     dated: bool
     importance: float
@@ -106,20 +105,49 @@ def _minmax(v: np.ndarray, valid: np.ndarray) -> np.ndarray:
 
 
 def _bm25(cands: Sequence[Candidate], lexemes: Sequence[str], k1: float, b: float) -> np.ndarray:
-    dl = np.array([sum(c.content_tf.values()) for c in cands], dtype=float)
+    dl = np.fromiter((c.content_len for c in cands), dtype=float, count=len(cands))
     counted = dl > 0
     n = int(counted.sum())
     if not n or not lexemes:
         return np.zeros(len(cands))
-    avgdl = dl[counted].mean()
-    norm = k1 * (1 - b + b * dl / avgdl)
-    out = np.zeros(len(cands))
-    for t in set(lexemes):
-        tf = np.array([c.content_tf.get(t, 0) for c in cands], dtype=float)
-        df = int((tf > 0).sum())
-        if df:
-            out += math.log(1 + (n - df + 0.5) / (df + 0.5)) * tf * (k1 + 1) / (tf + norm)
-    return out
+    norm = k1 * (1 - b + b * dl / dl[counted].mean())
+    terms = {t: j for j, t in enumerate(dict.fromkeys(lexemes))}
+    tf = np.zeros((len(cands), len(terms)))
+    for i, c in enumerate(cands):
+        for t in terms.keys() & c.content_tf.keys():  # a few of a drawer's lexemes are the query's
+            tf[i, terms[t]] = c.content_tf[t]
+    df = np.count_nonzero(tf, axis=0)
+    idf = np.log(1 + (n - df + 0.5) / (df + 0.5))
+    return (idf * tf * (k1 + 1) / (tf + norm[:, None])).sum(axis=1)
+
+
+def _neighbour_best(cands: Sequence[Candidate], s: np.ndarray) -> np.ndarray:
+    """Per candidate, the better score of the turns just before and after it in its session (0: none)."""
+    pos = {(c.session_id, c.seq): i for i, c in enumerate(cands) if c.session_id is not None and c.seq is not None}
+    padded = np.append(s, 0.0)  # index -1 → 0
+    miss = len(cands)
+    prev = np.fromiter((pos.get((c.session_id, c.seq - 1), miss) if c.seq is not None else miss for c in cands),
+                       dtype=np.intp, count=len(cands))
+    nxt = np.fromiter((pos.get((c.session_id, c.seq + 1), miss) if c.seq is not None else miss for c in cands),
+                      dtype=np.intp, count=len(cands))
+    return np.maximum(padded[prev], padded[nxt])
+
+
+def _session_strength(cands: Sequence[Candidate], sm: np.ndarray, top: int) -> np.ndarray:
+    """Per candidate, the mean of its session's ``top`` best scores (0 outside any session)."""
+    codes: dict[str, int] = {}
+    sess = np.fromiter((codes.setdefault(c.session_id, len(codes)) if c.session_id is not None else -1
+                        for c in cands), dtype=np.intp, count=len(cands))
+    if not codes:
+        return np.zeros(len(cands))
+    order = np.lexsort((-sm, sess))  # by session, best first
+    ranked_sess = sess[order]
+    first = np.searchsorted(ranked_sess, ranked_sess)  # where each row's session starts
+    keep = (np.arange(len(order)) - first < top) & (ranked_sess >= 0)
+    sums = np.bincount(ranked_sess[keep], weights=sm[order][keep], minlength=len(codes))
+    counts = np.bincount(ranked_sess[keep], minlength=len(codes))
+    mean = sums / np.maximum(counts, 1)
+    return np.where(sess >= 0, mean[np.maximum(sess, 0)], 0.0)
 
 
 def rank(cands: Sequence[Candidate], query_lexemes: Sequence[str], p: RankParams, k: int) -> list[Ranked]:
@@ -127,33 +155,18 @@ def rank(cands: Sequence[Candidate], query_lexemes: Sequence[str], p: RankParams
     if not cands:
         return []
     n = len(cands)
-    cos = np.array([c.cos if c.cos is not None else np.nan for c in cands], dtype=float)
+    cos = np.fromiter((np.nan if c.cos is None else c.cos for c in cands), dtype=float, count=n)
     dense = _minmax(np.nan_to_num(cos), ~np.isnan(cos))
     bm = _bm25(cands, query_lexemes, p.bm25_k1, p.bm25_b)
     text = bm / bm.max() if bm.max() > 0 else bm
-    qset = set(query_lexemes)
-    named = np.array([bool(qset & c.speaker_lexemes) for c in cands], dtype=float)
-    dated = np.array([c.dated for c in cands], dtype=float)
+    qset = frozenset(query_lexemes)
+    named = np.fromiter((not qset.isdisjoint(c.speaker_lexemes) for c in cands), dtype=float, count=n)
+    dated = np.fromiter((c.dated for c in cands), dtype=float, count=n)
     s = p.w_dense * dense + p.w_text * text + p.w_speaker * named + p.w_date * dated
-
-    pos = {(c.session_id, c.seq): i for i, c in enumerate(cands) if c.session_id is not None and c.seq is not None}
-    nb = np.zeros(n)
-    for i, c in enumerate(cands):
-        if c.session_id is not None and c.seq is not None:
-            around = [pos[key] for key in ((c.session_id, c.seq - 1), (c.session_id, c.seq + 1)) if key in pos]
-            if around:
-                nb[i] = max(s[j] for j in around)
-    sm = s + p.smooth * nb
-
-    by_session: dict[str, list[float]] = defaultdict(list)
-    for i, c in enumerate(cands):
-        if c.session_id is not None:
-            by_session[c.session_id].append(sm[i])
-    strength = {sid: float(np.mean(sorted(v, reverse=True)[: p.session_top])) for sid, v in by_session.items()}
-    sess = np.array([strength.get(c.session_id, 0.0) if c.session_id is not None else 0.0 for c in cands])
-
-    imp = np.array([c.importance for c in cands], dtype=float)
-    age = np.array([max(c.age_days, 0.0) for c in cands], dtype=float)
+    sm = s + p.smooth * _neighbour_best(cands, s)
+    sess = _session_strength(cands, sm, p.session_top)
+    imp = np.fromiter((c.importance for c in cands), dtype=float, count=n)
+    age = np.fromiter((max(c.age_days, 0.0) for c in cands), dtype=float, count=n)
     final = (sm + p.session_boost * sess) * (1 + p.w_importance * (imp - 3)) \
         * (1 + p.w_recency / (1 + age / p.recency_days))
     order = sorted(range(n), key=lambda i: (-final[i], cands[i].id))[:k]
