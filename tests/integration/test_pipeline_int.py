@@ -169,3 +169,23 @@ async def test_large_workspace_path_uses_hnsw_and_lexeme_pairs(stack: Stack) -> 
     finally:
         await pool.close()
         await emb.aclose()
+
+
+def test_a_date_in_the_query_finds_what_happened_then(stack: Stack) -> None:
+    """Two near-identical memories months apart: the one inside the window the question names ranks first."""
+    w = ws()
+
+    def on(day: str, sid: str, texts: list[str]) -> dict[str, object]:
+        ev = session(w, sid, texts, started_at=f"{day}T09:00:00Z", completed_at=f"{day}T09:30:00Z")
+        for m in ev["messages"]:
+            m["created_at"] = f"{day}T09:00:00Z"
+        return ev
+
+    stack.publish(on("2025-03-14", "march", ["I repainted the kitchen cabinets a pale green this weekend."]))
+    stack.publish(on("2025-09-02", "sept", ["I repainted the kitchen cabinets a deep blue this weekend."]))
+    stack.publish(on("2025-06-20", "june", ["The dentist appointment moved to the afternoon."]))
+    stack.wait_processed(w, 3)
+    top = stack.search(w, "What colour did I paint the kitchen cabinets in September 2025?", k=3)
+    assert "deep blue" in top[0]["content"]
+    top = stack.search(w, "What colour did I paint the kitchen cabinets in March 2025?", k=3)
+    assert "pale green" in top[0]["content"]

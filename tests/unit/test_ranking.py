@@ -1,0 +1,80 @@
+"""Fusion of recall signals (shared/memory/ranking.py) on hand-made candidates with known answers."""
+
+from dataclasses import replace
+
+from shared.memory.ranking import Candidate, RankParams, parse_tsvector, rank
+
+
+def cand(id: str, *, cos: float | None = 0.5, words: str = "", session: str | None = "s1", seq: int | None = None,
+         speaker: str = "", dated: bool = False, importance: float = 3.0, age_days: float = 0.0) -> Candidate:
+    tf: dict[str, int] = {}
+    for w in words.split():
+        tf[w] = tf.get(w, 0) + 1
+    return Candidate(id, session, seq, cos, tf, sum(tf.values()), frozenset(speaker.split()), dated, importance,
+                     age_days)
+
+
+def ids(cands: list[Candidate], lexemes: list[str], p: RankParams = RankParams(), k: int = 10) -> list[str]:
+    return [r.id for r in rank(cands, lexemes, p, k)]
+
+
+def test_parse_tsvector_splits_content_counts_from_speaker_lexemes() -> None:
+    content, speaker = parse_tsvector("'amaz':23A,27A 'carolin':43 'jon':3A,15 'it''s':4A")
+    assert content == {"amaz": 2, "jon": 1, "it's": 1}
+    assert speaker == {"carolin", "jon"}
+    assert parse_tsvector("") == ({}, frozenset())
+
+
+def test_no_candidates_rank_to_nothing() -> None:
+    assert rank([], ["x"], RankParams(), 5) == []
+
+
+def test_dense_similarity_orders_when_nothing_else_differs() -> None:
+    cs = [cand("a", cos=0.2, session="1"), cand("b", cos=0.9, session="2"), cand("c", cos=0.5, session="3")]
+    assert ids(cs, []) == ["b", "c", "a"]
+
+
+def test_bm25_prefers_the_rare_query_word() -> None:
+    # every candidate says "trip"; only one says "lisbon": that one wins at equal cosine
+    cs = [cand(f"d{i}", words="trip " + ("lisbon" if i == 3 else "home"), session=str(i)) for i in range(6)]
+    assert ids(cs, ["trip", "lisbon"])[0] == "d3"
+
+
+def test_without_an_embedding_full_text_still_ranks() -> None:
+    cs = [cand("a", cos=None, words="garden", session="1"), cand("b", cos=None, words="pottery class", session="2")]
+    top = rank(cs, ["potteri", "pottery", "class"], RankParams(), 2)
+    assert top[0].id == "b" and top[0].dense == 0.0 and top[0].text == 1.0
+
+
+def test_a_named_speaker_and_a_named_time_raise_their_drawers() -> None:
+    cs = [cand("a", cos=0.6, session="1"), cand("b", cos=0.58, session="2", speaker="melani"),
+          cand("c", cos=0.59, session="3", dated=True), cand("floor", cos=0.1, session="4")]
+    assert ids(cs, ["melani"], RankParams(w_date=0.0))[0] == "b"
+    assert ids(cs, ["hike"], RankParams(w_speaker=0.0))[0] == "c"
+    assert ids(cs, ["hike"], RankParams(w_speaker=0.0, w_date=0.0))[0] == "a"
+
+
+def test_the_turn_after_a_strong_match_outranks_an_isolated_equal_turn() -> None:
+    cs = [cand("q", cos=0.9, session="1", seq=1), cand("answer", cos=0.5, session="1", seq=2),
+          cand("lonely", cos=0.5, session="2", seq=7), cand("floor", cos=0.1, session="3", seq=1)]
+    order = ids(cs, [], replace(RankParams(), session_boost=0.0))
+    assert order.index("answer") < order.index("lonely")
+
+
+def test_session_strength_lifts_turns_of_a_session_full_of_matches() -> None:
+    strong = [cand(f"s{i}", cos=0.8, session="hot", seq=i * 10) for i in range(3)]
+    cs = [*strong, cand("x", cos=0.55, session="hot", seq=99), cand("y", cos=0.6, session="cold", seq=0),
+          cand("floor", cos=0.1, session="none", seq=0)]
+    assert ids(cs, []).index("x") < ids(cs, []).index("y")
+    assert ids(cs, [], RankParams(session_boost=0.0)).index("y") < ids(cs, [], RankParams(session_boost=0.0)).index("x")
+
+
+def test_importance_and_recency_nudge_and_ties_break_by_id() -> None:
+    floor = cand("floor", cos=0.1, session=None)
+    cs = [cand("b", session=None), cand("a", session=None), floor]
+    assert ids(cs, []) == ["a", "b", "floor"]  # equal scores: by id, reproducibly
+    cs = [cand("b", session=None, importance=5.0), cand("a", session=None), floor]
+    assert ids(cs, []) == ["b", "a", "floor"]
+    cs = [cand("b", session=None, age_days=0.0), cand("a", session=None, age_days=400.0), floor]
+    assert ids(cs, []) == ["b", "a", "floor"]
+    assert ids(cs, [], k=1) == ["b"]
