@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import statistics
 import subprocess
 import sys
 import time
@@ -105,8 +106,9 @@ def _dia_map(db_url: str, ws: str) -> dict[str, list[str]]:
 async def _run_queries(
     settings: Settings, db_url: str, convs: list[Conversation], workspaces: dict[str, str],
     progress: Progress,
-) -> tuple[list[QuestionResult], list[QuestionResult], list[QuestionResult]]:
-    """Palace hybrid, dense-only (exact kNN) and full-text-only rankings for every question, in one pass."""
+) -> tuple[list[QuestionResult], list[QuestionResult], list[QuestionResult], list[float]]:
+    """Palace hybrid, dense-only (exact kNN) and full-text-only rankings for every question, in one pass,
+    and how long each question's embedding took alone (the share of search latency that is the model's)."""
     embedder = build_embedder(settings)
     warm = getattr(embedder, "warm_up", None)
     if warm:
@@ -116,6 +118,7 @@ async def _run_queries(
     hybrid: list[QuestionResult] = []
     dense: list[QuestionResult] = []
     text: list[QuestionResult] = []
+    embed_ms: list[float] = []
     task = progress.add_task("questions", total=sum(len(c.questions) for c in convs))
     try:
         for conv in convs:
@@ -127,7 +130,9 @@ async def _run_queries(
                 ms = (time.perf_counter() - t0) * 1000
                 ranked = flatten_units(dmap.get(h.id, []) for h in hits)
                 hybrid.append(QuestionResult(conv.sample_id, q.category, q.evidence, tuple(ranked), ms))
+                t1 = time.perf_counter()
                 qv = await embedder.embed_query(q.question)
+                embed_ms.append((time.perf_counter() - t1) * 1000)
                 async with workspace_tx(pool, ws) as conn:
                     cur = await conn.execute(
                         "SELECT id FROM drawers WHERE workspace_id = %s AND embedding IS NOT NULL"
@@ -147,7 +152,7 @@ async def _run_queries(
     finally:
         await pool.close()
         await embedder.aclose()
-    return hybrid, dense, text
+    return hybrid, dense, text, embed_ms
 
 
 def _peer_mempalace(run: LocomoRun, console: Console) -> tuple[list[QuestionResult], float] | None:
@@ -243,7 +248,8 @@ def run_locomo(run: LocomoRun, settings: Settings, on_stack: Callable[[Superviso
                 sup.poll()
                 time.sleep(0.5)
             ingest_s = time.perf_counter() - t0
-            hybrid, dense, text = asyncio.run(_run_queries(settings, sup.database_url, convs, workspaces, progress))
+            hybrid, dense, text, embed_ms = asyncio.run(
+                _run_queries(settings, sup.database_url, convs, workspaces, progress))
     finally:
         with console.status("stopping ..."):
             sup.stop()
@@ -260,10 +266,15 @@ def run_locomo(run: LocomoRun, settings: Settings, on_stack: Callable[[Superviso
     console.print(_table(rows, title))
     console.print(_category_table(rows))
     palace = rows[0][1]
+    embed_p50 = statistics.median(embed_ms) if embed_ms else 0.0
+    console.print(f"Palace search p50 {palace.p50_ms:.1f} ms, of which the query embedding alone is "
+                  f"p50 {embed_p50:.1f} ms (same questions, same run)")
     if run.json_out:
         run.json_out.parent.mkdir(parents=True, exist_ok=True)
         run.json_out.write_text(json.dumps(palace.as_json(), indent=2))
         side = run.json_out.with_suffix(".systems.json")
-        side.write_text(json.dumps({name: {**s.as_json(), "ingest": ing} for name, s, ing in rows}, indent=2))
+        systems = {name: {**s.as_json(), "ingest": ing} for name, s, ing in rows}
+        systems[rows[0][0]]["query_embedding_p50_ms"] = embed_p50
+        side.write_text(json.dumps(systems, indent=2))
         console.print(f"wrote {run.json_out} (and every system's figures to {side})")
     return palace

@@ -1,24 +1,24 @@
-"""Hybrid recall: candidates from PostgreSQL, fused in numpy (shared/memory/ranking.py).
+"""Hybrid recall: one statement finds the candidates and their features; numpy fuses them.
 
-Two statements, so the first can run while the query is still being embedded (shared/recall.py):
+1. Candidates: the nearest drawers by embedding ∪ the best full-text matches ∪ up to
+   ``date_candidates`` drawers inside a time window the query names (shared/memory/timeexpr.py).
+   Full text is ordered by ``ts_rank_cd`` over an OR of the query's lexemes, since
+   ``plainto_tsquery``'s AND misses most paraphrases; in workspaces over ``exact_max`` drawers it asks
+   for two of the query's lexemes together (an OR of pairs): a plain OR matched 27% of a 100k-drawer
+   workspace and ranking every match cost ~170 ms (bench/search.py); and at most ``fts_scan_max``
+   matching rows are ranked, which bounds the tail. It goes through the migration-0003 function, so
+   the GIN index serves it under row-level security. The HNSW index is shared by all workspaces and
+   pgvector 0.6 filters *after* the graph walk, so a small workspace in a big table would get only a
+   handful of its own neighbours; workspaces under ``exact_max`` drawers therefore get an exact scan
+   (``+ 0`` keeps the planner off the index), larger ones the HNSW index with a raised
+   ``hnsw.ef_search``. The exact scan is cheap only because embeddings stay inline in the heap
+   (migration 0004): TOASTed, each distance paid a TOAST fetch and 679 of them took 3.8 ms, 0.8 inline.
+2. Features: per candidate its cosine, its ``tsv`` (content and speaker lexemes), session position,
+   importance, age, whether it lies in a window, and the columns a hit shows, all in the same round
+   trip; shared/memory/ranking.py scores them (~1 ms for ~200 candidates, where the same arithmetic
+   as SQL CTEs cost ~12 ms).
 
-1. ``text_candidates``: the query's lexemes and the best full-text matches (GIN, ordered by
-   ``ts_rank_cd``; an OR of the query's lexemes, since ``plainto_tsquery``'s AND misses most
-   paraphrases). In workspaces over ``exact_max`` drawers the full-text branch asks for two of the
-   query's lexemes together (an OR of pairs): a plain OR matched 27% of a 100k-drawer workspace and
-   ranking every match cost ~170 ms (bench/search.py); and at most ``fts_scan_max`` matching rows are
-   ranked, which bounds the tail on very large workspaces. It goes through the migration-0003
-   function, so the GIN index serves it under row-level security.
-2. ``candidate_features``: the nearest drawers by embedding ∪ those text matches ∪ up to
-   ``date_candidates`` drawers inside a time window the query names, each with what ranking needs
-   (cosine, the ``tsv`` lexemes, session position, importance, age, whether it is in a window). The
-   HNSW index is shared by all workspaces and pgvector 0.6 filters *after* the graph walk, so a small
-   workspace in a big table would get only a handful of its own neighbours; workspaces under
-   ``exact_max`` drawers therefore get an exact scan (``+ 0`` keeps the planner off the index; 5k
-   distances cost a few ms), larger ones the HNSW index with a raised ``hnsw.ef_search``.
-
-Then ``rank`` scores the candidates and the top k are returned. Everything is scoped to one
-workspace; merged or deleted drawers never return.
+Everything is scoped to one workspace; merged or deleted drawers never return.
 """
 
 from __future__ import annotations
@@ -34,8 +34,7 @@ from psycopg import AsyncConnection
 from shared.memory.ranking import Candidate, Ranked, RankParams, parse_tsvector, rank
 from shared.memory.timeexpr import date_windows
 
-__all__ = ["SearchHit", "SearchParams", "TextCandidates", "candidate_features", "hybrid_search",
-           "text_candidates", "touch_access", "workspace_size"]
+__all__ = ["SearchHit", "SearchParams", "candidates", "hybrid_search", "touch_access", "workspace_size"]
 
 
 @dataclass(frozen=True)
@@ -67,13 +66,7 @@ class SearchHit:
     metadata: dict[str, Any]
 
 
-@dataclass(frozen=True)
-class TextCandidates:
-    lexemes: list[str]
-    ids: list[str]
-
-
-_TEXT_SQL = """
+_SQL = """
 WITH lex AS (
     SELECT DISTINCT unnest(tsvector_to_array(to_tsvector('english', %(text)s))) AS l
 ), q AS (
@@ -81,14 +74,9 @@ WITH lex AS (
                 THEN replace(plainto_tsquery('english', %(text)s)::text, ' & ', ' | ')
                 ELSE (SELECT string_agg(format('(%%L & %%L)', a.l, b.l), ' | ') FROM lex a JOIN lex b ON a.l < b.l)
            END::tsquery AS tsq
-)
-SELECT (SELECT coalesce(array_agg(l ORDER BY l), '{}') FROM lex) AS lexemes,
-       coalesce((SELECT array_agg(t.id) FROM q, palace_text_candidates(%(ws)s, q.tsq, %(fts_scan)s, %(n_fts)s) t),
-                '{}') AS ids
-"""
-
-_FEATURES_SQL = """
-WITH w AS (
+), fts AS (
+    SELECT t.id FROM q, palace_text_candidates(%(ws)s, q.tsq, %(fts_scan)s, %(n_fts)s) t
+), w AS (
     SELECT unnest(%(lo)s::timestamptz[]) AS lo, unnest(%(hi)s::timestamptz[]) AS hi
 ), ann_exact AS (
     SELECT d.id
@@ -114,11 +102,12 @@ WITH w AS (
      ORDER BY CASE WHEN %(use_ann)s THEN x.embedding <=> %(emb)s::vector END, x.id
      LIMIT %(n_date)s
 ), c AS (
-    SELECT array(SELECT id FROM ann_exact UNION SELECT id FROM ann_hnsw UNION SELECT unnest(%(fts)s::text[])
+    SELECT array(SELECT id FROM ann_exact UNION SELECT id FROM ann_hnsw UNION SELECT id FROM fts
                  UNION SELECT id FROM dated) AS ids
 )
 -- = ANY(array) rather than a join: the primary key fetches the ~200 rows, instead of a scan of the table.
 SELECT d.id, d.session_id, d.seq,
+       CASE WHEN row_number() OVER () = 1 THEN (SELECT array_agg(l) FROM lex) END AS lexemes,
        CASE WHEN %(use_ann)s AND d.embedding IS NOT NULL THEN 1 - (d.embedding <=> %(emb)s::vector) END AS cos,
        d.tsv::text AS tsv, d.importance,
        extract(epoch FROM now() - coalesce(d.last_accessed_at, d.filed_at)) / 86400.0 AS age_days,
@@ -127,22 +116,6 @@ SELECT d.id, d.session_id, d.seq,
   FROM c, drawers d
  WHERE d.workspace_id = %(ws)s AND d.id = ANY(c.ids) AND d.deleted_at IS NULL AND d.state <> 'merged'
 """
-
-def _exact(params: SearchParams, workspace_size: int | None) -> bool:
-    return workspace_size is not None and workspace_size <= params.exact_max
-
-
-async def text_candidates(
-    conn: AsyncConnection[Any], workspace_id: str, query: str, params: SearchParams, *,
-    workspace_size: int | None = None,
-) -> TextCandidates:
-    """The query's lexemes and its best full-text matches; needs no embedding, so it can overlap one."""
-    cur = await conn.execute(_TEXT_SQL, {
-        "text": query, "ws": workspace_id, "exact": _exact(params, workspace_size),
-        "fts_scan": params.fts_scan_max, "n_fts": params.fts_candidates})
-    row = await cur.fetchone()
-    return TextCandidates(list(row[0]) if row else [], list(row[1]) if row else [])
-
 
 @dataclass(frozen=True)
 class _Row:
@@ -160,30 +133,34 @@ class _Row:
     metadata_json: str | None
 
 
-async def candidate_features(
-    conn: AsyncConnection[Any], workspace_id: str, embedding: np.ndarray | None, text: TextCandidates,
+async def candidates(
+    conn: AsyncConnection[Any], workspace_id: str, query: str, embedding: np.ndarray | None,
     windows: list[tuple[datetime, datetime]], params: SearchParams, *, workspace_size: int | None = None,
-) -> tuple[list[Candidate], dict[str, _Row]]:
-    """Every candidate of the query with the numbers ``rank`` needs, and the rows to show for it (one
+) -> tuple[list[str], list[Candidate], dict[str, _Row]]:
+    """The query's lexemes, every candidate with the numbers ``rank`` needs, and the rows to show (one
     round trip: fetching the top k afterwards cost more than reading ~200 short texts now; metadata
     stays JSON text until a row is picked)."""
-    cur = await conn.execute(_FEATURES_SQL, {
-        "emb": embedding, "use_ann": embedding is not None, "ws": workspace_id,
-        "exact": _exact(params, workspace_size), "n_ann": params.ann_candidates, "fts": text.ids,
-        "n_date": params.date_candidates if windows else 0, "fts_scan": params.fts_scan_max,
+    cur = await conn.execute(_SQL, {
+        "text": query, "emb": embedding, "use_ann": embedding is not None, "ws": workspace_id,
+        "exact": workspace_size is not None and workspace_size <= params.exact_max,
+        "n_ann": params.ann_candidates, "n_fts": params.fts_candidates, "fts_scan": params.fts_scan_max,
+        "n_date": params.date_candidates if windows else 0,
         "lo": [w[0] for w in windows], "hi": [w[1] for w in windows],
         "lo_min": min((w[0] for w in windows), default=None), "hi_max": max((w[1] for w in windows), default=None),
     })
+    lexemes: list[str] = []
     cands, rows = [], {}
-    for (did, session_id, seq, cos, tsv, importance, age_days, dated,
+    for (did, session_id, seq, lex, cos, tsv, importance, age_days, dated,
          content, memory_type, wing, room, speaker, role, occurred_at, metadata) in await cur.fetchall():
+        if lex:
+            lexemes = list(lex)
         content_tf, speaker_lexemes = parse_tsvector(tsv or "")
         cands.append(Candidate(did, session_id, seq, None if cos is None else float(cos), content_tf,
                                sum(content_tf.values()), speaker_lexemes, bool(dated), float(importance),
                                float(age_days or 0.0)))
         rows[did] = _Row(content, memory_type, float(importance), wing, room, session_id, speaker, role,
                          occurred_at, metadata)
-    return cands, rows
+    return lexemes, cands, rows
 
 
 def _hits(ranked: list[Ranked], rows: dict[str, _Row]) -> list[SearchHit]:
@@ -202,7 +179,6 @@ def _hits(ranked: list[Ranked], rows: dict[str, _Row]) -> list[SearchHit]:
 async def hybrid_search(
     conn: AsyncConnection[Any], workspace_id: str, query: str, embedding: np.ndarray | None,
     params: SearchParams = SearchParams(), *, workspace_size: int | None = None, now: datetime | None = None,
-    text: TextCandidates | None = None,
 ) -> list[SearchHit]:
     """Top-k drawers of one workspace for a query.
 
@@ -215,14 +191,10 @@ async def hybrid_search(
         workspace_size: live drawers in the workspace, if known: at most ``params.exact_max`` selects the
             exact nearest-neighbour scan (None: HNSW).
         now: the reference time of relative expressions ("yesterday"); default the current time.
-        text: ``text_candidates`` already fetched (recall runs it while the query is embedded).
     """
-    if text is None:
-        text = await text_candidates(conn, workspace_id, query, params, workspace_size=workspace_size)
-    windows = date_windows(query, now)
-    cands, rows = await candidate_features(conn, workspace_id, embedding, text, windows, params,
-                                           workspace_size=workspace_size)
-    return _hits(rank(cands, text.lexemes, params.rank, params.k), rows)
+    lexemes, cands, rows = await candidates(conn, workspace_id, query, embedding, date_windows(query, now), params,
+                                            workspace_size=workspace_size)
+    return _hits(rank(cands, lexemes, params.rank, params.k), rows)
 
 
 async def workspace_size(conn: AsyncConnection[Any], workspace_id: str) -> int:
