@@ -285,12 +285,16 @@ def speaker_lexemes(convs: list[Conv]) -> dict[str, frozenset[str]]:
 def product_candidates(c: Conv, qi: int, sp: dict[str, frozenset[str]], n_ann: int = 100, n_fts: int = 100,
                        n_date: int = 50) -> list[Candidate]:
     """The candidates shared/db/search.py fetches for question ``qi``, as ``rank`` receives them: nearest
-    by cosine ∪ best by ``ts_rank_cd`` ∪ the nearest of those inside a window the question names."""
+    by cosine ∪ the full-text matches holding most query lexemes ∪ the nearest of those inside a window
+    the question names."""
     cos = c.emb @ c.qvec[qi]
-    text = c.text_rank[qi]
     chosen = set(np.argsort(-cos, kind="stable")[:n_ann].tolist())
-    matched = np.flatnonzero(text > 0)
-    chosen |= set(matched[np.argsort(-text[matched], kind="stable")[:n_fts]].tolist())
+    # full-text candidates as migration 0006 picks them: most of the query's lexemes (content or speaker),
+    # then the drawer with fewer lexemes
+    q = set(c.qlex[qi])
+    held = [set(lx) | sp.get(who, frozenset()) for lx, who in zip(c.lex, c.speaker, strict=True)]
+    order = sorted((i for i, h in enumerate(held) if q & h), key=lambda i: (-len(q & held[i]), len(held[i]), c.ids[i]))
+    chosen |= set(order[:n_fts])
     windows = date_windows(c.questions[qi][0])
     if "occ" not in c.extra:
         c.extra["occ"] = [datetime.fromisoformat(o.replace("+00", "+00:00")) if o else None for o in c.occurred]

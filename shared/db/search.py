@@ -2,8 +2,9 @@
 
 1. Candidates: the nearest drawers by embedding ∪ the best full-text matches ∪ up to
    ``date_candidates`` drawers inside a time window the query names (shared/memory/timeexpr.py).
-   Full text is ordered by ``ts_rank_cd`` over an OR of the query's lexemes, since
-   ``plainto_tsquery``'s AND misses most paraphrases; in workspaces over ``exact_max`` drawers it asks
+   Full text matches an OR of the query's lexemes, since ``plainto_tsquery``'s AND misses most
+   paraphrases, and keeps the matches holding most of them (migration 0006: ``ts_rank_cd`` chose no
+   better and cost ~20 µs a row); in workspaces over ``exact_max`` drawers it asks
    for two of the query's lexemes together (an OR of pairs): a plain OR matched 27% of a 100k-drawer
    workspace and ranking every match cost ~170 ms (bench/search.py); and at most ``fts_scan_max``
    matching rows are ranked, which bounds the tail. It goes through the migration-0003 function, so
@@ -75,7 +76,7 @@ WITH lex AS (
                 ELSE (SELECT string_agg(format('(%%L & %%L)', a.l, b.l), ' | ') FROM lex a JOIN lex b ON a.l < b.l)
            END::tsquery AS tsq
 ), fts AS (
-    SELECT t.id FROM q, palace_text_candidates(%(ws)s, q.tsq, %(fts_scan)s, %(n_fts)s) t
+    SELECT t.id FROM q, palace_text_candidates(%(ws)s, q.tsq, ARRAY(SELECT l FROM lex), %(fts_scan)s, %(n_fts)s) t
 ), w AS (
     SELECT unnest(%(lo)s::timestamptz[]) AS lo, unnest(%(hi)s::timestamptz[]) AS hi
 ), ann_exact AS (

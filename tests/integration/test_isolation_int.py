@@ -69,7 +69,8 @@ async def test_queries_without_a_workspace_filter_still_see_one_workspace(stack:
             cur = await conn.execute("DELETE FROM drawers WHERE workspace_id = %s", (b,))
             assert cur.rowcount == 0, "nor deleted"
             # The full-text helper (security definer, for the GIN index) keeps the same rule.
-            q = "SELECT count(*) FROM palace_text_candidates(%s, to_tsquery('english', 'lesson'), 100, 10)"
+            q = ("SELECT count(*) FROM palace_text_candidates(%s, to_tsquery('english', 'lesson'), '{lesson}', 100,"
+                 " 10)")
             assert (await (await conn.execute(q, (a,))).fetchone()) == (1,)
             assert (await (await conn.execute(q, (b,))).fetchone()) == (0,)
         with pytest.raises(psycopg.errors.InsufficientPrivilege):
