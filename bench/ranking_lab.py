@@ -2,13 +2,14 @@
 
 Run ``palace bench locomo`` first (it ingests the dev conversations through the pipeline), then
 ``palace stack start`` so this can read the database. It reads every drawer (embedding, text, lexemes
-with their counts, session, position) and, per question, its lexemes and the product's ``ts_rank_cd``;
+with their counts, session, position, time) and, per question, its lexemes and ``ts_rank_cd``;
 everything is cached under bench/results/.cache, so later runs need neither the database nor the model.
-Variants are scored offline in numpy; winners move into the one SQL statement in shared/db/search.py
-and are confirmed there by ``palace bench locomo``.
 
-``shipped`` reproduces that statement (candidates, min-max fusion, neighbour smoothing, session boost,
-importance) so a variant is always compared with what the product does, in the same run.
+The ``product`` rows run shared/memory/ranking.py itself over the candidates shared/db/search.py picks
+(``product_candidates``), so they reproduce ``palace bench locomo`` and a variant is always compared
+with what ships, in the same run. The ``sql fusion`` rows are the numpy re-implementation of the single
+SQL statement that shipped before the fusion moved to numpy (``scored``), kept for the README's step
+table.
 """
 
 from __future__ import annotations
@@ -204,7 +205,7 @@ class P:
 
 
 def scored(c: Conv, qi: int, p: P) -> np.ndarray:
-    """The shipped statement, generalised: every knob of P at its default reproduces shipped recall
+    """The earlier SQL statement, generalised: every knob of P at its default reproduces its recall
     (the speaker match is a word match on the question here, a stemmed lexeme match in SQL)."""
     q = c.qvec[qi]
     cos = c.emb @ q
@@ -328,7 +329,7 @@ def main() -> None:
     ap.add_argument("--only", default="", help="comma-separated variant name prefixes")
     args = ap.parse_args()
     convs = load(Settings(), args.data)
-    before = P(text="tsrank", w_dense=0.75, w_text=0.25, speaker_boost=0.0)  # shipped until 2026-11-23
+    before = P(text="tsrank", w_dense=0.75, w_text=0.25, speaker_boost=0.0)  # the statement before the speaker signal
     variants: dict[str, P] = {
         "before: ts_rank_cd, 0.75/0.25": before,
         "rrf (k=60) instead of min-max": replace(before, fusion="rrf", w_dense=1, w_text=1),
@@ -341,11 +342,11 @@ def main() -> None:
         "bm25, 0.65/0.35": replace(before, text="bm25", w_dense=0.65, w_text=0.35),
         "bm25, + speaker named 0.3": replace(before, text="bm25", speaker_boost=0.3),
         "bm25, 0.65/0.35, + speaker 0.3": replace(before, text="bm25", w_dense=0.65, w_text=0.35, speaker_boost=0.3),
-        "shipped: bm25 (candidate df), 0.65/0.35, speaker": P(),
-        "shipped, session strength from its best turn": P(sess_top=1),
-        "shipped, second-ring smoothing 0.1": P(smooth2=0.1),
-        "shipped, + next turn's cosine 0.1": P(dense_next=0.1),
-        "shipped, all 200 candidates each way": P(n_ann=200, n_fts=200),
+        "sql fusion: bm25 (candidate df), 0.65/0.35, speaker": P(),
+        "sql fusion, session strength from its best turn": P(sess_top=1),
+        "sql fusion, second-ring smoothing 0.1": P(smooth2=0.1),
+        "sql fusion, + next turn's cosine 0.1": P(dense_next=0.1),
+        "sql fusion, all 200 candidates each way": P(n_ann=200, n_fts=200),
     }
     sp = speaker_lexemes(convs)
     product: dict[str, Callable[[Conv, int], np.ndarray]] = {
@@ -353,6 +354,8 @@ def main() -> None:
         "product without time windows (w_date 0, no dated candidates)":
             product_scorer(RankParams(w_date=0.0), sp, n_date=0),
         "product, time windows as a signal only (no dated candidates)": product_scorer(RankParams(), sp, n_date=0),
+        **{f"product, window weight {w}": product_scorer(RankParams(w_date=w), sp) for w in (0.2, 0.4, 0.5)},
+        **{f"product, {n} candidates each way": product_scorer(RankParams(), sp, n_ann=n, n_fts=n) for n in (60, 40)},
     }
     print(f"{'variant':44s} R@5    R@10   S@5    S@10")
     for name, scorer in product.items():

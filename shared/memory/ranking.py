@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["Candidate", "RankParams", "Ranked", "parse_tsvector", "rank"]
+__all__ = ["Candidate", "RankParams", "Ranked", "bm25", "parse_tsvector", "plain_fusion", "rank"]
 
 
 @dataclass(frozen=True)
@@ -104,7 +104,9 @@ def _minmax(v: np.ndarray, valid: np.ndarray) -> np.ndarray:
     return np.where(valid, (v - lo) / (hi - lo), 0.0) if hi > lo else np.zeros_like(v)
 
 
-def _bm25(cands: Sequence[Candidate], lexemes: Sequence[str], k1: float, b: float) -> np.ndarray:
+def bm25(cands: Sequence[Candidate], lexemes: Sequence[str], k1: float = 1.2, b: float = 0.75) -> np.ndarray:
+    """Okapi BM25 of each candidate's content, with document frequencies and mean length counted among
+    the candidates."""
     dl = np.fromiter((c.content_len for c in cands), dtype=float, count=len(cands))
     counted = dl > 0
     n = int(counted.sum())
@@ -157,7 +159,7 @@ def rank(cands: Sequence[Candidate], query_lexemes: Sequence[str], p: RankParams
     n = len(cands)
     cos = np.fromiter((np.nan if c.cos is None else c.cos for c in cands), dtype=float, count=n)
     dense = _minmax(np.nan_to_num(cos), ~np.isnan(cos))
-    bm = _bm25(cands, query_lexemes, p.bm25_k1, p.bm25_b)
+    bm = bm25(cands, query_lexemes, p.bm25_k1, p.bm25_b)
     text = bm / bm.max() if bm.max() > 0 else bm
     qset = frozenset(query_lexemes)
     named = np.fromiter((not qset.isdisjoint(c.speaker_lexemes) for c in cands), dtype=float, count=n)
@@ -171,3 +173,13 @@ def rank(cands: Sequence[Candidate], query_lexemes: Sequence[str], p: RankParams
         * (1 + p.w_recency / (1 + age / p.recency_days))
     order = sorted(range(n), key=lambda i: (-final[i], cands[i].id))[:k]
     return [Ranked(cands[i].id, float(final[i]), float(dense[i]), float(text[i])) for i in order]
+
+
+def plain_fusion(cands: Sequence[Candidate], query_lexemes: Sequence[str], k: int, w_dense: float = 0.7,
+                 w_text: float = 0.3) -> list[str]:
+    """The textbook hybrid the seeds start from, kept as a benchmark baseline: ``w_dense`` × raw cosine +
+    ``w_text`` × BM25 / best BM25, nothing else. Ids, best first."""
+    cos = np.fromiter((0.0 if c.cos is None else c.cos for c in cands), dtype=float, count=len(cands))
+    bm = bm25(cands, query_lexemes)
+    s = w_dense * cos + w_text * (bm / bm.max() if len(bm) and bm.max() > 0 else bm)
+    return [cands[i].id for i in sorted(range(len(cands)), key=lambda i: (-s[i], cands[i].id))[:k]]
