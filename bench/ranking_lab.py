@@ -348,8 +348,8 @@ def held_out(convs: list[Conv], sp: dict[str, frozenset[str]]) -> None:
         return out
 
     grid = [RankParams(w_date=wd, w_speaker=ws, smooth=sm, session_boost=sb, w_dense=wde, w_text=1 - wde)
-            for wd, ws, sm, sb, wde in product((0.2, 0.3, 0.4), (0.2, 0.3, 0.4), (0.1, 0.2, 0.3), (0.2, 0.3, 0.4),
-                                               (0.6, 0.65, 0.7))]
+            for wd, ws, sm, sb, wde in product((0.2, 0.3, 0.4), (0.4, 0.5, 0.6), (0.2, 0.3, 0.4), (0.2, 0.3, 0.4),
+                                               (0.5, 0.55, 0.6))]
     scores = [per_conv(rp) for rp in grid]
     shipped = per_conv(RankParams())
     t = Table(title=f"held-out check: weights chosen on the other conversations ({len(grid)} candidates)")
