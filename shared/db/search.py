@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 from psycopg import AsyncConnection
 
-from shared.memory.ranking import Candidate, Ranked, RankParams, parse_tsvector, rank
+from shared.memory.ranking import Candidate, Ranked, RankParams, rank, tsvector_terms
 from shared.memory.timeexpr import date_windows
 
 __all__ = ["SearchHit", "SearchParams", "candidates", "hybrid_search", "touch_access", "workspace_size"]
@@ -149,16 +149,14 @@ async def candidates(
         "lo": [w[0] for w in windows], "hi": [w[1] for w in windows],
         "lo_min": min((w[0] for w in windows), default=None), "hi_max": max((w[1] for w in windows), default=None),
     })
-    lexemes: list[str] = []
+    fetched = await cur.fetchall()
+    lexemes: list[str] = next((list(r[3]) for r in fetched if r[3]), [])
     cands, rows = [], {}
-    for (did, session_id, seq, lex, cos, tsv, importance, age_days, dated,
-         content, memory_type, wing, room, speaker, role, occurred_at, metadata) in await cur.fetchall():
-        if lex:
-            lexemes = list(lex)
-        content_tf, speaker_lexemes = parse_tsvector(tsv or "")
+    for (did, session_id, seq, _, cos, tsv, importance, age_days, dated,
+         content, memory_type, wing, room, speaker, role, occurred_at, metadata) in fetched:
+        content_tf, content_len, speaker_lexemes = tsvector_terms(tsv or "", lexemes)
         cands.append(Candidate(did, session_id, seq, None if cos is None else float(cos), content_tf,
-                               sum(content_tf.values()), speaker_lexemes, bool(dated), float(importance),
-                               float(age_days or 0.0)))
+                               content_len, speaker_lexemes, bool(dated), float(importance), float(age_days or 0.0)))
         rows[did] = _Row(content, memory_type, float(importance), wing, room, session_id, speaker, role,
                          occurred_at, metadata)
     return lexemes, cands, rows

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["Candidate", "RankParams", "Ranked", "bm25", "parse_tsvector", "plain_fusion", "rank"]
+__all__ = ["Candidate", "RankParams", "Ranked", "bm25", "parse_tsvector", "plain_fusion", "rank", "tsvector_terms"]
 
 
 @dataclass(frozen=True)
@@ -57,7 +57,9 @@ class RankParams:
 
 @dataclass(frozen=True)
 class Candidate:
-    """What ranking needs of one drawer; ``content_tf`` counts the content's lexemes (stemmed)."""
+    """What ranking needs of one drawer. ``content_tf`` counts the content's lexemes (stemmed; at least
+    the query's), ``content_len`` all lexeme occurrences of the content, ``speaker_lexemes`` the
+    speaker's (at least those the query holds)."""
 
     id: str
     session_id: str | None
@@ -85,7 +87,8 @@ _TSV_ITEM = re.compile(r"'([^']*(?:''[^']*)*)':(\S+)")
 def parse_tsvector(text: str) -> tuple[dict[str, int], frozenset[str]]:
     """Split a drawer's ``tsv`` (content at weight A ‖ speaker at weight D, migration 0001) into the
     content's lexeme counts and the speaker's lexemes. PostgreSQL prints weight D without a letter, so
-    a position without "A" is the speaker's. (~8 µs a drawer: recall parses ~200 per query.)"""
+    a position without "A" is the speaker's. The whole vector: tools and tests; recall reads only what
+    it needs with ``tsvector_terms``."""
     content: dict[str, int] = {}
     speaker: set[str] = set()
     for lexeme, positions in _TSV_ITEM.findall(text):
@@ -97,6 +100,35 @@ def parse_tsvector(text: str) -> tuple[dict[str, int], frozenset[str]]:
         if a <= positions.count(","):
             speaker.add(lexeme)
     return content, frozenset(speaker)
+
+
+def tsvector_terms(text: str, lexemes: Sequence[str]) -> tuple[dict[str, int], int, frozenset[str]]:
+    """What ranking needs of a drawer's ``tsv`` text, read for the query's lexemes only: their counts in
+    the content, the content's length in lexeme occurrences, and which of them the speaker holds.
+
+    Equal to ``parse_tsvector`` restricted to ``lexemes`` (tests/unit/test_ranking.py), at a tenth of
+    the cost: a few ``str.find`` calls instead of a regex over every lexeme (~2 ms per query at ~200
+    candidates). The length counts weight letters: every content position prints as ``nA``, and
+    to_tsvector lower-cases every lexeme, so no "A" comes from a lexeme itself.
+    """
+    content: dict[str, int] = {}
+    speaker: set[str] = set()
+    for lex in lexemes:
+        key = "'" + lex.replace("'", "''") + "':"
+        at = text.find(key)
+        while at > 0 and text[at - 1] != " ":  # inside another lexeme ("'sm''art':" holds "'art':")
+            at = text.find(key, at + 1)
+        if at < 0:
+            continue
+        start = at + len(key)
+        end = text.find(" ", start)
+        positions = text[start:] if end < 0 else text[start:end]
+        a = positions.count("A")
+        if a:
+            content[lex] = a
+        if a <= positions.count(","):
+            speaker.add(lex)
+    return content, text.count("A"), frozenset(speaker)
 
 
 def _minmax(v: np.ndarray, valid: np.ndarray) -> np.ndarray:

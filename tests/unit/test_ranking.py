@@ -2,7 +2,7 @@
 
 from dataclasses import replace
 
-from shared.memory.ranking import Candidate, RankParams, parse_tsvector, rank
+from shared.memory.ranking import Candidate, RankParams, parse_tsvector, rank, tsvector_terms
 
 
 def cand(id: str, *, cos: float | None = 0.5, words: str = "", session: str | None = "s1", seq: int | None = None,
@@ -78,3 +78,16 @@ def test_importance_and_recency_nudge_and_ties_break_by_id() -> None:
     cs = [cand("b", session=None, age_days=0.0), cand("a", session=None, age_days=400.0), floor]
     assert ids(cs, []) == ["b", "a", "floor"]
     assert ids(cs, [], k=1) == ["b"]
+
+
+def test_tsvector_terms_is_parse_tsvector_restricted_to_the_query() -> None:
+    tsv = "'amaz':23A,27A 'art':5A 'carolin':43 'jon':3A,15 'sm''art':9A 'it''s':4A,6A 'x':1"
+    content, speaker = parse_tsvector(tsv)
+    for lexemes in (["amaz", "jon"], ["art"], ["carolin", "missing"], ["it's", "sm'art"], [], ["x"]):
+        tf, length, spk = tsvector_terms(tsv, lexemes)
+        assert tf == {t: n for t, n in content.items() if t in lexemes}
+        assert spk == {t for t in speaker if t in lexemes}
+        assert length == sum(content.values())
+    assert tsvector_terms("", ["a"]) == ({}, 0, frozenset())
+    # "'art':" also occurs inside "'sm''art':" — only the lexeme of its own counts
+    assert tsvector_terms("'sm''art':9A", ["art"]) == ({}, 1, frozenset())
