@@ -177,12 +177,16 @@ def _hits_table(title: str, hits: list[Any]) -> Table:
     t.add_column("score", justify="right", width=6)
     t.add_column("type", width=10)
     t.add_column("wing/room", width=22, overflow="fold")
+    t.add_column("when", width=10)  # recall ranks by the time a question names: show it
+    t.add_column("who", width=10, overflow="fold")
     t.add_column("content", ratio=1, overflow="fold")
     for i, h in enumerate(hits, 1):
         g = h.get if isinstance(h, dict) else lambda k, h=h: getattr(h, k)
         content = g("content")
-        t.add_row(str(i), f"{g('score'):.3f}", g("memory_type") or "-", f"{g('wing')}/{g('room')}",
-                  (content[:300] + "…") if len(content) > 300 else content)
+        when = g("occurred_at")
+        when = when.strftime("%Y-%m-%d") if hasattr(when, "strftime") else (str(when)[:10] if when else "-")
+        t.add_row(str(i), f"{g('score'):.3f}", g("memory_type") or "-", f"{g('wing')}/{g('room')}", when,
+                  g("speaker") or "-", (content[:300] + "…") if len(content) > 300 else content)
     return t
 
 
