@@ -118,29 +118,13 @@ SELECT d.id, d.session_id, d.seq,
  WHERE d.workspace_id = %(ws)s AND d.id = ANY(c.ids) AND d.deleted_at IS NULL AND d.state <> 'merged'
 """
 
-@dataclass(frozen=True)
-class _Row:
-    """What a hit shows besides its scores; kept per candidate until ranking picks the top k."""
-
-    content: str
-    memory_type: str | None
-    importance: float
-    wing: str
-    room: str
-    session_id: str | None
-    speaker: str | None
-    role: str | None
-    occurred_at: datetime | None
-    metadata_json: str | None
-
-
 async def candidates(
     conn: AsyncConnection[Any], workspace_id: str, query: str, embedding: np.ndarray | None,
     windows: list[tuple[datetime, datetime]], params: SearchParams, *, workspace_size: int | None = None,
-) -> tuple[list[str], list[Candidate], dict[str, _Row]]:
-    """The query's lexemes, every candidate with the numbers ``rank`` needs, and the rows to show (one
-    round trip: fetching the top k afterwards cost more than reading ~200 short texts now; metadata
-    stays JSON text until a row is picked)."""
+) -> tuple[list[str], list[Candidate], dict[str, tuple[Any, ...]]]:
+    """The query's lexemes, every candidate with the numbers ``rank`` needs, and each candidate's row
+    from ``content`` on, to show if it is picked (one round trip: fetching the top k afterwards cost
+    more than reading ~200 short texts now; metadata stays JSON text until a row is picked)."""
     cur = await conn.execute(_SQL, {
         "text": query, "emb": embedding, "use_ann": embedding is not None, "ws": workspace_id,
         "exact": workspace_size is not None and workspace_size <= params.exact_max,
@@ -152,25 +136,24 @@ async def candidates(
     fetched = await cur.fetchall()
     lexemes: list[str] = next((list(r[3]) for r in fetched if r[3]), [])
     cands, rows = [], {}
-    for (did, session_id, seq, _, cos, tsv, importance, age_days, dated,
-         content, memory_type, wing, room, speaker, role, occurred_at, metadata) in fetched:
+    for row in fetched:
+        did, session_id, seq, _, cos, tsv, importance, age_days, dated = row[:9]
         content_tf, content_len, speaker_lexemes = tsvector_terms(tsv or "", lexemes)
         cands.append(Candidate(did, session_id, seq, None if cos is None else float(cos), content_tf,
                                content_len, speaker_lexemes, bool(dated), float(importance), float(age_days or 0.0)))
-        rows[did] = _Row(content, memory_type, float(importance), wing, room, session_id, speaker, role,
-                         occurred_at, metadata)
+        rows[did] = row
     return lexemes, cands, rows
 
 
-def _hits(ranked: list[Ranked], rows: dict[str, _Row]) -> list[SearchHit]:
+def _hits(ranked: list[Ranked], rows: dict[str, tuple[Any, ...]]) -> list[SearchHit]:
     out = []
     for r in ranked:
-        row = rows[r.id]
+        _, session_id, _, _, _, _, importance, _, _, content, memory_type, wing, room, speaker, role, occurred_at, \
+            metadata = rows[r.id]
         out.append(SearchHit(
-            id=r.id, content=row.content, score=r.score, dense=r.dense, text=r.text,
-            memory_type=row.memory_type, importance=row.importance, wing=row.wing, room=row.room,
-            session_id=row.session_id, speaker=row.speaker, role=row.role, occurred_at=row.occurred_at,
-            metadata=json.loads(row.metadata_json) if row.metadata_json else {},
+            id=r.id, content=content, score=r.score, dense=r.dense, text=r.text, memory_type=memory_type,
+            importance=float(importance), wing=wing, room=room, session_id=session_id, speaker=speaker, role=role,
+            occurred_at=occurred_at, metadata=json.loads(metadata) if metadata else {},
         ))
     return out
 

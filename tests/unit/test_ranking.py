@@ -1,8 +1,22 @@
 """Fusion of recall signals (shared/memory/ranking.py) on hand-made candidates with known answers."""
 
+import re
 from dataclasses import replace
 
-from shared.memory.ranking import Candidate, RankParams, parse_tsvector, rank, tsvector_terms
+from shared.memory.ranking import Candidate, RankParams, rank, tsvector_terms
+
+
+def parse_tsvector(text: str) -> tuple[dict[str, int], frozenset[str]]:
+    """The whole vector, by a regex: the reference ``tsvector_terms`` must agree with."""
+    content: dict[str, int] = {}
+    speaker: set[str] = set()
+    for lexeme, positions in re.findall(r"'([^']*(?:''[^']*)*)':(\S+)", text):
+        lexeme = lexeme.replace("''", "'")
+        if a := positions.count("A"):
+            content[lexeme] = a
+        if a <= positions.count(","):
+            speaker.add(lexeme)
+    return content, frozenset(speaker)
 
 
 def cand(id: str, *, cos: float | None = 0.5, words: str = "", session: str | None = "s1", seq: int | None = None,
