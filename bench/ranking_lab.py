@@ -59,7 +59,8 @@ class Conv:
 
 def load(settings: Settings, data: Path) -> list[Conv]:
     """Features of every dev conversation, from the cache or the running stack."""
-    key = hashlib.sha256(f"{data.resolve()}|{settings.embed_model}|v2".encode()).hexdigest()[:10]
+    ident = f"{data.resolve()}|{settings.embed_model}|{settings.embed_runtime}|v2"
+    key = hashlib.sha256(ident.encode()).hexdigest()[:10]
     path = CACHE / f"lab-{key}.pkl"
     if path.exists():
         return pickle.loads(path.read_bytes())

