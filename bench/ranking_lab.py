@@ -348,13 +348,14 @@ def held_out(convs: list[Conv], sp: dict[str, frozenset[str]]) -> None:
             out[c.sample_id] = {"R@10": sm.turn_recall_10, "S@5": sm.session_any_5, "n": float(len(res))}
         return out
 
-    grid = [RankParams(w_date=wd, w_speaker=ws, smooth=sm, session_boost=sb, w_dense=wde, w_text=1 - wde)
-            for wd, ws, sm, sb, wde in product((0.2, 0.3, 0.4), (0.4, 0.5, 0.6), (0.2, 0.3, 0.4), (0.2, 0.3, 0.4),
-                                               (0.5, 0.55, 0.6))]
+    grid = [RankParams(w_date=wd, w_speaker=ws, smooth=sm, session_boost=sb, w_dense=wde, w_text=1 - wde,
+                       session_cap=cap)
+            for wd, ws, sm, sb, wde, cap in product((0.2, 0.3, 0.4), (0.4, 0.5, 0.6), (0.2, 0.3, 0.4),
+                                                    (0.2, 0.3, 0.4), (0.5, 0.55, 0.6), (0, 1))]
     scores = [per_conv(rp) for rp in grid]
     shipped = per_conv(RankParams())
     t = Table(title=f"held-out check: weights chosen on the other conversations ({len(grid)} candidates)")
-    for col in ("left out", "questions", "chosen w_date/speaker/smooth/session/dense", "R@10 held out",
+    for col in ("left out", "questions", "chosen w_date/speaker/smooth/session/dense/cap", "R@10 held out",
                 "R@10 shipped", "S@5 held out", "S@5 shipped"):
         t.add_column(col)
     tot = {"ho_r": 0.0, "sh_r": 0.0, "ho_s": 0.0, "sh_s": 0.0, "n": 0.0}
@@ -369,7 +370,8 @@ def held_out(convs: list[Conv], sp: dict[str, frozenset[str]]) -> None:
         tot["n"] += n
         for key, v in (("ho_r", ho["R@10"]), ("sh_r", sh["R@10"]), ("ho_s", ho["S@5"]), ("sh_s", sh["S@5"])):
             tot[key] += v * n
-        t.add_row(c.sample_id, f"{n:.0f}", f"{rp.w_date}/{rp.w_speaker}/{rp.smooth}/{rp.session_boost}/{rp.w_dense}",
+        chosen = f"{rp.w_date}/{rp.w_speaker}/{rp.smooth}/{rp.session_boost}/{rp.w_dense}/{rp.session_cap}"
+        t.add_row(c.sample_id, f"{n:.0f}", chosen,
                   f"{ho['R@10']:.3f}", f"{sh['R@10']:.3f}", f"{ho['S@5']:.3f}", f"{sh['S@5']:.3f}")
     n = tot["n"]
     t.add_row("all", f"{n:.0f}", "", f"{tot['ho_r'] / n:.3f}", f"{tot['sh_r'] / n:.3f}", f"{tot['ho_s'] / n:.3f}",
@@ -414,6 +416,10 @@ def main() -> None:
         "product, time windows as a signal only (no dated candidates)": product_scorer(RankParams(), sp, n_date=0),
         **{f"product, window weight {w}": product_scorer(RankParams(w_date=w), sp) for w in (0.2, 0.4, 0.5)},
         **{f"product, {n} candidates each way": product_scorer(RankParams(), sp, n_ann=n, n_fts=n) for n in (60, 40)},
+        **{f"product, at most {c} of one session in the top {t}" + (f" of the best {n}" if n else ""):
+           product_scorer(RankParams(session_cap=c, capped_top=t, capped_pool=n), sp)
+           for c, t, n in ((1, 5, 0), (2, 5, 0), (3, 5, 0), (1, 5, 10), (2, 5, 10), (1, 5, 8), (1, 5, 15),
+                           (1, 5, 20), (1, 4, 10), (1, 3, 10))},
     }
     print(f"{'variant':44s} R@5    R@10   S@5    S@10")
     for name, scorer in product.items():

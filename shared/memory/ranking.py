@@ -21,7 +21,12 @@ quality"):
 5. conversation structure: a drawer inherits ``smooth`` × the better of its neighbouring turns' scores
    (an answer sits next to its question), and ``session_boost`` × the mean of its session's three best
    scores (evidence clusters in sessions);
-6. importance and recency nudge the result.
+6. importance and recency nudge the result;
+7. the first five places go to five different sessions where the best ten hold them: the best drawer
+   of each session first, the others right after. The best ten stay the same ten (turn R@10 cannot
+   change); a reader of the first five sees more of the past. On LoCoMo-dev session recall_any@5 went
+   0.936 → 0.955 and turn R@5 0.732 → 0.659 (a question's second evidence turn in the same session
+   now sits at 6–10 more often).
 """
 
 from __future__ import annotations
@@ -52,6 +57,9 @@ class RankParams:
     w_importance: float = 0.02
     recency_days: float = 30.0
     w_recency: float = 0.05
+    session_cap: int = 1  # at most this many of the first ``capped_top`` from one session (0: no cap)
+    capped_top: int = 5
+    capped_pool: int = 10  # ...chosen among the best ``capped_pool`` only (0: among all)
 
 
 @dataclass(frozen=True)
@@ -192,7 +200,27 @@ def rank(cands: Sequence[Candidate], query_lexemes: Sequence[str], p: RankParams
     age = np.fromiter((max(c.age_days, 0.0) for c in cands), dtype=float, count=n)
     final = (sm + p.session_boost * sess) * (1 + p.w_importance * (imp - 3)) \
         * (1 + p.w_recency / (1 + age / p.recency_days))
-    return [Ranked(cands[i].id, float(final[i]), float(dense[i]), float(text[i])) for i in _best(cands, final, k)]
+    order = _best(cands, final, n if p.session_cap else k)
+    if p.session_cap:
+        order = _cap_sessions(cands, order, p.session_cap, p.capped_top, p.capped_pool)[:k]
+    return [Ranked(cands[i].id, float(final[i]), float(dense[i]), float(text[i])) for i in order]
+
+
+def _cap_sessions(cands: Sequence[Candidate], order: list[int], cap: int, top: int, pool: int) -> list[int]:
+    """The first ``top`` places hold at most ``cap`` drawers of one session, taken among the best ``pool``
+    (0: all); the ones held back follow right after, in their order, so they stay near the top."""
+    window = order[:pool] if pool else order
+    head: list[int] = []
+    held: list[int] = []
+    per: dict[str | None, int] = {}
+    for i in window:
+        sid = cands[i].session_id
+        if len(head) < top and (sid is None or per.get(sid, 0) < cap):
+            head.append(i)
+            per[sid] = per.get(sid, 0) + 1
+        else:
+            held.append(i)
+    return head + held + order[len(window):]
 
 
 def plain_fusion(cands: Sequence[Candidate], query_lexemes: Sequence[str], k: int, w_dense: float = 0.7,

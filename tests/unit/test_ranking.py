@@ -28,7 +28,11 @@ def cand(id: str, *, cos: float | None = 0.5, words: str = "", session: str | No
                      age_days)
 
 
-def ids(cands: list[Candidate], lexemes: list[str], p: RankParams = RankParams(), k: int = 10) -> list[str]:
+# The scores' own order; the session cap (its own test below) reorders the first five places.
+SCORE_ORDER = RankParams(session_cap=0)
+
+
+def ids(cands: list[Candidate], lexemes: list[str], p: RankParams = SCORE_ORDER, k: int = 10) -> list[str]:
     return [r.id for r in rank(cands, lexemes, p, k)]
 
 
@@ -71,7 +75,7 @@ def test_a_named_speaker_and_a_named_time_raise_their_drawers() -> None:
 def test_the_turn_after_a_strong_match_outranks_an_isolated_equal_turn() -> None:
     cs = [cand("q", cos=0.9, session="1", seq=1), cand("answer", cos=0.5, session="1", seq=2),
           cand("lonely", cos=0.5, session="2", seq=7), cand("floor", cos=0.1, session="3", seq=1)]
-    order = ids(cs, [], replace(RankParams(), session_boost=0.0))
+    order = ids(cs, [], replace(SCORE_ORDER, session_boost=0.0))
     assert order.index("answer") < order.index("lonely")
 
 
@@ -80,7 +84,8 @@ def test_session_strength_lifts_turns_of_a_session_full_of_matches() -> None:
     cs = [*strong, cand("x", cos=0.55, session="hot", seq=99), cand("y", cos=0.6, session="cold", seq=0),
           cand("floor", cos=0.1, session="none", seq=0)]
     assert ids(cs, []).index("x") < ids(cs, []).index("y")
-    assert ids(cs, [], RankParams(session_boost=0.0)).index("y") < ids(cs, [], RankParams(session_boost=0.0)).index("x")
+    assert ids(cs, [], replace(SCORE_ORDER, session_boost=0.0)).index("y") < \
+        ids(cs, [], replace(SCORE_ORDER, session_boost=0.0)).index("x")
 
 
 def test_importance_and_recency_nudge_and_ties_break_by_id() -> None:
@@ -105,3 +110,19 @@ def test_tsvector_terms_is_parse_tsvector_restricted_to_the_query() -> None:
     assert tsvector_terms("", ["a"]) == ({}, 0, frozenset())
     # "'art':" also occurs inside "'sm''art':" — only the lexeme of its own counts
     assert tsvector_terms("'sm''art':9A", ["art"]) == ({}, 1, frozenset())
+
+
+def test_session_cap_spreads_the_top_places_over_sessions_and_keeps_the_rest_close() -> None:
+    cs = [cand(f"a{i}", cos=0.9 - i * 0.01, session="A", seq=i * 10) for i in range(4)]
+    cs += [cand("b0", cos=0.7, session="B", seq=0), cand("c0", cos=0.6, session="C", seq=0)]
+    plain = ids(cs, [], RankParams(session_boost=0.0, smooth=0.0, session_cap=0))
+    assert plain == ["a0", "a1", "a2", "a3", "b0", "c0"]
+    capped = ids(cs, [], RankParams(session_boost=0.0, smooth=0.0, session_cap=2, capped_top=4))
+    # two of A in the top 4, then B and C; the A drawers held back follow at once, in their order
+    assert capped == ["a0", "a1", "b0", "c0", "a2", "a3"]
+    assert ids(cs, [], RankParams(session_boost=0.0, smooth=0.0, session_cap=2, capped_top=4), k=3) == \
+        ["a0", "a1", "b0"]
+    # fewer sessions than places: nothing is lost, the held-back drawers fill in
+    only_a = cs[:4]
+    assert ids(only_a, [], RankParams(session_boost=0.0, smooth=0.0, session_cap=1, capped_top=3)) == \
+        ["a0", "a1", "a2", "a3"]
