@@ -10,7 +10,7 @@ and the same retrieval quality on LoCoMo-dev (``bench/embedders.py``).
 * ``packed`` reads the file (configuration, vocabulary, tensors);
 * ``tokenizer`` is its XLM-RoBERTa unigram tokenizer, token for token the C engine's;
 * ``graph`` builds the BERT encoder as an ONNX graph;
-* ``engine`` runs it: prefixes, 512-token windows, batches, mean pooling.
+* ``engine`` runs it: prefixes, 512-token windows, one window per call, mean pooling.
 """
 
 from shared.adapters.e5.engine import E5Onnx

@@ -81,10 +81,6 @@ class E5Onnx:
     def passage(self, texts: list[str]) -> np.ndarray:
         return self._embed(texts, "passage: ")
 
-    def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
-
     def _embed(self, texts: list[str], prefix: str) -> np.ndarray:
         owners: list[int] = []
         windows: list[list[int]] = []
@@ -111,6 +107,5 @@ class E5Onnx:
         """Mean of the last hidden layer over the window's tokens, ``<s>`` and ``</s>`` included."""
         ids = np.array([self._bos, *content, self._eos])
         emb = self._word.dequantize(ids) + self._pos[: len(ids)]
-        hidden = session.run(None, {"emb": emb[None].astype(np.float32),
-                                          "mask": np.ones((1, len(ids)), np.int32)})[0]
+        hidden = session.run(None, {"emb": emb[None], "mask": np.ones((1, len(ids)), np.int32)})[0]
         return hidden[0].mean(axis=0)

@@ -40,8 +40,8 @@ def _nbits_blobs(w: Q4Matrix) -> np.ndarray:
     return np.ascontiguousarray(codes[..., 0::2] | (codes[..., 1::2] << 4))
 
 
-def build_graph(model: PackedModel, kernels: str = "int8") -> ModelProto:
-    """``kernels``: ``int8`` (DynamicQuantizeMatMul) or ``nbits`` (the 4-bit weights as they are)."""
+def build_graph(model: PackedModel, kernels: str = "nbits") -> ModelProto:
+    """``kernels``: ``nbits`` (the 4-bit weights as they are) or ``int8`` (DynamicQuantizeMatMul)."""
     if kernels not in ("int8", "nbits"):
         raise ValueError(f"unknown kernels {kernels!r}; known: 'int8', 'nbits'")
     h, ff, eps = model.hidden, model.ffn, model.eps

@@ -26,7 +26,7 @@ class UnigramTokenizer:
             if piece and i != unk:
                 self._ids.setdefault(piece, i)
         self._scores = scores.astype(np.float64).tolist()
-        self._table = {cp: out for cp, out in normalization.items()}
+        self._table = normalization  # str.translate takes {code point: replacement} as it is
         self._unk = unk
         self._unk_score = float(scores.min()) - 10.0
         self._max_bytes = max(len(p.encode("utf-8", "surrogateescape")) for p in pieces)
