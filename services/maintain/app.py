@@ -97,7 +97,7 @@ async def maintenance_loop(deps: Deps, stop: asyncio.Event) -> None:
             await asyncio.wait_for(stop.wait(), deps.settings.maintain_interval_s)
 
 
-SPEC = WorkerSpec(name="maintain", consumers=[], register=lambda deps: None, background=[maintenance_loop])
+SPEC = WorkerSpec(name="maintain", register=lambda deps: None, background=[maintenance_loop])
 
 
 def main() -> None:
