@@ -1,7 +1,7 @@
 """A new user's first minutes: `palace up`, then a producer in another process publishing sessions with
 plain nats-py, continuously, from the moment the stack is ready. Every session must be classified within
 a few seconds — a fetched-then-dropped message used to wait out ``ack_wait`` (60 s) — and the
-oldest-un-acked gauge must stay low throughout.
+oldest-un-acked gauge must stay low throughout. Once the producer stops, the idle stack logs nothing.
 
 ``PALACE_STALL_TEST_S`` sets how long it publishes (default 180 s)."""
 
@@ -116,6 +116,12 @@ def test_sessions_from_a_plain_client_never_stall(tmp_path: Path) -> None:
         nats_url = json.loads((devstack / "stack.json").read_text())["nats_url"]
         metrics_urls = [ep["metrics"] for name, ep in services.items() if name in ("ingest", "embed", "classify")]
         published, classified, worst_age = asyncio.run(_produce_and_watch(nats_url, metrics_urls))
+        # Idle now: nothing may be logged on a timer (a line every few seconds buries the real ones).
+        logs = sorted((devstack / "logs").glob("*.log"))
+        sizes = {p.name: p.stat().st_size for p in logs}
+        time.sleep(15)
+        chatty = {p.name: p.read_bytes()[sizes[p.name]:].decode(errors="replace")[:300] for p in logs
+                  if p.stat().st_size != sizes[p.name]}
     finally:
         up.send_signal(signal.SIGINT)
         up.wait(90)
@@ -127,3 +133,4 @@ def test_sessions_from_a_plain_client_never_stall(tmp_path: Path) -> None:
     assert not missing, f"{len(missing)} sessions never classified ({missing[:5]}); {summary}"
     assert latencies[-1] < MAX_LATENCY_S, summary
     assert worst_age < 2 * MAX_LATENCY_S, summary
+    assert not chatty, f"services logged while idle: {chatty}"
