@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+
 from nats.aio.msg import Msg
 
 from services._runtime import Deps
 from shared.bus import decode_event
-from shared.db.drawers import drawers_by_id, older_twins, record_history
-from shared.db.tenancy import workspace_tx
+from shared.db.drawers import drawers_by_id, drawers_missing_bands, older_twins, record_history, set_dedup_bands
+from shared.db.tenancy import maintenance_tx, workspace_tx
 from shared.events import DrawerClassified, EntityUpserted
-from shared.memory.dedup import decide
+from shared.memory.dedup import decide, wording_bands
 from shared.metrics import DRAWERS
 
-__all__ = ["DURABLE", "DURABLE_ENTITIES", "register"]
+__all__ = ["DURABLE", "DURABLE_ENTITIES", "backfill_bands", "register"]
 
 DURABLE = "cluster"
 DURABLE_ENTITIES = "cluster-entities"
@@ -31,10 +34,14 @@ def register(deps: Deps) -> None:
             for r in rows:
                 if r.state != "processed" or r.embedding is None:
                     continue
-                twins = await older_twins(conn, ev.workspace_id, r.id, r.embedding)
+                bands = wording_bands(ev.workspace_id, r.content)
+                twins = await older_twins(conn, ev.workspace_id, r.id, r.embedding, bands)
                 d = decide(r.content, twins, s.dedup_threshold)
                 if d.action == "MERGE":
                     decisions.append((r.id, d))
+                # Findable by the drawers that come after it (within this transaction too: the next
+                # row of this event may be its twin).
+                await set_dedup_bands(conn, ev.workspace_id, [(r.id, bands)])
         for did, d in decisions:
             async with workspace_tx(deps.pool, ev.workspace_id) as conn:
                 # Merge only while the target is still a live, processed drawer (checked in the same statement).
@@ -62,3 +69,22 @@ def register(deps: Deps) -> None:
                     WHERE e.workspace_id = %(ws)s AND e.id = m.entity_id""",
                 {"ws": ev.workspace_id, "ids": ev.entity_ids},
             )
+
+
+async def backfill_bands(deps: Deps, stop: asyncio.Event) -> None:
+    """Give drawers processed before wording bands existed their bands, in small batches, so the
+    near-duplicate check finds them too. Idempotent: replicas racing on a batch write the same values."""
+    while not stop.is_set():
+        done = 0
+        with contextlib.suppress(Exception):  # retried next round; a failure here never stops the service
+            async with maintenance_tx(deps.pool) as conn:
+                rows = await drawers_missing_bands(conn, 500)
+                by_ws: dict[str, list[tuple[str, list[int]]]] = {}
+                for ws, did, content in rows:
+                    by_ws.setdefault(ws, []).append((did, wording_bands(ws, content)))
+                for ws, items in by_ws.items():
+                    await set_dedup_bands(conn, ws, items)
+                done = len(rows)
+        if done < 500:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), 60.0)
