@@ -34,14 +34,12 @@ def register(deps: Deps) -> None:
             for r in rows:
                 if r.state != "processed" or r.embedding is None:
                     continue
-                bands = wording_bands(ev.workspace_id, r.content)
-                twins = await older_twins(conn, ev.workspace_id, r.id, r.embedding, bands)
+                # Ingest stored the bands with the row (the backfill below covers older drawers).
+                twins = await older_twins(conn, ev.workspace_id, r.id, r.embedding,
+                                          wording_bands(ev.workspace_id, r.content))
                 d = decide(r.content, twins, s.dedup_threshold)
                 if d.action == "MERGE":
                     decisions.append((r.id, d))
-                # Findable by the drawers that come after it (within this transaction too: the next
-                # row of this event may be its twin).
-                await set_dedup_bands(conn, ev.workspace_id, [(r.id, bands)])
         for did, d in decisions:
             async with workspace_tx(deps.pool, ev.workspace_id) as conn:
                 # Merge only while the target is still a live, processed drawer (checked in the same statement).
