@@ -23,7 +23,7 @@ import pytest
 import yaml
 
 from shared.config import Settings
-from tests.unit.deploy_commands import check_command
+from tests.unit.deploy_checks import PENDING_SETTINGS, check_command
 
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "deploy" / "k8s"
@@ -32,8 +32,6 @@ SERVICES = ["ingest", "embed", "classify", "cluster", "enrich", "maintain", "api
 KEDA_SCHEMA = json.loads((Path(__file__).parent / "schemas" / "keda-scaledobject-v1alpha1.json").read_text())
 # The oldest Kubernetes minor the manifests are meant for, and the newest the validator knows.
 K8S_VERSIONS = ["1.29.0", kubernetes_validate.utils.latest_version()]
-# Settings being added on other branches (issue 17); see tests/unit/test_deploy_compose.py.
-PENDING_SETTINGS = {"PALACE_METRICS_HOST", "PALACE_API_BOOTSTRAP_KEYS"}
 
 
 def _kubectl() -> str:

@@ -1,4 +1,4 @@
-"""What a deployment file may run: shared by the docker-compose and Kubernetes checks."""
+"""Shared by the docker-compose and Kubernetes checks: what a deployment file may run and configure."""
 
 from __future__ import annotations
 
@@ -8,7 +8,11 @@ import typer
 
 from services.cli import app as palace_app
 
-__all__ = ["check_command"]
+__all__ = ["PENDING_SETTINGS", "check_command"]
+
+# Settings announced in issue 17 and being added to shared/config.py on other branches. A test fails once
+# one of them exists there (test_deploy_compose.py), so each is removed from this set when it lands.
+PENDING_SETTINGS = {"PALACE_METRICS_HOST", "PALACE_API_BOOTSTRAP_KEYS"}
 
 
 def check_command(argv: list[str]) -> str:
