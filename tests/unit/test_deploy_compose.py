@@ -4,11 +4,13 @@ and Grafana are wired to the files in deploy/."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from compose_spec import PyCompose
 
 from shared.config import Settings
 from tests.unit.deploy_checks import PENDING_SETTINGS, check_command
@@ -39,6 +41,18 @@ def test_check_command_rejects_what_does_not_exist() -> None:
     with pytest.raises(AssertionError, match="no-such-flag"):
         check_command(["palace", "migrate", "--no-such-flag"])
     assert check_command(["palace", "migrate", "--check"]) == "palace migrate"
+
+
+def test_the_file_follows_the_compose_specification() -> None:
+    # compose_spec (a Rust parser of the Compose specification) rejects unknown keys and invalid values;
+    # it does not read YAML merge keys, so it gets the document PyYAML resolved them in.
+    spec = PyCompose.from_json(json.dumps(_compose()))
+    spec.validate()
+    assert set(spec.service_names()) == set(_services())
+    broken = _compose()
+    broken["services"]["migrate"]["depends_on"]["postgres"]["condition"] = "service_ready"
+    with pytest.raises(ValueError, match="service_ready"):
+        PyCompose.from_json(json.dumps(broken))
 
 
 def test_servers_are_the_official_images_with_jetstream_and_pgvector() -> None:
