@@ -24,8 +24,7 @@ def _scrape(stack: Stack) -> tuple[set[str], set[str]]:
     declared: set[str] = set()
     observed: set[str] = set()
     for service in ALL_SERVICES:
-        port = stack.settings.api_port if service == "api" else \
-            stack.supervisor.metrics_base_port + ALL_SERVICES.index(service)
+        port = stack.supervisor.port_of(service)
         text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10, follow_redirects=True).text
         for family in text_string_to_metric_families(text):
             declared.update(_family_samples(family.name, family.type))

@@ -6,7 +6,6 @@ budgets, grace above the drain time, the migration gate, one autoscaler per cons
 
 from __future__ import annotations
 
-import importlib
 import json
 import re
 import shlex
@@ -23,6 +22,7 @@ import pytest
 import yaml
 
 from shared.config import Settings
+from shared.consumers import consumers_of
 from tests.unit.deploy_checks import PENDING_SETTINGS, check_command
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -78,8 +78,7 @@ def _containers(pod_spec: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def _consumers(service: str) -> set[str]:
-    spec = importlib.import_module(f"services.{service}.app").SPEC
-    return {durable for durable, _subject in spec.consumers}
+    return {c.durable for c in consumers_of(service)}
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
