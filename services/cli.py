@@ -194,12 +194,18 @@ def _reachable_nats(url: str | None) -> bool:
 
 
 @app.command()
-def migrate() -> None:
+def migrate(check: Annotated[bool, typer.Option(
+        help="Apply nothing; exit 1 while migrations are pending (a readiness gate for containers).")] = False,
+) -> None:
     """Apply pending database migrations."""
-    from shared.db.migrate import apply_migrations
+    from shared.db.migrate import apply_migrations, pending_migrations
 
     s = _settings()
     db, _ = _urls(s)
+    if check:
+        pending = pending_migrations(db)
+        console.print(f"pending: {', '.join(pending)}" if pending else "schema is up to date")
+        raise typer.Exit(1 if pending else 0)
     applied = apply_migrations(db, s.embed_dim)
     console.print(f"applied: {', '.join(applied)}" if applied else "schema is up to date")
 
