@@ -12,6 +12,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import structlog
 import uvicorn
 from faststream.nats import NatsBroker
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -30,6 +31,7 @@ from shared.db.pool import open_pool, wait_for_database
 from shared.endpoints import resolve_urls
 from shared.logging import configure_logging, get_logger
 from shared.ports import Embedder
+from shared.tracing import setup_tracing
 
 __all__ = ["Deps", "QuietServer", "WorkerSpec", "run_worker", "serve_worker"]
 
@@ -128,6 +130,9 @@ async def _lag_loop(deps: Deps, consumers: list[Consumer], stop: asyncio.Event) 
 async def serve_worker(spec: WorkerSpec, settings: Settings, stop: asyncio.Event) -> None:
     """Run one service until ``stop`` is set, then drain and close."""
     log = get_logger(f"palace.{spec.name}")
+    # Every line this service logs names it; every task started below inherits the binding.
+    structlog.contextvars.bind_contextvars(service=spec.name)
+    setup_tracing(settings, spec.name)
     db_url, nats_url = resolve_urls(settings)
     deps_ref: dict[str, Deps] = {}
     http = QuietServer(uvicorn.Config(_health_app(deps_ref), host=settings.metrics_host, port=settings.metrics_port,

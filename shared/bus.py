@@ -21,11 +21,12 @@ from datetime import UTC, datetime
 from typing import Any
 
 import nats.js.api as js_api
+import structlog
 from faststream.nats import NatsBroker
 from nats.js.errors import NotFoundError
 from pydantic import ValidationError
 
-from shared import metrics
+from shared import metrics, tracing
 from shared.config import Settings
 from shared.consumers import CONSUMERS, Poison, consumer_config, pipeline_subjects
 from shared.events import DeadLetterInfo, Event
@@ -47,7 +48,11 @@ log = get_logger("palace.bus")
 
 
 def decode_event(model: type[Event], data: bytes, settings: Settings) -> Any:
-    """Validate raw bytes into ``model`` or raise ``Poison`` with a precise, human-readable reason."""
+    """Validate raw bytes into ``model`` or raise ``Poison`` with a precise, human-readable reason.
+
+    Every handler decodes its event here, so this is where the message's ``workspace_id`` and
+    ``event_id`` join the log context (the consumer loop clears them per message; a batch keeps none,
+    its lines would otherwise name an arbitrary one of its events)."""
     if len(data) > settings.max_event_bytes:
         raise Poison(f"payload of {len(data)} bytes exceeds the {settings.max_event_bytes}-byte limit")
     try:
@@ -55,7 +60,7 @@ def decode_event(model: type[Event], data: bytes, settings: Settings) -> Any:
     except UnicodeDecodeError as e:
         raise Poison(f"payload is not valid UTF-8 (byte {e.start})") from None
     try:
-        return model.model_validate_json(data)
+        event = model.model_validate_json(data)
     except ValidationError as e:
         errs = e.errors(include_url=False)
         head = "; ".join(
@@ -63,6 +68,9 @@ def decode_event(model: type[Event], data: bytes, settings: Settings) -> Any:
         )
         more = f" (+{len(errs) - 5} more)" if len(errs) > 5 else ""
         raise Poison(f"invalid {model.subject} event: {head}{more}") from None
+    if not tracing.in_batch():
+        structlog.contextvars.bind_contextvars(workspace_id=event.workspace_id, event_id=event.event_id)
+    return event
 
 
 def _nats_options(settings: Settings) -> dict[str, Any]:
@@ -149,15 +157,23 @@ async def stream_usage(broker: NatsBroker, settings: Settings) -> None:
             metrics.STREAM_MAX_BYTES.labels(name).set(si.config.max_bytes or -1)
 
 
-async def publish_event(broker: NatsBroker, settings: Settings, event: Event) -> None:
-    """Publish to JetStream and wait for the store ack; the event id de-duplicates retries."""
-    await broker.publish(
-        event.model_dump_json().encode(),
-        subject=event.subject,
-        headers={"Nats-Msg-Id": f"{event.subject}:{event.event_id}"},
-        stream=settings.stream_name,
-        timeout=10.0,
-    )
+async def publish_event(
+    broker: NatsBroker, settings: Settings, event: Event, *, caused_by: Event | None = None
+) -> None:
+    """Publish to JetStream and wait for the store ack; the event id de-duplicates retries.
+
+    The current trace context goes along in the headers (``traceparent``). A batch handler names the
+    event each publish derives from (``caused_by``), so it continues that event's trace."""
+    headers = {"Nats-Msg-Id": f"{event.subject}:{event.event_id}"}
+    with tracing.publishing(event.subject, headers, event_id=event.event_id,
+                            cause=caused_by.event_id if caused_by is not None else None):
+        await broker.publish(
+            event.model_dump_json().encode(),
+            subject=event.subject,
+            headers=headers,
+            stream=settings.stream_name,
+            timeout=10.0,
+        )
 
 
 def _header_value(value: object) -> str:
@@ -189,9 +205,11 @@ async def dead_letter(
     headers = {f"Palace-{k}": _header_value(v) for k, v in info.model_dump(mode="json", exclude_none=True).items()}
     # One dead letter per (stream, sequence): a redelivered failure doesn't duplicate it.
     headers["Nats-Msg-Id"] = f"dlq:{meta.stream}:{meta.sequence.stream}"
-    await broker.publish(
-        raw.data, subject=f"dlq.{raw.subject}", headers=headers, stream=settings.dlq_stream_name, timeout=10.0
-    )
+    # The dead letter stays in the failed message's trace (its span records why), and a re-drive keeps it.
+    with tracing.publishing(f"dlq.{raw.subject}", headers, event_id=event_id, cause=event_id):
+        await broker.publish(
+            raw.data, subject=f"dlq.{raw.subject}", headers=headers, stream=settings.dlq_stream_name, timeout=10.0
+        )
     metrics.DEAD_LETTERED.labels(service, raw.subject).inc()
     if error_type == "invalid":
         # Counted here, not by the caller: a batch handler dead-letters its bad events one by one.

@@ -129,6 +129,11 @@ class Settings(BaseSettings):
     log_level: str = Field("INFO", description="Log level.")
     log_json: bool = Field(True, description="JSON log lines (false: human-readable console).")
     shutdown_grace_s: float = Field(20.0, description="Seconds a service drains in-flight work on SIGTERM.")
+    otlp_endpoint: str | None = Field(
+        None, description="OTLP/HTTP collector base URL (e.g. http://otel-collector:4318); spans go to "
+        "<url>/v1/traces. Unset: the standard OTEL_EXPORTER_OTLP_ENDPOINT is used if set, else nothing is "
+        "exported (trace context still travels in the NATS headers and the logs).",
+    )
 
     @property
     def embedded(self) -> bool:

@@ -38,7 +38,7 @@ import nats.js.api as js_api
 from nats.aio.msg import Msg
 from nats.js.errors import NotFoundError
 
-from shared import metrics
+from shared import metrics, tracing
 from shared.config import Settings
 from shared.faults import is_transient
 from shared.logging import get_logger
@@ -291,6 +291,12 @@ class PullConsumer:
 
     # --- one unit of work ------------------------------------------------------------------------
     async def _process(self, raws: list[Msg]) -> None:
+        """One message (or batch) inside its CONSUMER span(s), children of the trace context the
+        message(s) arrived with: what the handler logs and publishes continues that trace."""
+        with tracing.consuming(self.c.durable, self.c.subject, raws) as spans:
+            await self._settle(raws, spans)
+
+    async def _settle(self, raws: list[Msg], spans: list[Any]) -> None:
         s, service, subject = self.settings, self.c.service, self.c.subject
         over = [r for r in raws if r.metadata.num_delivered > s.max_deliver]
         for r in over:
@@ -308,11 +314,13 @@ class PullConsumer:
             await self._call_holding(raws)
         except Exception as e:
             if isinstance(e, Poison):
+                tracing.record_failure(spans, e, "dead_lettered")
                 for r in raws:
                     if not r._ackd:
                         await self._settle_dead(r, "invalid", str(e))
                 return
             metrics.FAILED.labels(service, subject, type(e).__name__).inc(len(raws))
+            tracing.record_failure(spans, e, "failed")
             log.warning("handler_failed", service=service, subject=subject, error=repr(e)[:500],
                         deliveries=[r.metadata.num_delivered for r in raws], exc_info=e)
             for r in raws:
@@ -334,6 +342,10 @@ class PullConsumer:
             if not r._ackd:
                 await r.ack()
         metrics.PROCESSED.labels(service, subject).inc(len(raws))
+        # One line per handled message (per batch for a batch handler): with the log context bound by
+        # the loop and decode_event, it ties each event to its trace, workspace and outcome.
+        log.info("handled", consumer=self.c.durable, subject=subject, messages=len(raws),
+                 ms=round((time.perf_counter() - t0) * 1000, 1))
 
     async def _call_holding(self, raws: list[Msg]) -> None:
         """Run the handler; while a dependency is down, keep the message(s) and retry in place: an

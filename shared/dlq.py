@@ -10,6 +10,7 @@ from nats.js.errors import NotFoundError
 from shared.bus import dead_letter_info
 from shared.config import Settings
 from shared.events import DeadLetterInfo
+from shared.tracing import trace_headers
 
 __all__ = ["DeadLetter", "list_dead_letters", "redrive"]
 
@@ -66,7 +67,9 @@ async def redrive(settings: Settings, nats_url: str, seqs: list[int]) -> int:
             except NotFoundError:
                 continue
             info = dead_letter_info(m.headers)
-            await js.publish(info.subject, m.data or b"", stream=settings.stream_name)
+            # The re-driven event continues the trace it failed in.
+            await js.publish(info.subject, m.data or b"", stream=settings.stream_name,
+                             headers=trace_headers(m.headers) or None)
             await js.delete_msg(settings.dlq_stream_name, seq)
             done += 1
     finally:

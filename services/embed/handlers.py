@@ -100,4 +100,4 @@ def register(deps: Deps) -> None:
                 await publish_event(deps.broker, s, DrawerEmbedded(
                     event_id=event_id_for("drawer.embedded", ev.event_id), workspace_id=ws,
                     session_id=ev.session_id, drawer_ids=ev.drawer_ids,
-                ))
+                ), caused_by=ev)
