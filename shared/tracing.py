@@ -13,7 +13,8 @@ is a few objects that nothing reads.
 
 A batch handler (embed) handles many messages, possibly of many traces, in one call: it gets one span
 per message, and publishes each derived event with ``caused_by=<the event it came from>`` so the event
-continues its own trace; the batch's log lines carry the first message's trace.
+continues its own trace; the batch's log lines carry the first message's ``trace_id`` and all of them
+in ``trace_ids``.
 """
 
 from __future__ import annotations
@@ -158,7 +159,8 @@ def _event_id_of(msg: Any) -> str | None:
 @contextlib.contextmanager
 def consuming(durable: str, subject: str, msgs: list[Any]) -> Iterator[list[Span]]:
     """The handling of one message, or one batch: a CONSUMER span per message, child of the context it
-    carries; the first is current (its ids are bound into the log context); the batch map lets
+    carries; the first is current (its ids are bound into the log context, with every message's
+    ``trace_ids`` for a batch); the batch map lets
     ``publishing(cause=...)`` continue each message's own trace. Log context of the previous message
     (workspace_id, event_id) is cleared on entry and exit."""
     tracer = _tracer()
@@ -179,8 +181,11 @@ def consuming(durable: str, subject: str, msgs: list[Any]) -> Iterator[list[Span
     token = otel_context.attach(trace.set_span_in_context(spans[0]))
     batch_token = _batch.set(by_event if len(msgs) > 1 else None)
     structlog.contextvars.unbind_contextvars("workspace_id", "event_id")
+    fields: dict[str, Any] = trace_log_fields(spans[0])
+    if len(spans) > 1:
+        fields["trace_ids"] = list(dict.fromkeys(format_trace_id(s.get_span_context().trace_id) for s in spans))
     try:
-        with structlog.contextvars.bound_contextvars(**trace_log_fields(spans[0])):
+        with structlog.contextvars.bound_contextvars(**fields):
             yield spans
     finally:
         structlog.contextvars.unbind_contextvars("workspace_id", "event_id")

@@ -16,6 +16,7 @@ from services.supervisor import Supervisor
 from shared.config import Settings
 from shared.devstack import DevStack
 from tests.integration.helpers import Stack
+from tests.otlp_receiver import OtlpReceiver
 
 # Short delays so retry paths finish within a test; values a deployment would never use.
 TEST_ENV = {
@@ -27,6 +28,8 @@ TEST_ENV = {
     "PALACE_SHUTDOWN_GRACE_S": "10",
     "PALACE_LOG_JSON": "true",
     "PALACE_DEVSTACK_DIR": ".devstack-test",
+    # Spans leave a service within half a second (the SDK default waits five).
+    "OTEL_BSP_SCHEDULE_DELAY": "500",
 }
 
 
@@ -41,6 +44,9 @@ def stack() -> Iterator[Stack]:
     saved = dict(os.environ)
     os.environ.update({k: v for k, v in TEST_ENV.items() if k not in os.environ or k == "PALACE_DEVSTACK_DIR"})
     os.environ["PALACE_API_PORT"] = str(_free_port())
+    # Every service exports its spans to a receiver in this process, as it would to a collector.
+    otlp = OtlpReceiver().start()
+    os.environ["PALACE_OTLP_ENDPOINT"] = otlp.endpoint
     settings = Settings()
     if not (settings.database_url and settings.nats_url):
         # A fresh embedded stack per run: results never depend on what an earlier run left behind.
@@ -52,8 +58,9 @@ def stack() -> Iterator[Stack]:
         sup.start_servers()
         sup.start_services()
         sup.wait_healthy()
-        yield Stack(settings, sup, sup.database_url, sup.nats_url, f"http://127.0.0.1:{settings.api_port}")
+        yield Stack(settings, sup, sup.database_url, sup.nats_url, f"http://127.0.0.1:{settings.api_port}", otlp)
     finally:
         sup.stop()
+        otlp.stop()
         os.environ.clear()
         os.environ.update(saved)

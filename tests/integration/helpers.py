@@ -16,6 +16,7 @@ import psycopg
 
 from services.supervisor import Supervisor
 from shared.config import Settings
+from tests.otlp_receiver import OtlpReceiver
 
 T = TypeVar("T")
 
@@ -27,6 +28,7 @@ class Stack:
     database_url: str
     nats_url: str
     api_url: str
+    otlp: OtlpReceiver | None = None  # where the services' spans arrive
 
     def publish(self, payload: bytes | dict[str, Any], subject: str = "session.completed",
                 headers: dict[str, str] | None = None) -> None:

@@ -100,7 +100,8 @@ def test_a_batch_continues_each_messages_own_trace(spans: InMemorySpanExporter) 
         assert tracing.in_batch()
         decode_event(DrawerCreated, body, Settings())
         # A batch's lines cannot name one event: none is bound.
-        assert "event_id" not in structlog.contextvars.get_contextvars()
+        ctx = structlog.contextvars.get_contextvars()
+        assert "event_id" not in ctx and ctx["trace_id"] == TRACE and ctx["trace_ids"] == [TRACE, other]
         heads = {}
         for cause in ("a", "b"):
             heads[cause] = {}
