@@ -53,7 +53,8 @@ __all__ = [
 ]
 
 TRACE_HEADERS = ("traceparent", "tracestate", "baggage")
-_TRACER = "palace"
+# A proxy until ``setup_tracing`` installs the provider, then its tracer: looked up once, not per span.
+_TRACER = trace.get_tracer("palace")
 
 _provider: TracerProvider | None = None
 # While a batch is handled: the context of each message's span, by the event id of that message.
@@ -109,10 +110,6 @@ def setup_tracing(settings: Settings, service: str) -> TracerProvider:
     return provider
 
 
-def _tracer() -> trace.Tracer:
-    return trace.get_tracer(_TRACER)
-
-
 def inject(headers: dict[str, str], ctx: Context | None = None) -> dict[str, str]:
     """Write the context (default: the current one) into NATS headers; nothing when there is none."""
     propagate.inject(headers, context=ctx)
@@ -163,11 +160,10 @@ def consuming(durable: str, subject: str, msgs: list[Any]) -> Iterator[list[Span
     ``trace_ids`` for a batch); the batch map lets
     ``publishing(cause=...)`` continue each message's own trace. Log context of the previous message
     (workspace_id, event_id) is cleared on entry and exit."""
-    tracer = _tracer()
     spans: list[Span] = []
     by_event: dict[str, Context] = {}
     for m in msgs:
-        span = tracer.start_span(
+        span = _TRACER.start_span(
             f"{subject} process", context=extract(getattr(m, "headers", None)), kind=SpanKind.CONSUMER,
             attributes={"messaging.system": "nats", "messaging.operation.type": "process",
                         "messaging.destination.name": subject, "messaging.consumer.group.name": durable,
@@ -214,7 +210,7 @@ def publishing(subject: str, headers: dict[str, str], *, event_id: str | None = 
                                   "messaging.destination.name": subject}
     if event_id:
         attributes["messaging.message.id"] = event_id
-    with _tracer().start_as_current_span(f"{subject} publish", context=parent, kind=SpanKind.PRODUCER,
+    with _TRACER.start_as_current_span(f"{subject} publish", context=parent, kind=SpanKind.PRODUCER,
                                          attributes=attributes) as span:
         inject(headers)
         yield span

@@ -21,6 +21,8 @@ from shared.tracing import extract, setup_tracing, trace_log_fields
 
 __all__ = ["TraceMiddleware"]
 
+_TRACER = trace.get_tracer("palace.api")
+
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
 Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
@@ -53,8 +55,7 @@ class TraceMiddleware:
                 status["code"] = int(message["status"])
             await send(message)
 
-        tracer = trace.get_tracer("palace")
-        with tracer.start_as_current_span(
+        with _TRACER.start_as_current_span(
             method, context=extract(headers), kind=SpanKind.SERVER,
             attributes={"http.request.method": method, "url.path": scope.get("path", "")},
         ) as span, structlog.contextvars.bound_contextvars(service=self.service, **trace_log_fields()):
