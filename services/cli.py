@@ -292,7 +292,7 @@ async def _local_search(s: Settings, workspace: str, query: str, k: int) -> list
     pool = await open_pool(db, name="cli", max_size=2, role=s.db_role)
     emb = build_embedder(s)
     try:
-        r = Recaller(pool, emb)
+        r = Recaller(pool, emb, vector_index_min=s.vector_index_min_drawers)
         hits = await r.search(workspace, query, k)
         await r.drain()
         return hits

@@ -99,6 +99,10 @@ class Settings(BaseSettings):
     embed_timeout_s: float = Field(30.0, description="Timeout of one remote embedding call.")
     heuristic_high: float = Field(0.8, description="Classifier confidence trusted without further tiers.")
     heuristic_low: float = Field(0.5, description="Below high and above this, the centroid tier may decide.")
+    vector_index_min_drawers: int = Field(
+        5_000, description="A workspace with more live drawers than this gets an HNSW index of its own (built by "
+        "maintain, used by search once ready); smaller ones are searched exactly.",
+    )
     dedup_threshold: float = Field(
         0.9, description="Cosine from which an older drawer is a twin candidate (merging also needs same wording)."
     )
