@@ -60,7 +60,10 @@ class Settings(BaseSettings):
     # --- memory pipeline -----------------------------------------------------------------------
     chunk_chars: int = Field(800, description="Content longer than this is chunked at sentence boundaries.")
     chunk_overlap: int = Field(100, description="Characters of overlap between consecutive chunks.")
-    min_chars: int = Field(12, description="Messages shorter than this (stripped) are noise.")
+    min_chars: int = Field(
+        4, description="Messages with fewer letters and digits than this are noise; acknowledgements and "
+        "pleasantries are noise at any length (shared/memory/noise.py).",
+    )
     embed_provider: str = Field("local", description="'local' (in-process model) or 'openai' (any /v1/embeddings).")
     embed_model: str = Field(
         "multilingual-e5-small",
