@@ -53,9 +53,11 @@ class Settings(BaseSettings):
     dependency_retry_max_s: float = Field(5.0, description="Longest pause between those in-place retries.")
     max_ack_pending: int = Field(256, description="Un-acked messages a consumer may hold (backpressure).")
     fetch_batch: int = Field(16, description="Messages fetched per pull request.")
-    max_event_bytes: int = Field(1_000_000, description="Largest event accepted (bytes).")
+    max_event_bytes: int = Field(
+        1_000_000, description="Largest event accepted (bytes); also the bound on one message, which may be "
+        "any length within it (long messages are chunked).",
+    )
     max_messages_per_session: int = Field(5_000, description="Largest session accepted (messages).")
-    max_message_chars: int = Field(100_000, description="Longest single message accepted (characters).")
 
     # --- memory pipeline -----------------------------------------------------------------------
     chunk_chars: int = Field(800, description="Content longer than this is chunked at sentence boundaries.")
