@@ -130,12 +130,16 @@ def migrate() -> None:
 
 @app.command()
 def schemas(check: Annotated[bool, typer.Option(help="Fail if schemas/ differs from the models.")] = False,
-            out: Path = Path("schemas")) -> None:
-    """Regenerate the JSON Schemas of every event from the models."""
-    from shared.events.export import render_schemas, write_schemas
+            out: Path = Path("schemas"),
+            readme: Annotated[Path, typer.Option(help="README whose producer reference is kept in step.")] = Path(
+                "README.md")) -> None:
+    """Regenerate the JSON Schemas of every event, and the README's producer reference, from the models."""
+    from shared.events.export import readme_with_reference, render_schemas, write_schemas
 
     if check:
         stale = [n for n, t in render_schemas().items() if not (out / n).exists() or (out / n).read_text() != t]
+        if readme.exists() and readme_with_reference(readme.read_text()) != readme.read_text():
+            stale.append(str(readme))
         if stale:
             console.print(f"[red]schemas out of date:[/red] {stale} (run 'palace schemas')")
             raise typer.Exit(1)
@@ -143,6 +147,9 @@ def schemas(check: Annotated[bool, typer.Option(help="Fail if schemas/ differs f
         return
     for p in write_schemas(out):
         console.print(str(p))
+    if readme.exists():
+        readme.write_text(readme_with_reference(readme.read_text()))
+        console.print(str(readme))
 
 
 async def _publish_all(s: Settings, nats_url: str, events: list[dict[str, Any]]) -> list[str]:
@@ -219,13 +226,14 @@ def search(
 
 @dlq_app.command("list")
 def dlq_list(subject: Annotated[str | None, typer.Option(help="Only from this subject.")] = None,
+             workspace: Annotated[str | None, typer.Option("--workspace", "-w", help="Only of this workspace.")] = None,
              limit: int = 100, as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
     """List dead letters with the reason each one failed."""
     from shared.dlq import list_dead_letters
 
     s = _settings()
     _, nats_url = _urls(s)
-    items = asyncio.run(list_dead_letters(s, nats_url, subject=subject, limit=limit))
+    items = asyncio.run(list_dead_letters(s, nats_url, subject=subject, workspace=workspace, limit=limit))
     if as_json:
         console.print_json(json.dumps([i.info.model_dump(mode="json") for i in items]))
         return

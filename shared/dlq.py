@@ -29,8 +29,8 @@ async def _connect(nats_url: str) -> nats.NATS:
 
 
 async def list_dead_letters(settings: Settings, nats_url: str, *, subject: str | None = None,
-                            limit: int = 1000) -> list[DeadLetter]:
-    """Dead letters in stream order (optionally only those from ``subject``)."""
+                            workspace: str | None = None, limit: int = 1000) -> list[DeadLetter]:
+    """Dead letters in stream order (optionally only those from ``subject`` or of ``workspace``)."""
     nc = await _connect(nats_url)
     try:
         js = nc.jetstream()
@@ -47,7 +47,7 @@ async def list_dead_letters(settings: Settings, nats_url: str, *, subject: str |
             except NotFoundError:
                 continue
             info = dead_letter_info(m.headers).model_copy(update={"stream_seq": seq})
-            if subject and info.subject != subject:
+            if (subject and info.subject != subject) or (workspace and info.workspace_id != workspace):
                 continue
             out.append(DeadLetter(seq, info, m.data or b"", dict(m.headers or {})))
             if len(out) >= limit:
