@@ -125,6 +125,9 @@ def test_dlq_list_and_show_piped(stack: Stack) -> None:
     assert "(+299,500 characters)" in flat and len(shown) < 30_000, "a huge payload is cut sensibly"
     full = palace(stack, "dlq", "show", str(huge.seq), "--full")
     assert full.count("z") >= 300_000
+    missing = subprocess.run([sys.executable, "-m", "services.cli", "dlq", "show", "999999999"], env=_env(stack),
+                             capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert missing.returncode == 1 and "no dead letter with sequence 999999999" in missing.stdout
     as_json = json.loads(palace(stack, "dlq", "show", str(huge.seq), "--json"))
     assert json.loads(as_json["payload"])["surprise"] == long_field
     assert as_json["headers"]["Palace-event_id"] == huge.info.event_id
