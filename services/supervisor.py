@@ -74,11 +74,24 @@ class Supervisor:
         if applied:
             log.info("migrations_applied", applied=applied)
 
+    def port_of(self, name: str) -> int:
+        """The health/metrics port of a service: the api's own port, else one per worker in
+        ``ALL_SERVICES`` order from ``metrics_base_port`` (ingest 9101, embed 9102, ...)."""
+        return self.settings.api_port if name == "api" else self.metrics_base_port + ALL_SERVICES.index(name)
+
+    def endpoints(self) -> dict[str, dict[str, object]]:
+        """Where each running service answers: its pid, health (readiness) and metrics URLs."""
+        out: dict[str, dict[str, object]] = {}
+        for name, child in self.children.items():
+            base = f"http://127.0.0.1:{self.port_of(name)}"
+            out[name] = {"pid": child.proc.pid, "ready": f"{base}/readyz", "metrics": f"{base}/metrics"}
+        return out
+
     def _env(self, name: str, index: int) -> dict[str, str]:
         env = {**os.environ, **self.env}
         env["PALACE_DATABASE_URL"] = self.database_url
         env["PALACE_NATS_URL"] = self.nats_url
-        env["PALACE_METRICS_PORT"] = str(self.metrics_base_port + index)
+        env["PALACE_METRICS_PORT"] = str(self.port_of(name))
         env["PALACE_API_PORT"] = str(self.settings.api_port)
         env.setdefault("PALACE_LOG_JSON", "true")
         return env
@@ -100,7 +113,8 @@ class Supervisor:
 
     def _record(self) -> None:
         if self.stack is not None:
-            self.stack.write_state(service_pids={n: c.proc.pid for n, c in self.children.items()})
+            self.stack.write_state(service_pids={n: c.proc.pid for n, c in self.children.items()},
+                                   services=self.endpoints())
 
     def start_services(self) -> None:
         for name in self.services:
@@ -135,9 +149,8 @@ class Supervisor:
         pending = set(self.children)
         while pending and time.monotonic() < deadline:
             for name in list(pending):
-                port = self.settings.api_port if name == "api" else self.metrics_base_port + ALL_SERVICES.index(name)
                 with contextlib.suppress(Exception):
-                    if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
+                    if httpx.get(f"http://127.0.0.1:{self.port_of(name)}/healthz", timeout=1).status_code == 200:
                         pending.discard(name)
                 child = self.children[name]
                 if child.proc.poll() is not None:

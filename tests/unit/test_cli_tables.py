@@ -108,3 +108,15 @@ def test_payload_preview_shortens_inside_json_and_shows_bytes() -> None:
     assert json.loads(full) == big
     raw, is_json = payload_preview(b"not json \xff\xfe")
     assert not is_json and raw == "not json \\xff\\xfe"
+
+
+@pytest.mark.parametrize("width", [80, None])
+def test_palace_up_services_table_shows_whole_urls(width: int | None) -> None:
+    from services.cli import _services_table
+
+    names = ["ingest", "embed", "classify", "cluster", "enrich", "maintain", "api"]
+    eps = {n: {"pid": 4_000_000 + i, "ready": f"http://127.0.0.1:{9101 + i}/readyz",
+               "metrics": f"http://127.0.0.1:{9101 + i}/metrics"} for i, n in enumerate(names)}
+    out = _render(_services_table(eps, {n: "not ready (503)" for n in names}), width)
+    for ep in eps.values():
+        assert str(ep["ready"]) in out and str(ep["metrics"]) in out
