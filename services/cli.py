@@ -18,7 +18,7 @@ from rich.syntax import Syntax
 from rich.table import Table
 from rich.text import Text
 
-from services.cli_tables import DeadLetterTable, HitsTable
+from services.cli_render import DeadLetterTable, HitsTable
 from shared.config import Settings
 
 app = typer.Typer(help="Palace: long-term memory for AI agents.", no_args_is_help=True, add_completion=False)
@@ -333,7 +333,8 @@ def dlq_show(seq: Annotated[int, typer.Argument(help="Dead-letter sequence (the 
              full: Annotated[bool, typer.Option("--full", help="Print the whole payload, however long.")] = False,
              as_json: Annotated[bool, typer.Option("--json", help="Headers and payload as JSON.")] = False) -> None:
     """One dead letter: why it failed, its headers and its payload (pretty JSON when it is JSON)."""
-    from shared.dlq import get_dead_letter, payload_preview
+    from services.cli_render import payload_preview
+    from shared.dlq import get_dead_letter
 
     s = _settings()
     _, nats_url = _urls(s)

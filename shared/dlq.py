@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
-from typing import Any
 
 import nats
 from nats.js.errors import NotFoundError
@@ -13,7 +11,7 @@ from shared.bus import dead_letter_info
 from shared.config import Settings
 from shared.events import DeadLetterInfo
 
-__all__ = ["DeadLetter", "get_dead_letter", "list_dead_letters", "payload_preview", "redrive"]
+__all__ = ["DeadLetter", "get_dead_letter", "list_dead_letters", "redrive"]
 
 
 @dataclass
@@ -69,38 +67,6 @@ async def get_dead_letter(settings: Settings, nats_url: str, seq: int) -> DeadLe
         return DeadLetter(seq, info, m.data or b"", {str(k): str(v) for k, v in (m.headers or {}).items()})
     finally:
         await nc.close()
-
-
-def _shorten(value: Any, max_str: int, max_items: int) -> Any:
-    if isinstance(value, str) and len(value) > max_str:
-        return f"{value[:max_str]}… (+{len(value) - max_str:,} characters)"
-    if isinstance(value, list):
-        head = [_shorten(v, max_str, max_items) for v in value[:max_items]]
-        return [*head, f"… (+{len(value) - max_items:,} more items)"] if len(value) > max_items else head
-    if isinstance(value, dict):
-        return {k: _shorten(v, max_str, max_items) for k, v in value.items()}
-    return value
-
-
-def payload_preview(data: bytes, *, full: bool = False, max_str: int = 500, max_items: int = 20,
-                    max_chars: int = 20_000) -> tuple[str, bool]:
-    """A dead letter's payload as text a person can read, and whether it is JSON.
-
-    JSON is pretty-printed; unless ``full``, long strings and long lists inside it are cut where they
-    are (a 200,000-character message or 10,000 messages keep the event's shape readable), then the
-    whole text is capped at ``max_chars``. Bytes that are not UTF-8 are shown escaped, never dropped.
-    """
-    text = data.decode("utf-8", errors="backslashreplace")
-    try:
-        parsed = json.loads(data)
-    except ValueError:
-        is_json = False
-    else:
-        is_json = True
-        text = json.dumps(parsed if full else _shorten(parsed, max_str, max_items), indent=2, ensure_ascii=False)
-    if not full and len(text) > max_chars:
-        text = f"{text[:max_chars]}\n… (+{len(text) - max_chars:,} characters; --full shows everything)"
-    return text, is_json
 
 
 async def redrive(settings: Settings, nats_url: str, seqs: list[int]) -> int:

@@ -10,8 +10,7 @@ from io import StringIO
 import pytest
 from rich.console import Console
 
-from services.cli_tables import CONTENT_PREVIEW_CHARS, DeadLetterTable, HitsTable, short_reason
-from shared.dlq import payload_preview
+from services.cli_render import CONTENT_PREVIEW_CHARS, DeadLetterTable, HitsTable, payload_preview, short_reason
 from shared.events import DeadLetterInfo
 
 HITS = [

@@ -1,4 +1,4 @@
-"""The CLI's tables, laid out for the width they are printed at.
+"""What the CLI prints: tables laid out for the width they are printed at, and dead-letter payloads.
 
 A table of fixed-width columns beside one flexible column leaves the flexible one nothing at 80
 columns, which is also the width Rich assumes when output is piped; that column holds what a user
@@ -10,6 +10,7 @@ reason with an ellipsis, keeping one line per letter.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
@@ -20,7 +21,7 @@ from rich.text import Text
 
 from shared.events import DeadLetterInfo
 
-__all__ = ["CONTENT_PREVIEW_CHARS", "DeadLetterTable", "HitsTable", "short_reason"]
+__all__ = ["CONTENT_PREVIEW_CHARS", "DeadLetterTable", "HitsTable", "payload_preview", "short_reason"]
 
 CONTENT_PREVIEW_CHARS = 300  # one hit's content in a table; `--json` prints it whole
 _WIDE_HITS = 120  # from here the one-column-per-field layout leaves content at least ~40 columns
@@ -124,3 +125,35 @@ class DeadLetterTable:
                 cells += [f"{f.workspace_id or '-'}/{f.session_id or '-'}"]
             t.add_row(*(Text(c) for c in [*cells, short_reason(f)]))
         yield t
+
+
+def _shorten(value: Any, max_str: int, max_items: int) -> Any:
+    if isinstance(value, str) and len(value) > max_str:
+        return f"{value[:max_str]}… (+{len(value) - max_str:,} characters)"
+    if isinstance(value, list):
+        head = [_shorten(v, max_str, max_items) for v in value[:max_items]]
+        return [*head, f"… (+{len(value) - max_items:,} more items)"] if len(value) > max_items else head
+    if isinstance(value, dict):
+        return {k: _shorten(v, max_str, max_items) for k, v in value.items()}
+    return value
+
+
+def payload_preview(data: bytes, *, full: bool = False, max_str: int = 500, max_items: int = 20,
+                    max_chars: int = 20_000) -> tuple[str, bool]:
+    """A dead letter's payload as text a person can read, and whether it is JSON.
+
+    JSON is pretty-printed; unless ``full``, long strings and long lists inside it are cut where they
+    are (a 200,000-character message or 10,000 messages keep the event's shape readable), then the
+    whole text is capped at ``max_chars``. Bytes that are not UTF-8 are shown escaped, never dropped.
+    """
+    text = data.decode("utf-8", errors="backslashreplace")
+    try:
+        parsed = json.loads(data)
+    except ValueError:
+        is_json = False
+    else:
+        is_json = True
+        text = json.dumps(parsed if full else _shorten(parsed, max_str, max_items), indent=2, ensure_ascii=False)
+    if not full and len(text) > max_chars:
+        text = f"{text[:max_chars]}\n… (+{len(text) - max_chars:,} characters; --full shows everything)"
+    return text, is_json
