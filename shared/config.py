@@ -71,14 +71,19 @@ class Settings(BaseSettings):
                                 "(it returns as soon as one arrives).")
     fetch_linger_s: float = Field(0.02, description="After a message arrives, how long to wait for more to fill "
                                   "the free slots or the batch.")
-    max_event_bytes: int = Field(1_000_000, description="Largest event accepted (bytes).")
+    max_event_bytes: int = Field(
+        1_000_000, description="Largest event accepted (bytes); also the bound on one message, which may be "
+        "any length within it (long messages are chunked).",
+    )
     max_messages_per_session: int = Field(5_000, description="Largest session accepted (messages).")
-    max_message_chars: int = Field(100_000, description="Longest single message accepted (characters).")
 
     # --- memory pipeline -----------------------------------------------------------------------
     chunk_chars: int = Field(800, description="Content longer than this is chunked at sentence boundaries.")
     chunk_overlap: int = Field(100, description="Characters of overlap between consecutive chunks.")
-    min_chars: int = Field(12, description="Messages shorter than this (stripped) are noise.")
+    min_chars: int = Field(
+        4, description="Messages with fewer letters and digits than this are noise; acknowledgements and "
+        "pleasantries are noise at any length (shared/memory/noise.py).",
+    )
     embed_provider: str = Field("local", description="'local' (in-process model), 'openai' (any /v1/embeddings), "
                                 "or 'hash' (lexical feature hashing at almost no cost: for benchmarking the pipeline).")
     embed_model: str = Field(
