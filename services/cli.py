@@ -274,6 +274,53 @@ def dlq_redrive(seq: Annotated[list[int] | None, typer.Option(help="Dead-letter 
     console.print(f"re-drove {n} message(s)")
 
 
+@app.command()
+def mcp(workspace: Annotated[str | None, typer.Option(
+        "--workspace", "-w", help="Workspace this server is bound to (default: PALACE_MCP_WORKSPACE).")] = None,
+        ) -> None:
+    """MCP server over stdio for one workspace (for Claude Desktop, Claude Code, Cursor ...).
+
+    Uses the configured servers (PALACE_DATABASE_URL / PALACE_NATS_URL) or the running embedded stack;
+    with neither, it starts the embedded stack and the pipeline services, and stops them on exit.
+    Nothing but MCP messages is written to stdout; logs go to stderr.
+    """
+    from pydantic import TypeAdapter, ValidationError
+
+    from services.mcp.server import run_stdio
+    from shared.endpoints import StackNotRunning, resolve_urls
+    from shared.events.models import WorkspaceId
+
+    s = Settings()
+    from shared.logging import configure_logging
+
+    configure_logging(s.log_level, s.log_json)  # stderr: stdout belongs to the protocol
+    err = Console(stderr=True)
+    ws = workspace or s.mcp_workspace
+    try:
+        ws = TypeAdapter(WorkspaceId).validate_python(ws)
+    except ValidationError:
+        err.print("[red]palace mcp needs a valid workspace: --workspace or PALACE_MCP_WORKSPACE[/red]")
+        raise typer.Exit(2) from None
+    sup = None
+    try:
+        db, nats_url = resolve_urls(s)
+    except StackNotRunning:
+        if not s.embedded:
+            raise
+        from services.supervisor import ALL_SERVICES, Supervisor
+
+        sup = Supervisor(s, services=[n for n in ALL_SERVICES if n != "api"], log_dir=s.devstack_dir / "logs")
+        sup.start_servers()
+        sup.start_services()
+        sup.wait_healthy()
+        db, nats_url = sup.database_url, sup.nats_url
+    try:
+        asyncio.run(run_stdio(s, ws, db, nats_url))
+    finally:
+        if sup is not None:
+            sup.stop()
+
+
 apikey_app = typer.Typer(help="API keys (stored as hashes; shown once).", no_args_is_help=True)
 app.add_typer(apikey_app, name="apikey")
 
