@@ -7,6 +7,9 @@
 -- room, state (merged drawers leave the taxonomy) or deleted_at (soft deletes). Embedding and
 -- access-stat updates leave it alone. Within one transaction a workspace's counter is bumped once
 -- (a transaction-local marker), so a session of many drawers costs one upsert, not one per drawer.
+-- The triggers are deferred to commit: the counter row's lock is then taken after every insert of
+-- the transaction, so two transactions filing the same drawer id cannot deadlock on it (one waiting
+-- for the other's drawer row while holding the counter), and it is held only for the commit itself.
 
 CREATE TABLE palace_graph_versions (
     workspace_id  text        NOT NULL,
@@ -44,12 +47,12 @@ BEGIN
 END
 $$;
 
-CREATE TRIGGER drawers_graph_insert AFTER INSERT ON drawers
-    FOR EACH ROW EXECUTE FUNCTION palace_graph_bump();
-CREATE TRIGGER drawers_graph_delete AFTER DELETE ON drawers
-    FOR EACH ROW EXECUTE FUNCTION palace_graph_bump();
-CREATE TRIGGER drawers_graph_update AFTER UPDATE OF wing, room, state, deleted_at ON drawers
-    FOR EACH ROW
+CREATE CONSTRAINT TRIGGER drawers_graph_insert AFTER INSERT ON drawers
+    DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION palace_graph_bump();
+CREATE CONSTRAINT TRIGGER drawers_graph_delete AFTER DELETE ON drawers
+    DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION palace_graph_bump();
+CREATE CONSTRAINT TRIGGER drawers_graph_update AFTER UPDATE OF wing, room, state, deleted_at ON drawers
+    DEFERRABLE INITIALLY DEFERRED FOR EACH ROW
     WHEN (OLD.wing IS DISTINCT FROM NEW.wing OR OLD.room IS DISTINCT FROM NEW.room
           OR (OLD.state = 'merged') IS DISTINCT FROM (NEW.state = 'merged')
           OR (OLD.deleted_at IS NULL) IS DISTINCT FROM (NEW.deleted_at IS NULL))
