@@ -111,12 +111,13 @@ class DrawerOut(BaseModel):
     room: str
     hall: str | None
     memory_type: str | None
+    written_at: datetime | None = Field(description="When it was said or written.")
     filed_at: datetime
 
     @classmethod
     def of(cls, d: DrawerSummary) -> DrawerOut:
         return cls(drawer_id=d.id, content=d.content, wing=d.wing, room=d.room, hall=d.hall,
-                   memory_type=d.memory_type, filed_at=d.filed_at)
+                   memory_type=d.memory_type, written_at=d.occurred_at, filed_at=d.filed_at)
 
 
 @dataclass

@@ -24,6 +24,7 @@ class DrawerSummary:
     hall: str | None
     memory_type: str | None
     filed_at: datetime
+    occurred_at: datetime | None = None
     similarity: float | None = None
 
 
@@ -75,22 +76,23 @@ async def similar_drawers(
     order = "(embedding <=> %(emb)s) + 0" if exact else "embedding <=> %(emb)s"
     cur = await conn.execute(
         f"""SELECT * FROM (
-              SELECT id, content, wing, room, hall, memory_type, filed_at, 1 - (embedding <=> %(emb)s) AS sim
+              SELECT id, content, wing, room, hall, memory_type, filed_at, occurred_at,
+                     1 - (embedding <=> %(emb)s) AS sim
                 FROM drawers
                WHERE workspace_id = %(ws)s AND deleted_at IS NULL AND state <> 'merged' AND embedding IS NOT NULL
                ORDER BY {order} LIMIT %(n)s) c
              WHERE c.sim >= %(t)s ORDER BY c.sim DESC""",  # noqa: S608 - order is one of two constants
         {"emb": embedding, "ws": workspace_id, "n": limit, "t": threshold},
     )
-    return [DrawerSummary(*r[:7], similarity=float(r[7])) for r in await cur.fetchall()]
+    return [DrawerSummary(*r[:8], similarity=float(r[8])) for r in await cur.fetchall()]
 
 
 async def diary_entries(conn: AsyncConnection[Any], workspace_id: str, agent: str, limit: int) -> list[DrawerSummary]:
-    """An agent's diary (wing 'diary', hall = agent), newest first (index drawers_diary)."""
+    """An agent's diary (wing 'diary', hall = agent), newest written first (index drawers_diary)."""
     cur = await conn.execute(
-        """SELECT id, content, wing, room, hall, memory_type, filed_at FROM drawers
+        """SELECT id, content, wing, room, hall, memory_type, filed_at, occurred_at FROM drawers
             WHERE workspace_id = %s AND wing = 'diary' AND hall = %s AND deleted_at IS NULL
-            ORDER BY filed_at DESC LIMIT %s""",
+            ORDER BY occurred_at DESC NULLS LAST, filed_at DESC LIMIT %s""",
         (workspace_id, agent, limit),
     )
     return [DrawerSummary(*r) for r in await cur.fetchall()]

@@ -58,6 +58,12 @@ CREATE CONSTRAINT TRIGGER drawers_graph_update AFTER UPDATE OF wing, room, state
           OR (OLD.deleted_at IS NULL) IS DISTINCT FROM (NEW.deleted_at IS NULL))
     EXECUTE FUNCTION palace_graph_bump();
 
--- An agent's diary (wing 'diary', hall = the agent), newest first.
-CREATE INDEX drawers_diary ON drawers (workspace_id, hall, filed_at DESC)
+-- An agent's diary (wing 'diary', hall = the agent), newest first by when each entry was written
+-- (filing order can differ: ingest handles concurrent events in parallel).
+CREATE INDEX drawers_diary ON drawers (workspace_id, hall, occurred_at DESC NULLS LAST, filed_at DESC)
     WHERE wing = 'diary' AND deleted_at IS NULL;
+
+-- The taxonomy aggregate, read from the index alone (an index-only scan once autovacuum has marked
+-- the pages all-visible) instead of visiting every wide drawer row of the workspace.
+CREATE INDEX drawers_live_layout ON drawers (workspace_id, wing, room)
+    WHERE deleted_at IS NULL AND state <> 'merged';
