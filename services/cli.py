@@ -309,16 +309,30 @@ def mcp(workspace: Annotated[str | None, typer.Option(
             raise
         from services.supervisor import ALL_SERVICES, Supervisor
 
-        sup = Supervisor(s, services=[n for n in ALL_SERVICES if n != "api"], log_dir=s.devstack_dir / "logs")
+        sup = Supervisor(s, services=[n for n in ALL_SERVICES if n != "api"], log_dir=s.devstack_dir / "logs",
+                         metrics_base_port=s.metrics_port + 1)
         sup.start_servers()
         sup.start_services()
         sup.wait_healthy()
         db, nats_url = sup.database_url, sup.nats_url
+        # MCP clients end a server by closing stdin, then SIGTERM, then SIGKILL a few seconds later:
+        # SIGTERM must reach the finally below, and the stack must be down before the SIGKILL (what
+        # one leaves behind, the next start recovers).
+        signal.signal(signal.SIGTERM, _interrupt)
     try:
         asyncio.run(run_stdio(s, ws, db, nats_url))
+    except KeyboardInterrupt:
+        pass
     finally:
         if sup is not None:
-            sup.stop()
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            sup.stop_services(grace=1.0)
+            if sup.stack is not None:
+                sup.stack.stop()
+
+
+def _interrupt(*_: Any) -> None:
+    raise KeyboardInterrupt
 
 
 apikey_app = typer.Typer(help="API keys (stored as hashes; shown once).", no_args_is_help=True)

@@ -234,3 +234,33 @@ async def test_http_session_calls_every_tool_and_is_bound_to_its_key(stack: Stac
     async with httpx.AsyncClient(timeout=30) as client:
         revoked = {**hdrs, "Authorization": f"Bearer {key_b}"}
         assert (await client.post(f"{stack.api_url}/mcp", json=body, headers=revoked)).status_code == 401
+
+
+async def test_stdio_starts_and_stops_the_embedded_stack_when_none_is_configured(tmp_path: Path) -> None:
+    """No server URLs and no running stack: ``palace mcp`` brings up the embedded servers and the pipeline,
+    serves, and takes everything down when the client ends the session."""
+    import random
+
+    from shared.devstack import DevStack
+
+    stack_dir = tmp_path / "stack"
+    env = {k: v for k, v in os.environ.items() if k.startswith("PALACE_") and k not in (
+        "PALACE_DATABASE_URL", "PALACE_NATS_URL")}
+    env.update(PALACE_DEVSTACK_DIR=str(stack_dir), PALACE_MCP_WORKSPACE="embedded",
+               PALACE_METRICS_PORT=str(random.randint(40000, 50000)))  # services' health ports follow it
+    params = StdioServerParameters(command=str(Path(sys.executable).parent / "palace"), args=["mcp"], env=env,
+                                   cwd=os.getcwd())
+    with (tmp_path / "err.log").open("w") as errlog:
+        async with (stdio_client(params, errlog=errlog) as (read, write), ClientSession(read, write) as session):
+            await session.initialize()
+            assert DevStack(stack_dir).info() is not None
+            await call(session, "memory_add_drawer", content="The embedded stack files this sentence.", wing="w",
+                       room="r")
+            for _ in range(120):
+                if (await call(session, "memory_status"))["drawers"] == 1:
+                    break
+                await asyncio.sleep(0.5)
+            hits = (await call(session, "memory_search", query="embedded stack sentence"))["hits"]
+            assert hits and hits[0]["citation"].startswith("w/r/")
+    st = DevStack(stack_dir)
+    assert not st.pg_alive() and not st.nats_alive(), "servers stopped with the session"
