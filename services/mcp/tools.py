@@ -4,6 +4,15 @@ A tool never takes a workspace: the connection is bound to one (an API key over 
 over stdio) and ``bound(ctx)`` is the only way a tool learns it. Adding a tool is one decorated
 function here: its docstring is the description an LLM reads, its annotated parameters (pydantic
 ``Field`` descriptions and bounds) the input schema, its return annotation the output schema.
+For a tool over another library module (the knowledge graph, the layers), take the pool from the
+binding and the workspace from ``bound``, e.g.::
+
+    @tool(READ)
+    async def memory_kg_stats(ctx: Context) -> KgStatsOut:
+        # docstring: "Entity and triple counts of the knowledge graph, and its relationship types."
+        ops, ws = bound(ctx)
+        async with workspace_tx(ops.pool, ws) as conn:
+            return KgStatsOut.model_validate(await kg.stats(conn, ws))
 """
 
 from __future__ import annotations
