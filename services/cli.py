@@ -384,6 +384,67 @@ def dlq_redrive(seq: Annotated[list[int] | None, typer.Option(help="Dead-letter 
     console.print(f"re-drove {n} message(s)")
 
 
+@app.command()
+def mcp(workspace: Annotated[str | None, typer.Option(
+        "--workspace", "-w", help="Workspace this server is bound to (default: PALACE_MCP_WORKSPACE).")] = None,
+        ) -> None:
+    """MCP server over stdio for one workspace (for Claude Desktop, Claude Code, Cursor ...).
+
+    Uses the configured servers (PALACE_DATABASE_URL / PALACE_NATS_URL) or the running embedded stack;
+    with neither, it starts the embedded stack and the pipeline services, and stops them on exit.
+    Nothing but MCP messages is written to stdout; logs go to stderr.
+    """
+    from pydantic import TypeAdapter, ValidationError
+
+    from services.mcp.server import run_stdio
+    from shared.endpoints import StackNotRunning, resolve_urls
+    from shared.events.models import WorkspaceId
+
+    s = Settings()
+    from shared.logging import configure_logging
+
+    configure_logging(s.log_level, s.log_json)  # stderr: stdout belongs to the protocol
+    err = Console(stderr=True)
+    ws = workspace or s.mcp_workspace
+    try:
+        ws = TypeAdapter(WorkspaceId).validate_python(ws)
+    except ValidationError:
+        err.print("[red]palace mcp needs a valid workspace: --workspace or PALACE_MCP_WORKSPACE[/red]")
+        raise typer.Exit(2) from None
+    sup = None
+    try:
+        db, nats_url = resolve_urls(s)
+    except StackNotRunning:
+        if not s.embedded:
+            raise
+        from services.supervisor import ALL_SERVICES, Supervisor
+
+        sup = Supervisor(s, services=[n for n in ALL_SERVICES if n != "api"], log_dir=s.devstack_dir / "logs",
+                         metrics_base_port=s.metrics_port + 1)
+        sup.start_servers()
+        sup.start_services()
+        sup.wait_healthy()
+        db, nats_url = sup.database_url, sup.nats_url
+        # MCP clients end a server by closing stdin, then SIGTERM, then SIGKILL a few seconds later:
+        # SIGTERM must reach the finally below, and the stack must be down before the SIGKILL (what
+        # one leaves behind, the next start recovers).
+        signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        asyncio.run(run_stdio(s, ws, db, nats_url))
+    except KeyboardInterrupt:
+        pass
+    finally:
+        if sup is not None:
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            sup.stop_services(grace=1.0)
+            if sup.stack is not None:
+                sup.stack.stop()
+
+
+def _interrupt(*_: Any) -> None:
+    raise KeyboardInterrupt
+
+
 apikey_app = typer.Typer(help="API keys (stored as hashes; shown once).", no_args_is_help=True)
 app.add_typer(apikey_app, name="apikey")
 

@@ -134,6 +134,9 @@ class Settings(BaseSettings):
     api_auth: bool = Field(
         False, description="Require 'Authorization: Bearer <key>' ('palace apikey create'), scoped to its workspace."
     )
+    mcp_workspace: str | None = Field(
+        None, description="The one workspace 'palace mcp' (stdio) serves; every tool call is bound to it.",
+    )
     search_limit_max: int = Field(50, description="Largest k a search may ask for.")
     log_level: str = Field("INFO", description="Log level.")
     log_json: bool = Field(True, description="JSON log lines (false: human-readable console).")

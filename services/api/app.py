@@ -16,6 +16,7 @@ from prometheus_client import make_asgi_app
 from pydantic import BaseModel, Field
 
 from services._runtime import QuietServer
+from services.mcp.server import McpHttpEndpoint
 from shared.bus import build_broker, ensure_streams, publish_event
 from shared.config import Settings
 from shared.db.apikeys import workspace_for_key
@@ -27,6 +28,8 @@ from shared.endpoints import resolve_urls
 from shared.events import SessionCompleted
 from shared.events.models import WorkspaceId
 from shared.logging import configure_logging, get_logger
+from shared.palace_graph import PalaceGraph
+from shared.palace_ops import PalaceOps
 from shared.recall import Recaller
 from shared.security import key_id_of
 
@@ -84,6 +87,7 @@ async def _authorize(request: Request, workspace_id: str) -> None:
 def create_app(settings: Settings) -> FastAPI:
     """Build the API; servers are connected in the lifespan, once."""
     state: dict[str, Any] = {}
+    mcp_endpoint = McpHttpEndpoint(settings, lambda: state["pool"])
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -104,7 +108,10 @@ def create_app(settings: Settings) -> FastAPI:
         state.update(pool=pool, broker=broker, recaller=recaller)
         app.state.recaller = state["recaller"]
         app.state.pool = pool
-        yield
+        mcp = mcp_endpoint.attach(PalaceOps(settings=settings, pool=pool, recaller=state["recaller"], broker=broker,
+                                            graph=PalaceGraph(pool)))
+        async with mcp.session_manager.run():
+            yield
         await state["recaller"].drain()
         await broker.stop()
         await pool.close()
@@ -116,6 +123,8 @@ def create_app(settings: Settings) -> FastAPI:
     )
     app.state.settings = settings
     app.mount("/metrics", make_asgi_app())
+    # MCP over streamable HTTP; each request is bound to its bearer key's workspace (services/mcp).
+    app.router.add_route("/mcp", mcp_endpoint, methods=["GET", "POST", "DELETE"], include_in_schema=False)
 
     @app.middleware("http")
     async def limit_body(request: Request, call_next: Any) -> Any:
