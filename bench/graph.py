@@ -4,8 +4,8 @@ and cached, and what one new drawer costs the next reader.
 The workspace is filled directly in PostgreSQL with drawers shaped like the pipeline's: content,
 an inline embedding (random: the heap is as wide as a real one, which is what the
 aggregate has to read), spread over ``--wings`` wings of ``--rooms`` rooms with skewed sizes.
-The bench's own stack drops the HNSW index for the fill (the aggregate never uses it, and building
-it for random vectors would dominate the run) and recreates it, over what is left, at the end.
+The workspace stays under no vector index of its own (none is built unless search asks for one),
+so the fill pays only for the indexes the aggregate reads or maintains.
 Three figures, each over ``--repeats`` calls, through ``PalaceGraph.taxonomy`` (what the MCP tools
 call):
 
@@ -36,9 +36,6 @@ from _common import (
     write_results,
 )
 from rich.table import Table
-
-HNSW = ("CREATE INDEX IF NOT EXISTS drawers_embedding_hnsw ON drawers USING hnsw (embedding vector_cosine_ops)"
-        " WITH (m = 16, ef_construction = 64)")  # as migration 0001 creates it
 
 
 async def _fill(pool: object, ws: str, n: int, wings: int, rooms: int, dim: int) -> float:
@@ -76,8 +73,6 @@ async def run(n: int, repeats: int, wings: int, rooms: int) -> dict[str, object]
     await asyncio.to_thread(start_servers, sup)
     pool = await open_pool(sup.database_url, name="bench-graph", max_size=2, role=s.db_role)
     ws = f"bench-graph-{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(sup.database_url, autocommit=True) as admin:
-        admin.execute("DROP INDEX IF EXISTS drawers_embedding_hnsw")
     try:
         console.print(f"filling {ws} with {n:,} drawers ...")
         fill_s = await _fill(pool, ws, n, wings, rooms, s.embed_dim)
@@ -112,8 +107,6 @@ async def run(n: int, repeats: int, wings: int, rooms: int) -> dict[str, object]
                 await conn.execute("DELETE FROM drawers WHERE workspace_id = %s", (ws,))
                 await conn.execute("DELETE FROM palace_graph_versions WHERE workspace_id = %s", (ws,))
         await pool.close()
-        with psycopg.connect(sup.database_url, autocommit=True) as admin:
-            admin.execute(HNSW)
         sup.stop()
 
 
