@@ -16,6 +16,7 @@ from prometheus_client import make_asgi_app
 from pydantic import BaseModel, Field
 
 from services._runtime import QuietServer
+from services.api.routes_memory import router as memory_router
 from shared.bus import build_broker, ensure_streams, publish_event
 from shared.config import Settings
 from shared.db.apikeys import workspace_for_key
@@ -44,8 +45,9 @@ class SearchRequest(BaseModel):
 class SearchResponse(BaseModel):
     workspace_id: str
     query: str
-    hits: list[SearchHit] = Field(description="Best first. `dense` and `text` are the two signals, each "
-                                  "min-max normalised over the candidates; `score` is the fused rank.")
+    hits: list[SearchHit] = Field(description="Best first by `score`, a 0–1 relevance on the same scale in every "
+                                  "workspace; `citation` is wing/room/short id; `explanation` is each signal's "
+                                  "share of the score.")
 
 
 class Accepted(BaseModel):
@@ -115,6 +117,7 @@ def create_app(settings: Settings) -> FastAPI:
     )
     app.state.settings = settings
     app.mount("/metrics", make_asgi_app())
+    app.include_router(memory_router)
 
     @app.middleware("http")
     async def limit_body(request: Request, call_next: Any) -> Any:
