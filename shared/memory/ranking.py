@@ -173,11 +173,16 @@ def _best(cands: Sequence[Candidate], scores: np.ndarray, k: int) -> list[int]:
 def bm25(cands: Sequence[Candidate], lexemes: Sequence[str], k1: float = 1.2, b: float = 0.75) -> np.ndarray:
     """Okapi BM25 of each candidate's content, with document frequencies and mean length counted among
     the candidates."""
+    return _bm25_idf(cands, lexemes, k1, b)[0]
+
+
+def _bm25_idf(cands: Sequence[Candidate], lexemes: Sequence[str], k1: float, b: float) -> tuple[np.ndarray, np.ndarray]:
+    """BM25 per candidate and the idf of each distinct query lexeme."""
     dl = np.fromiter((c.content_len for c in cands), dtype=float, count=len(cands))
     counted = dl > 0
     n = int(counted.sum())
     if not n or not lexemes:
-        return np.zeros(len(cands))
+        return np.zeros(len(cands)), np.zeros(0)
     norm = k1 * (1 - b + b * dl / dl[counted].mean())
     terms = {t: j for j, t in enumerate(dict.fromkeys(lexemes))}
     tf = np.zeros((len(cands), len(terms)))
@@ -186,7 +191,7 @@ def bm25(cands: Sequence[Candidate], lexemes: Sequence[str], k1: float = 1.2, b:
             tf[i, terms[t]] = c.content_tf[t]
     df = np.count_nonzero(tf, axis=0)
     idf = np.log(1 + (n - df + 0.5) / (df + 0.5))
-    return (idf * tf * (k1 + 1) / (tf + norm[:, None])).sum(axis=1)
+    return (idf * tf * (k1 + 1) / (tf + norm[:, None])).sum(axis=1), idf
 
 
 def _neighbour_best(cands: Sequence[Candidate], s: np.ndarray) -> np.ndarray:
@@ -224,14 +229,10 @@ def _text_signal(cands: Sequence[Candidate], lexemes: Sequence[str], p: RankPara
     ``ideal_terms`` rarest lexemes once each scores: the sum of their idf). A strong best match sets the
     scale, as plain BM25-over-the-best does; a weak one stays weak instead of counting as a full match,
     so the signal means the same in a workspace where nothing matches well."""
-    raw = bm25(cands, lexemes, p.bm25_k1, p.bm25_b)
-    dl = np.fromiter((c.content_len for c in cands), dtype=float, count=len(cands))
-    n = int((dl > 0).sum())
-    if not n or not lexemes or not raw.any():
+    raw, idf = _bm25_idf(cands, lexemes, p.bm25_k1, p.bm25_b)
+    if not raw.any():
         return raw, np.zeros(len(cands))
-    df = np.array([sum(1 for c in cands if t in c.content_tf) for t in dict.fromkeys(lexemes)], dtype=float)
-    idf = np.sort(np.log(1 + (n - df + 0.5) / (df + 0.5)))[::-1]
-    ideal = float(idf[: p.ideal_terms].sum())
+    ideal = float(np.sort(idf)[::-1][: p.ideal_terms].sum())
     return raw, np.minimum(raw / max(float(raw.max()), p.text_floor * ideal), 1.0)
 
 
