@@ -16,7 +16,7 @@ from tests.integration.helpers import Stack, session, wait_for, ws
 
 TEXTS = [
     "We decided to run the billing service on PostgreSQL with pgvector, not a separate vector store.",
-    "Sounds like a plan, I'll draft the migration checklist for the billing database tonight.",
+    "Sounds like a plan, I'll draft the migration checklist tonight.",
     "My partner Ana is training for the Berlin marathon in September, five runs a week.",
     "The nightly export job keeps failing with a timeout error on the S3 upload.",
     "I prefer short answers with code examples over long explanations.",
@@ -135,7 +135,7 @@ def test_inject_puts_relevant_memories_in_a_block_within_its_token_budget(stack:
 
 async def test_access_writes_are_batched_skip_locked_rows_and_never_wait_for_a_busy_pool(stack: Stack) -> None:
     seeded = ws()  # a workspace nothing else reads meanwhile (the API flushes its own access counts)
-    stack.publish(session(seeded, "s1", TEXTS))
+    await asyncio.to_thread(stack.publish, session(seeded, "s1", TEXTS))
     await asyncio.to_thread(stack.wait_processed, seeded, len(TEXTS))
     pool = await open_pool(stack.database_url, name="test-access", max_size=1)
     try:
