@@ -190,3 +190,25 @@ async def test_layer_and_access_statements_use_indexes(stack: Stack, seeded: str
             assert "drawers_pkey" in plan, plan
     finally:
         await pool.close()
+
+
+def test_layer_routes_need_the_workspace_key(stack: Stack, seeded: str) -> None:
+    from fastapi.testclient import TestClient
+
+    from services.api.app import create_app
+    from shared.config import Settings
+    from tests.integration.helpers import api_key_for
+
+    other = ws()
+    key = api_key_for(stack, seeded)
+    settings = Settings(database_url=stack.database_url, nats_url=stack.nats_url, api_auth=True)
+    calls = [("put", "/v1/workspaces/{w}/identity", {"text": "I am Atlas."}),
+             ("get", "/v1/workspaces/{w}/identity", None), ("post", "/v1/wake_up", {}), ("post", "/v1/recall", {}),
+             ("post", "/v1/inject", {"message": "which database did we choose for billing"})]
+    with TestClient(create_app(settings)) as client:
+        for method, path, body in calls:
+            for target, headers, want in ((seeded, {}, 401), (other, {"Authorization": f"Bearer {key}"}, 403),
+                                          (seeded, {"Authorization": f"Bearer {key}"}, 200)):
+                kw = {} if body is None else {"json": body if "{w}" in path else {**body, "workspace_id": target}}
+                r = client.request(method, path.format(w=target), headers=headers, **kw)
+                assert r.status_code == want, (method, path, target, r.status_code, r.text)
