@@ -193,13 +193,14 @@ def _hits_table(title: str, hits: list[Any]) -> Table:
 async def _local_search(s: Settings, workspace: str, query: str, k: int) -> list[Any]:
     from shared.adapters import build_embedder
     from shared.db.pool import open_pool
+    from shared.db.search import SearchParams
     from shared.recall import Recaller
 
     db, _ = _urls(s)
     pool = await open_pool(db, name="cli", max_size=2, role=s.db_role)
     emb = build_embedder(s)
     try:
-        r = Recaller(pool, emb)
+        r = Recaller(pool, emb, SearchParams.from_settings(s))
         hits = await r.search(workspace, query, k)
         await r.drain()
         return hits

@@ -22,7 +22,7 @@ from shared.config import Settings
 from shared.db.apikeys import workspace_for_key
 from shared.db.migrate import apply_migrations
 from shared.db.pool import open_pool
-from shared.db.search import SearchHit
+from shared.db.search import SearchHit, SearchParams
 from shared.db.tenancy import key_lookup_tx, workspace_tx
 from shared.endpoints import resolve_urls
 from shared.events import SessionCompleted
@@ -102,7 +102,7 @@ def create_app(settings: Settings) -> FastAPI:
         broker = build_broker(settings, "api", nats_url)
         await broker.connect()
         await ensure_streams(broker, settings)
-        state.update(pool=pool, broker=broker, recaller=Recaller(pool, embedder))
+        state.update(pool=pool, broker=broker, recaller=Recaller(pool, embedder, SearchParams.from_settings(settings)))
         app.state.recaller = state["recaller"]
         app.state.pool = pool
         yield

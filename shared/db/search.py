@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 from psycopg import AsyncConnection
 
+from shared.config import Settings
 from shared.memory.citations import cite
 from shared.memory.ranking import Candidate, Explanation, Ranked, RankParams, rank, tsvector_terms
 from shared.memory.timeexpr import date_windows
@@ -48,6 +49,11 @@ class SearchParams:
     exact_max: int = 5_000
     fts_scan_max: int = 2_000
     rank: RankParams = field(default_factory=RankParams)
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> SearchParams:
+        """The defaults, with the embedding model's cosine band from the settings."""
+        return cls(rank=RankParams(cos_floor=settings.recall_cos_floor, cos_ceiling=settings.recall_cos_ceiling))
 
 
 @dataclass(frozen=True)
