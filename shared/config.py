@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 __all__ = ["Settings"]
@@ -138,9 +138,20 @@ class Settings(BaseSettings):
         None, description="The one workspace 'palace mcp' (stdio) serves; every tool call is bound to it.",
     )
     search_limit_max: int = Field(50, description="Largest k a search may ask for.")
+    recall_cos_floor: float = Field(
+        0.78, description="Cosine the vector signal counts as 0: the low end of the embedding model's band "
+        "(the default fits multilingual-e5-small; set both ends for another model).",
+    )
+    recall_cos_ceiling: float = Field(0.90, description="Cosine the vector signal counts as 1 (see recall_cos_floor).")
     log_level: str = Field("INFO", description="Log level.")
     log_json: bool = Field(True, description="JSON log lines (false: human-readable console).")
     shutdown_grace_s: float = Field(20.0, description="Seconds a service drains in-flight work on SIGTERM.")
+
+    @model_validator(mode="after")
+    def _cos_band(self) -> Settings:
+        if not self.recall_cos_ceiling > self.recall_cos_floor:
+            raise ValueError("PALACE_RECALL_COS_CEILING must be above PALACE_RECALL_COS_FLOOR")
+        return self
 
     @property
     def embedded(self) -> bool:

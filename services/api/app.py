@@ -16,13 +16,14 @@ from prometheus_client import make_asgi_app
 from pydantic import BaseModel, Field
 
 from services._runtime import QuietServer
+from services.api.routes_memory import router as memory_router
 from services.mcp.server import McpHttpEndpoint
 from shared.bus import build_broker, ensure_streams, publish_event
 from shared.config import Settings
 from shared.db.apikeys import workspace_for_key
 from shared.db.migrate import apply_migrations
 from shared.db.pool import open_pool
-from shared.db.search import SearchHit
+from shared.db.search import SearchHit, SearchParams
 from shared.db.tenancy import key_lookup_tx, workspace_tx
 from shared.endpoints import resolve_urls
 from shared.events import SessionCompleted
@@ -47,8 +48,9 @@ class SearchRequest(BaseModel):
 class SearchResponse(BaseModel):
     workspace_id: str
     query: str
-    hits: list[SearchHit] = Field(description="Best first. `dense` and `text` are the two signals, each "
-                                  "min-max normalised over the candidates; `score` is the fused rank.")
+    hits: list[SearchHit] = Field(description="Best first by `score`, a 0–1 relevance on the same scale in every "
+                                  "workspace; `citation` is wing/room/short id; `explanation` is each signal's "
+                                  "share of the score.")
 
 
 class Accepted(BaseModel):
@@ -104,7 +106,8 @@ def create_app(settings: Settings) -> FastAPI:
         broker = build_broker(settings, "api", nats_url)
         await broker.connect()
         await ensure_streams(broker, settings)
-        recaller = Recaller(pool, embedder, vector_index_min=settings.vector_index_min_drawers)
+        recaller = Recaller(pool, embedder, SearchParams.from_settings(settings),
+                            vector_index_min=settings.vector_index_min_drawers)
         state.update(pool=pool, broker=broker, recaller=recaller)
         app.state.recaller = state["recaller"]
         app.state.pool = pool
@@ -123,6 +126,7 @@ def create_app(settings: Settings) -> FastAPI:
     )
     app.state.settings = settings
     app.mount("/metrics", make_asgi_app())
+    app.include_router(memory_router)
     # MCP over streamable HTTP; each request is bound to its bearer key's workspace (services/mcp).
     app.router.add_route("/mcp", mcp_endpoint, methods=["GET", "POST", "DELETE"], include_in_schema=False)
 
