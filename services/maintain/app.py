@@ -13,6 +13,7 @@ from nats.js.errors import NotFoundError
 from services._runtime import Deps, WorkerSpec, run_worker
 from services.classify.handlers import DURABLE as CLASSIFY_DURABLE
 from services.embed.handlers import DURABLE as EMBED_DURABLE
+from services.maintain.indexes import vector_index_loop
 from shared.bus import publish_event
 from shared.db.maintenance import decay, fail_exhausted, prune, stuck_drawers, take_lease
 from shared.db.tenancy import maintenance_tx
@@ -97,7 +98,7 @@ async def maintenance_loop(deps: Deps, stop: asyncio.Event) -> None:
             await asyncio.wait_for(stop.wait(), deps.settings.maintain_interval_s)
 
 
-SPEC = WorkerSpec(name="maintain", register=lambda deps: None, background=[maintenance_loop])
+SPEC = WorkerSpec(name="maintain", register=lambda deps: None, background=[maintenance_loop, vector_index_loop])
 
 
 def main() -> None:
