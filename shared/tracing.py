@@ -1,5 +1,5 @@
 """Distributed tracing: a W3C trace context (``traceparent`` / ``tracestate``) travels with every event
-in its NATS headers, from the publisher (the SDK, the API, a script) through every service, and into
+in its NATS headers, from the publisher (a producer's own client, the API) through every service, and into
 the log lines (``trace_id``, ``span_id``).
 
 Each service opens a CONSUMER span per message, the child of the context the message arrived with (a
@@ -40,7 +40,6 @@ from shared.config import Settings
 __all__ = [
     "TRACE_HEADERS",
     "consuming",
-    "current_trace_id",
     "extract",
     "in_batch",
     "inject",
@@ -132,10 +131,6 @@ def trace_log_fields(span: Span | None = None) -> dict[str, str]:
     if not sc.is_valid:
         return {}
     return {"trace_id": format_trace_id(sc.trace_id), "span_id": format_span_id(sc.span_id)}
-
-
-def current_trace_id() -> str | None:
-    return trace_log_fields().get("trace_id")
 
 
 def in_batch() -> bool:
