@@ -76,10 +76,13 @@ def create_app(settings: Settings) -> FastAPI:
         recaller = Recaller(pool, embedder)
         app.state.pool, app.state.broker, app.state.recaller = pool, broker, recaller
         yield
-        await recaller.drain()
-        await broker.stop()
-        await pool.close()
-        await embedder.aclose()
+        # Each step on its own: a dependency already gone (NATS down at shutdown) must not keep the rest open.
+        for step, close in (("recaller", recaller.drain), ("nats", broker.stop), ("database", pool.close),
+                            ("embedder", embedder.aclose)):
+            try:
+                await close()
+            except Exception as e:
+                log.warning("api shutdown step failed", step=step, error=f"{type(e).__name__}: {e}")
 
     app = FastAPI(
         title="Palace", version="0.1.0", lifespan=lifespan,

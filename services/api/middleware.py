@@ -19,7 +19,7 @@ from services.api.errors import error_response
 from shared import metrics
 from shared.config import Settings
 from shared.ratelimit import TokenBuckets
-from shared.security import hash_key
+from shared.security import hash_key, key_id_of
 
 __all__ = ["BodyLimit", "BodyTooLarge", "RateLimit", "RequestMetrics", "route_template"]
 
@@ -70,9 +70,12 @@ class RequestMetrics:
 
 class RateLimit:
     """A token bucket per caller: the presented API key when authentication is on (a hash of it, so
-    the key never sits in memory longer than the request), the client address otherwise. Requests
-    without a key under authentication are keyed by address too; they are refused with 401 anyway.
-    Health and metrics endpoints are never limited: a probe must not fail because a client is busy."""
+    the key never sits in memory longer than the request), the client address otherwise.
+
+    Under authentication a request without a well-formed key is not counted: it gets its 401 without
+    any database work, and counting it per address would let one keyless client behind a shared
+    address (an ingress, a NAT) use up the allowance of every keyed client behind it. Health and
+    metrics endpoints are never limited: a probe must not fail because a client is busy."""
 
     def __init__(self, app: ASGIApp, settings: Settings, exempt: Iterable[str] = ()) -> None:
         self.app = app
@@ -82,19 +85,23 @@ class RateLimit:
         self.buckets = (TokenBuckets(self.rate, self.burst, settings.api_rate_buckets_max)
                         if self.rate > 0 else None)
 
-    def caller(self, scope: Scope) -> str:
+    def caller(self, scope: Scope) -> str | None:
+        """The bucket of this request, or None when it is not limited."""
         if self.auth:
             token = bearer_token(Headers(scope=scope).get("authorization"))
-            if token is not None:
-                return "key:" + hash_key(token)
+            return "key:" + hash_key(token) if token is not None and key_id_of(token) is not None else None
         client = scope.get("client")
         return "addr:" + (str(client[0]) if client else "unknown")
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if self.buckets is None or scope["type"] != "http" or scope["path"] in self.exempt:
+        caller = None
+        if self.buckets is not None and scope["type"] == "http" and scope["path"] not in self.exempt:
+            caller = self.caller(scope)
+        if caller is None:
             await self.app(scope, receive, send)
             return
-        wait = self.buckets.take(self.caller(scope))
+        assert self.buckets is not None
+        wait = self.buckets.take(caller)
         if wait > 0:
             per = "API key" if self.auth else "client address"
             response = error_response(

@@ -140,3 +140,13 @@ def test_metrics_served_directly_with_route_templates() -> None:
     assert REGISTRY.get_sample_value("palace_http_requests_total",
                                      {"method": "GET", "route": "unmatched", "status": "404"})
     assert c.get("/livez").json() == {"status": "ok"}
+
+
+def test_under_auth_the_limit_follows_the_key_and_skips_keyless_requests() -> None:
+    c = _app(api_auth=True, api_rate_per_s=0.5, api_rate_burst=2)
+    (_, k1), (_, k2) = generate_key(), generate_key()
+    h1, h2 = {"Authorization": f"Bearer {k1}"}, {"Authorization": f"Bearer {k2}"}
+    assert [c.get("/v1/nope", headers=h1).status_code for _ in range(3)] == [404, 404, 429]
+    assert c.get("/v1/nope", headers=h2).status_code == 404, "another key has its own bucket"
+    assert {c.get("/v1/workspaces/w/stats").status_code for _ in range(10)} == {401}, \
+        "keyless requests get their 401 (no database work) and use no one's allowance"
