@@ -15,11 +15,12 @@ from fastapi import FastAPI, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from shared.logging import get_logger
 
-__all__ = ["ERROR_CODES", "error_body", "error_response", "install_error_handlers"]
+__all__ = ["ERROR_CODES", "ERROR_RESPONSES", "ErrorBody", "error_body", "error_response", "install_error_handlers"]
 
 log = get_logger("palace.api")
 
@@ -37,6 +38,25 @@ ERROR_CODES: dict[int, str] = {
     500: "internal_error",
     503: "unavailable",
 }
+
+
+class ErrorBody(BaseModel):
+    """The body of every error answer."""
+
+    error: str = Field(description="Stable code: bad_request, unauthorized, forbidden, not_found, conflict, "
+                       "payload_too_large, invalid_request, rate_limited, internal_error, unavailable.")
+    detail: Any = Field(description="What was wrong, in words; for invalid_request, the list of invalid fields.")
+
+
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    400: {"model": ErrorBody, "description": "The body is not valid JSON."},
+    401: {"model": ErrorBody, "description": "Authentication is on and the bearer key is missing, unknown or revoked."},
+    403: {"model": ErrorBody, "description": "The key belongs to another workspace."},
+    413: {"model": ErrorBody, "description": "The body is over PALACE_MAX_REQUEST_BYTES."},
+    422: {"model": ErrorBody, "description": "A field is invalid; `detail` lists each one with its location."},
+    429: {"model": ErrorBody, "description": "Over the rate limit; retry after the Retry-After header's seconds."},
+}
+"""For routers' ``responses=``: documents the error shape in OpenAPI."""
 
 
 def error_body(status: int, detail: Any) -> dict[str, Any]:

@@ -8,6 +8,7 @@ from fastapi import APIRouter, Query
 from pydantic import BaseModel, Field
 
 from services.api.deps import WORKSPACE_PATTERN, BrokerDep, CallerDep, PoolDep, RecallerDep, SettingsDep, WorkspacePath
+from services.api.errors import ERROR_RESPONSES
 from shared.bus import publish_event
 from shared.db.search import SearchHit
 from shared.db.tenancy import workspace_tx
@@ -16,7 +17,7 @@ from shared.events.models import WorkspaceId
 
 __all__ = ["router"]
 
-router = APIRouter(prefix="/v1")
+router = APIRouter(prefix="/v1", responses=ERROR_RESPONSES)
 
 
 class SearchRequest(BaseModel):

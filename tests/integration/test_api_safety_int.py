@@ -35,10 +35,9 @@ def _settings(stack: Stack, **overrides: object) -> Settings:
 
 
 def _api_env(stack: Stack, **extra: str) -> dict[str, str]:
-    env = {**os.environ, "PALACE_DATABASE_URL": stack.database_url, "PALACE_NATS_URL": stack.nats_url,
-           "PALACE_API_PORT": str(_free_port()), **extra}
-    env.pop("PALACE_API_AUTH", None)
-    return env
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PALACE_API_")}
+    return {**env, "PALACE_DATABASE_URL": stack.database_url, "PALACE_NATS_URL": stack.nats_url,
+            "PALACE_API_PORT": str(_free_port()), **extra}
 
 
 def test_api_refuses_an_unauthenticated_public_bind(stack: Stack) -> None:
@@ -49,23 +48,64 @@ def test_api_refuses_an_unauthenticated_public_bind(stack: Stack) -> None:
         assert OPEN_BIND_SETTING in p.stderr and "PALACE_API_AUTH=true" in p.stderr, p.stderr
 
 
-def test_override_lets_it_listen_on_all_interfaces(stack: Stack) -> None:
-    env = _api_env(stack, PALACE_API_HOST="0.0.0.0", **{OPEN_BIND_SETTING: "true"})
-    port = env["PALACE_API_PORT"]
+def _serve(env: dict[str, str]) -> subprocess.Popen[str]:
+    """`python -m services.api` as a deployment runs it, ready once /readyz answers 200."""
     proc = subprocess.Popen([sys.executable, "-m", "services.api"], cwd=ROOT, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+    def ready() -> bool:
+        if proc.poll() is not None:
+            raise AssertionError(proc.stderr.read() if proc.stderr else "api exited")
+        try:
+            return httpx.get(f"http://127.0.0.1:{env['PALACE_API_PORT']}/readyz", timeout=2).status_code == 200
+        except httpx.TransportError:
+            return False
+
     try:
-        def live() -> bool:
-            assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
-            try:
-                return httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=2).status_code == 200
-            except httpx.TransportError:
-                return False
-        wait_for(live, 120, "the api on 0.0.0.0 with the override")
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=60)
+        wait_for(ready, 120, f"the api on {env['PALACE_API_HOST']}")
+    except BaseException:
+        proc.kill()
+        raise
+    return proc
+
+
+def _stop(proc: subprocess.Popen[str]) -> str:
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err
+    return err
+
+
+def test_public_bind_with_auth_needs_a_key_from_the_environment(stack: Stack) -> None:
+    """What the manifests do: all interfaces, PALACE_API_AUTH=true, keys from a Secret."""
+    w = ws()
+    _, key = generate_key()
+    env = _api_env(stack, PALACE_API_HOST="0.0.0.0", PALACE_API_AUTH="true",
+                   PALACE_API_BOOTSTRAP_KEYS=f"{w}={key}")
+    proc = _serve(env)
+    try:
+        url = f"http://127.0.0.1:{env['PALACE_API_PORT']}/v1/search"
+        body = {"workspace_id": w, "query": "anything", "k": 3}
+        r = httpx.post(url, json=body, timeout=30)
+        assert r.status_code == 401 and r.json()["error"] == "unauthorized", r.text
+        r = httpx.post(url, json=body, headers={"Authorization": f"Bearer {key}"}, timeout=30)
+        assert r.status_code == 200, r.text
+        r = httpx.post(url, json={**body, "workspace_id": ws()}, headers={"Authorization": f"Bearer {key}"},
+                       timeout=30)
+        assert r.status_code == 403, r.text
+    finally:
+        err = _stop(proc)
+    assert key not in err, "the secret never reaches the log"
+
+
+def test_override_lets_it_listen_on_all_interfaces_without_auth(stack: Stack) -> None:
+    env = _api_env(stack, PALACE_API_HOST="0.0.0.0", **{OPEN_BIND_SETTING: "true"})
+    proc = _serve(env)
+    try:
+        r = httpx.get(f"http://127.0.0.1:{env['PALACE_API_PORT']}/v1/workspaces/{ws()}/stats", timeout=10)
+        assert r.status_code == 200, r.text
+    finally:
+        err = _stop(proc)
     assert "listening without authentication" in err, "the override is logged as a warning"
 
 

@@ -150,3 +150,12 @@ def test_under_auth_the_limit_follows_the_key_and_skips_keyless_requests() -> No
     assert c.get("/v1/nope", headers=h2).status_code == 404, "another key has its own bucket"
     assert {c.get("/v1/workspaces/w/stats").status_code for _ in range(10)} == {401}, \
         "keyless requests get their 401 (no database work) and use no one's allowance"
+
+
+def test_openapi_documents_the_error_shape() -> None:
+    spec = create_app(Settings()).openapi()
+    responses = spec["paths"]["/v1/search"]["post"]["responses"]
+    for status in ("400", "401", "403", "413", "422", "429"):
+        assert responses[status]["content"]["application/json"]["schema"]["$ref"].endswith("/ErrorBody")
+    assert set(spec["components"]["schemas"]["ErrorBody"]["required"]) == {"error", "detail"}
+    assert {"/livez", "/readyz", "/healthz"} <= set(spec["paths"])
