@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import signal
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
 import uvicorn
@@ -27,7 +27,7 @@ from shared.bus import build_broker, ensure_streams
 from shared.config import Settings
 from shared.db.apikeys import store_api_key
 from shared.db.migrate import apply_migrations
-from shared.db.pool import open_pool
+from shared.db.pool import open_pool, wait_for_database
 from shared.endpoints import resolve_urls
 from shared.logging import configure_logging, get_logger
 from shared.recall import Recaller
@@ -52,33 +52,76 @@ async def bootstrap_keys(settings: Settings, pool: AsyncConnectionPool) -> None:
             log.info("bootstrap API key", workspace_id=workspace, key_id=key_id_of(key), outcome=outcome)
 
 
-def create_app(settings: Settings) -> FastAPI:
-    """Build the API; servers are connected in the lifespan, once."""
+Closers = list[tuple[str, Callable[[], Awaitable[object]]]]
+
+
+async def _connect(app: FastAPI, settings: Settings, closers: Closers) -> None:
+    """Open everything requests need, publishing each on ``app.state`` as it comes up; ``closers``
+    collects what to close at shutdown, so a start interrupted half-way still closes what it opened."""
+    from shared.adapters import build_embedder
+
+    db_url, nats_url = resolve_urls(settings)
+    await wait_for_database(db_url)
+    await asyncio.to_thread(apply_migrations, db_url, settings.embed_dim)
+    pool = await open_pool(db_url, name="api", min_size=settings.db_pool_min, max_size=settings.db_pool_max,
+                           role=settings.db_role)
+    closers.append(("database", pool.close))
+    app.state.pool = pool
+    await bootstrap_keys(settings, pool)
+    broker = build_broker(settings, "api", nats_url)
+    closers.append(("nats", broker.stop))
+    await broker.connect()
+    await ensure_streams(broker, settings)
+    app.state.broker = broker
+    embedder = build_embedder(settings)
+    closers.append(("embedder", embedder.aclose))
+    warm = getattr(embedder, "warm_up", None)
+    if warm is not None:
+        await warm()
+    recaller = Recaller(pool, embedder)
+    closers.append(("recaller", recaller.drain))
+    app.state.recaller = recaller
+    log.info("api_ready", host=settings.api_host, port=settings.api_port)
+
+
+def create_app(settings: Settings, *,
+               on_start_failure: Callable[[BaseException], None] | None = None) -> FastAPI:
+    """Build the API; servers are connected in the lifespan, once.
+
+    Without ``on_start_failure`` the lifespan waits for every connection before serving (tests, embedding
+    in another app). With it (``main``), the api serves at once and connects in the background: ``/livez``
+    answers while the database or NATS is still unreachable and ``/readyz`` says which one, so an
+    orchestrator waits for readiness instead of restarting a process that is merely waiting. A start that
+    fails for good (the database never came, a key clash) calls ``on_start_failure``.
+    """
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        from shared.adapters import build_embedder
-
         if settings.api_bootstrap_keys is not None:
             parse_bootstrap_keys(settings.api_bootstrap_keys.get_secret_value())  # malformed: fail before connecting
-        db_url, nats_url = resolve_urls(settings)
-        await asyncio.to_thread(apply_migrations, db_url, settings.embed_dim)
-        pool = await open_pool(db_url, name="api", min_size=settings.db_pool_min, max_size=settings.db_pool_max,
-                               role=settings.db_role)
-        await bootstrap_keys(settings, pool)
-        embedder = build_embedder(settings)
-        warm = getattr(embedder, "warm_up", None)
-        if warm is not None:
-            await warm()
-        broker = build_broker(settings, "api", nats_url)
-        await broker.connect()
-        await ensure_streams(broker, settings)
-        recaller = Recaller(pool, embedder)
-        app.state.pool, app.state.broker, app.state.recaller = pool, broker, recaller
+        closers: Closers = []
+        task: asyncio.Task[None] | None = None
+        if on_start_failure is None:
+            await _connect(app, settings, closers)
+        else:
+            report = on_start_failure
+
+            def done(t: asyncio.Task[None]) -> None:
+                if not t.cancelled() and t.exception() is not None:
+                    exc = t.exception()
+                    assert exc is not None
+                    log.error("api start failed", error=f"{type(exc).__name__}: {exc}", exc_info=exc)
+                    report(exc)
+
+            task = asyncio.create_task(_connect(app, settings, closers))
+            task.add_done_callback(done)
         yield
-        # Each step on its own: a dependency already gone (NATS down at shutdown) must not keep the rest open.
-        for step, close in (("recaller", recaller.drain), ("nats", broker.stop), ("database", pool.close),
-                            ("embedder", embedder.aclose)):
+        if task is not None and not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        # Each step on its own, last opened first: a dependency already gone (NATS down at shutdown) must
+        # not keep the rest open.
+        for step, close in reversed(closers):
             try:
                 await close()
             except Exception as e:
@@ -110,7 +153,14 @@ def main() -> None:
         sys.exit(f"palace api: {refusal}")
     if not settings.api_auth and not is_loopback_host(settings.api_host):
         log.warning("api listening without authentication by configuration", host=settings.api_host)
-    server = QuietServer(uvicorn.Config(create_app(settings), host=settings.api_host, port=settings.api_port,
+    failed: list[BaseException] = []
+
+    def start_failed(exc: BaseException) -> None:
+        failed.append(exc)
+        server.should_exit = True
+
+    app = create_app(settings, on_start_failure=start_failed)
+    server = QuietServer(uvicorn.Config(app, host=settings.api_host, port=settings.api_port,
                                         log_level="warning", timeout_graceful_shutdown=int(settings.shutdown_grace_s)))
 
     async def run() -> None:
@@ -121,3 +171,5 @@ def main() -> None:
             await server.serve()
 
     asyncio.run(run())
+    if failed:
+        sys.exit(f"palace api: start failed: {type(failed[0]).__name__}: {failed[0]}")

@@ -31,9 +31,15 @@ async def livez() -> dict[str, str]:
     return {"status": "ok"}
 
 
+_STARTING = "not connected yet: the api is starting"
+
+
 async def _database(request: Request) -> str | None:
+    pool = getattr(request.app.state, "pool", None)
+    if pool is None:
+        return _STARTING
     try:
-        async with request.app.state.pool.connection(timeout=_CHECK_TIMEOUT_S) as conn:
+        async with pool.connection(timeout=_CHECK_TIMEOUT_S) as conn:
             await asyncio.wait_for(conn.execute("SELECT 1"), _CHECK_TIMEOUT_S)
     except Exception as e:
         return f"{type(e).__name__}: {e}"
@@ -41,7 +47,9 @@ async def _database(request: Request) -> str | None:
 
 
 async def _nats(request: Request) -> str | None:
-    broker = request.app.state.broker
+    broker = getattr(request.app.state, "broker", None)
+    if broker is None:
+        return _STARTING
     try:
         ok = await broker.ping(timeout=_CHECK_TIMEOUT_S / 2)
     except Exception as e:
@@ -52,10 +60,12 @@ async def _nats(request: Request) -> str | None:
 async def _ready(request: Request) -> Any:
     db_error, nats_error = await asyncio.gather(_database(request), _nats(request))
     checks = {"database": db_error is None, "nats": nats_error is None}
-    if db_error is None and nats_error is None:
-        return checks
-    failed = [name for name, ok in checks.items() if not ok]
     reasons = {"database": db_error, "nats": nats_error}
+    if getattr(request.app.state, "recaller", None) is None:  # connected, still loading the embedding model
+        reasons["startup"] = "the api is starting"
+    failed = [name for name, reason in reasons.items() if reason is not None]
+    if not failed:
+        return checks
     body = error_body(503, {"failed": failed, **{n: reasons[n] for n in failed}})
     return JSONResponse({**body, **checks}, status_code=503)
 

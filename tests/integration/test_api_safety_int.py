@@ -109,6 +109,36 @@ def test_override_lets_it_listen_on_all_interfaces_without_auth(stack: Stack) ->
     assert "listening without authentication" in err, "the override is logged as a warning"
 
 
+def test_alive_while_the_database_is_unreachable_and_exits_on_a_failed_start(stack: Stack) -> None:
+    """Liveness is the process; readiness the dependencies: waiting for a database is not a reason to be
+    restarted. A start that cannot succeed (one key for two workspaces) ends the process with an error."""
+    env = {**_api_env(stack, PALACE_API_HOST="127.0.0.1"),
+           "PALACE_DATABASE_URL": f"postgresql://palace@127.0.0.1:{_free_port()}/palace?connect_timeout=1"}
+    base = f"http://127.0.0.1:{env['PALACE_API_PORT']}"
+    proc = subprocess.Popen([sys.executable, "-m", "services.api"], cwd=ROOT, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        def up() -> bool:
+            try:
+                return httpx.get(f"{base}/livez", timeout=2).status_code == 200
+            except httpx.TransportError:
+                return False
+        wait_for(up, 60, "/livez while the database is unreachable")
+        r = httpx.get(f"{base}/readyz", timeout=10)
+        assert r.status_code == 503 and "database" in r.json()["detail"]["failed"], r.text
+        assert httpx.get(f"{base}/v1/workspaces/w/stats", timeout=10).status_code == 503
+        assert proc.poll() is None
+    finally:
+        _stop(proc)
+
+    a = ws()
+    key_a = api_key_for(stack, a)
+    p = subprocess.run([sys.executable, "-m", "services.api"], cwd=ROOT, capture_output=True, text=True,
+                       timeout=120, env=_api_env(stack, PALACE_API_BOOTSTRAP_KEYS=f"{ws()}={key_a}"))
+    assert p.returncode != 0 and f"already stored for workspace {a}" in p.stderr, p.stderr[-2000:]
+    assert key_a not in p.stderr
+
+
 def test_bootstrap_keys_are_stored_hashed_idempotently_and_scoped(stack: Stack) -> None:
     a, b = ws(), ws()
     (_, key_a), (_, key_b) = generate_key(), generate_key()

@@ -159,3 +159,14 @@ def test_openapi_documents_the_error_shape() -> None:
         assert responses[status]["content"]["application/json"]["schema"]["$ref"].endswith("/ErrorBody")
     assert set(spec["components"]["schemas"]["ErrorBody"]["required"]) == {"error", "detail"}
     assert {"/livez", "/readyz", "/healthz"} <= set(spec["paths"])
+
+
+def test_alive_but_not_ready_before_connections_are_open() -> None:
+    c = _app()
+    assert c.get("/livez").status_code == 200
+    r = c.get("/readyz")
+    assert r.status_code == 503 and r.json()["error"] == "unavailable"
+    assert r.json()["detail"]["failed"] == ["database", "nats", "startup"]
+    assert r.json()["database"] is False and r.json()["nats"] is False
+    r = c.get("/v1/search", params={"workspace_id": "w", "q": "x"})
+    assert r.status_code == 503 and "starting" in r.json()["detail"]
