@@ -170,3 +170,32 @@ def test_alive_but_not_ready_before_connections_are_open() -> None:
     assert r.json()["database"] is False and r.json()["nats"] is False
     r = c.get("/v1/search", params={"workspace_id": "w", "q": "x"})
     assert r.status_code == 503 and "starting" in r.json()["detail"]
+
+
+def test_a_router_added_later_gets_the_same_errors_limits_and_metrics() -> None:
+    from fastapi import APIRouter, HTTPException
+    from structlog.testing import capture_logs
+
+    extra = APIRouter(prefix="/v1/extra")
+
+    @extra.post("/{name}")
+    async def conflict(name: str) -> None:
+        raise HTTPException(409, f"{name} already exists")
+
+    @extra.get("/boom")
+    async def boom() -> None:
+        raise RuntimeError("a bug")
+
+    app = create_app(Settings(api_rate_per_s=0))
+    app.include_router(extra)
+    c = TestClient(app, raise_server_exceptions=False)
+    r = c.post("/v1/extra/thing")
+    assert r.status_code == 409 and r.json() == {"error": "conflict", "detail": "thing already exists"}
+    with capture_logs() as logs:
+        r = c.get("/v1/extra/boom")
+    assert [e["event"] for e in logs if e["log_level"] == "error"] == ["unhandled API error"], "the bug is logged"
+    assert r.status_code == 500 and r.json()["error"] == "internal_error" and "a bug" not in r.text
+    assert REGISTRY.get_sample_value("palace_http_requests_total",
+                                     {"method": "GET", "route": "/v1/extra/boom", "status": "500"}) == 1.0
+    assert REGISTRY.get_sample_value("palace_http_requests_total",
+                                     {"method": "POST", "route": "/v1/extra/{name}", "status": "409"}) == 1.0
