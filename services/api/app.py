@@ -47,9 +47,9 @@ async def bootstrap_keys(settings: Settings, pool: AsyncConnectionPool) -> None:
     for workspace, key in parse_bootstrap_keys(settings.api_bootstrap_keys.get_secret_value()):
         outcome = await store_api_key(pool, workspace, key, name="bootstrap")
         if outcome == "revoked":
-            log.warning("bootstrap API key is revoked; left revoked", workspace_id=workspace, key_id=key_id_of(key))
+            log.warning("api_bootstrap_key_revoked", workspace_id=workspace, key_id=key_id_of(key))
         else:
-            log.info("bootstrap API key", workspace_id=workspace, key_id=key_id_of(key), outcome=outcome)
+            log.info("api_bootstrap_key", workspace_id=workspace, key_id=key_id_of(key), outcome=outcome)
 
 
 Closers = list[tuple[str, Callable[[], Awaitable[object]]]]
@@ -66,8 +66,8 @@ async def _connect(app: FastAPI, settings: Settings, closers: Closers) -> None:
     pool = await open_pool(db_url, name="api", min_size=settings.db_pool_min, max_size=settings.db_pool_max,
                            role=settings.db_role)
     closers.append(("database", pool.close))
-    app.state.pool = pool
     await bootstrap_keys(settings, pool)
+    app.state.pool = pool
     broker = build_broker(settings, "api", nats_url)
     closers.append(("nats", broker.stop))
     await broker.connect()
@@ -110,7 +110,7 @@ def create_app(settings: Settings, *,
                 if not t.cancelled() and t.exception() is not None:
                     exc = t.exception()
                     assert exc is not None
-                    log.error("api start failed", error=f"{type(exc).__name__}: {exc}", exc_info=exc)
+                    log.error("api_start_failed", error=f"{type(exc).__name__}: {exc}", exc_info=exc)
                     report(exc)
 
             task = asyncio.create_task(_connect(app, settings, closers))
@@ -125,7 +125,7 @@ def create_app(settings: Settings, *,
             try:
                 await close()
             except Exception as e:
-                log.warning("api shutdown step failed", step=step, error=f"{type(e).__name__}: {e}")
+                log.warning("api_shutdown_step_failed", step=step, error=f"{type(e).__name__}: {e}")
 
     app = FastAPI(
         title="Palace", version="0.1.0", lifespan=lifespan,
@@ -149,10 +149,10 @@ def main() -> None:
     configure_logging(settings.log_level, settings.log_json)
     refusal = unsafe_bind_reason(settings.api_host, settings.api_auth, settings.api_allow_unauthenticated_bind)
     if refusal is not None:
-        log.error("api not started", reason=refusal)
+        log.error("api_not_started", reason=refusal)
         sys.exit(f"palace api: {refusal}")
     if not settings.api_auth and not is_loopback_host(settings.api_host):
-        log.warning("api listening without authentication by configuration", host=settings.api_host)
+        log.warning("api_listening_without_authentication", host=settings.api_host)
     failed: list[BaseException] = []
 
     def start_failed(exc: BaseException) -> None:

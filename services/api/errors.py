@@ -89,7 +89,7 @@ async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
 
 
 async def _unhandled(request: Request, exc: Exception) -> JSONResponse:
-    log.error("unhandled API error", method=request.method, path=request.url.path, exc_info=exc)
+    log.error("api_unhandled_error", method=request.method, path=request.url.path, exc_info=exc)
     return error_response(500, f"internal error ({type(exc).__name__}); the server log has the details")
 
 

@@ -106,7 +106,7 @@ def test_override_lets_it_listen_on_all_interfaces_without_auth(stack: Stack) ->
         assert r.status_code == 200, r.text
     finally:
         err = _stop(proc)
-    assert "listening without authentication" in err, "the override is logged as a warning"
+    assert "api_listening_without_authentication" in err, "the override is logged as a warning"
 
 
 def test_alive_while_the_database_is_unreachable_and_exits_on_a_failed_start(stack: Stack) -> None:

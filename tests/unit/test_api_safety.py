@@ -193,7 +193,7 @@ def test_a_router_added_later_gets_the_same_errors_limits_and_metrics() -> None:
     assert r.status_code == 409 and r.json() == {"error": "conflict", "detail": "thing already exists"}
     with capture_logs() as logs:
         r = c.get("/v1/extra/boom")
-    assert [e["event"] for e in logs if e["log_level"] == "error"] == ["unhandled API error"], "the bug is logged"
+    assert [e["event"] for e in logs if e["log_level"] == "error"] == ["api_unhandled_error"], "the bug is logged"
     assert r.status_code == 500 and r.json()["error"] == "internal_error" and "a bug" not in r.text
     assert REGISTRY.get_sample_value("palace_http_requests_total",
                                      {"method": "GET", "route": "/v1/extra/boom", "status": "500"}) == 1.0
