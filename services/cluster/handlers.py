@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from nats.aio.msg import Msg
+
 from services._runtime import Deps
-from shared.bus import decode_event, subscriber_kwargs
+from shared.bus import decode_event
 from shared.db.drawers import drawers_by_id, older_twins, record_history
 from shared.db.tenancy import workspace_tx
 from shared.events import DrawerClassified, EntityUpserted
@@ -19,8 +21,8 @@ DURABLE_ENTITIES = "cluster-entities"
 def register(deps: Deps) -> None:
     s = deps.settings
 
-    @deps.broker.subscriber(**subscriber_kwargs(s, DURABLE, "drawer.classified"))
-    async def on_drawer_classified(body: bytes) -> None:
+    @deps.handle(DURABLE)
+    async def on_drawer_classified(body: bytes, raw: Msg) -> None:
         """drawer.classified → merge near-duplicates into their older twin (audit in memory_history)."""
         ev: DrawerClassified = decode_event(DrawerClassified, body, s)
         async with workspace_tx(deps.pool, ev.workspace_id) as conn:
@@ -48,8 +50,8 @@ def register(deps: Deps) -> None:
                                          event_id=ev.event_id, reason=d.reason, new_value={"cluster_id": d.target})
                     DRAWERS.labels(deps.service, "merged").inc()
 
-    @deps.broker.subscriber(**subscriber_kwargs(s, DURABLE_ENTITIES, "entity.upserted"))
-    async def on_entity_upserted(body: bytes) -> None:
+    @deps.handle(DURABLE_ENTITIES)
+    async def on_entity_upserted(body: bytes, raw: Msg) -> None:
         """entity.upserted → refresh mention counts of the entities."""
         ev: EntityUpserted = decode_event(EntityUpserted, body, s)
         async with workspace_tx(deps.pool, ev.workspace_id) as conn:

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 from services._runtime import WorkerSpec, run_worker
-from services.enrich.handlers import DURABLE, DURABLE_KG, register
+from services.enrich.handlers import register
 
-SPEC = WorkerSpec(name="enrich", consumers=[(DURABLE, "session.stored"), (DURABLE_KG, "episodic.created")],
-                  register=register)
+SPEC = WorkerSpec(name="enrich", register=register)
 
 
 def main() -> None:

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import numpy as np
+from nats.aio.msg import Msg
 
 from services._runtime import Deps
-from shared.bus import decode_event, publish_event, subscriber_kwargs
+from shared.bus import decode_event, publish_event
 from shared.db.episodes import session_turns, upsert_entities, upsert_episode
 from shared.db.tenancy import workspace_tx
 from shared.events import EntityUpserted, EpisodicCreated, SessionStored
@@ -23,8 +24,8 @@ EPISODE_TTL_DAYS = 90.0
 def register(deps: Deps) -> None:
     s = deps.settings
 
-    @deps.broker.subscriber(**subscriber_kwargs(s, DURABLE, "session.stored"))
-    async def on_session_stored(body: bytes) -> None:
+    @deps.handle(DURABLE)
+    async def on_session_stored(body: bytes, raw: Msg) -> None:
         """session.stored → (summarise, then commit) → episodic.created."""
         ev: SessionStored = decode_event(SessionStored, body, s)
         async with workspace_tx(deps.pool, ev.workspace_id) as conn:
@@ -51,8 +52,8 @@ def register(deps: Deps) -> None:
             topics=draft.topics,
         ))
 
-    @deps.broker.subscriber(**subscriber_kwargs(s, DURABLE_KG, "episodic.created"))
-    async def on_episodic_created(body: bytes) -> None:
+    @deps.handle(DURABLE_KG)
+    async def on_episodic_created(body: bytes, raw: Msg) -> None:
         """episodic.created → (extract, then commit) → entity.upserted."""
         ev: EpisodicCreated = decode_event(EpisodicCreated, body, s)
         async with workspace_tx(deps.pool, ev.workspace_id) as conn:

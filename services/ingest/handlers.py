@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from faststream.nats import NatsMessage
+from nats.aio.msg import Msg
 
 from services._runtime import Deps
-from shared.bus import decode_event, publish_event, subscriber_kwargs
+from shared.bus import decode_event, publish_event
 from shared.db.sessions import store_session, unembedded_drawer_ids
 from shared.db.tenancy import workspace_tx
 from shared.events import DrawerCreated, SessionCompleted, SessionStored
@@ -22,8 +22,8 @@ _ANNOUNCE_CHUNK = 256
 def register(deps: Deps) -> None:
     s = deps.settings
 
-    @deps.broker.subscriber(**subscriber_kwargs(s, DURABLE, "session.completed"))
-    async def on_session_completed(body: bytes, msg: NatsMessage) -> None:
+    @deps.handle(DURABLE)
+    async def on_session_completed(body: bytes, raw: Msg) -> None:
         """session.completed → (commit raw rows) → drawer.created, session.stored."""
         event: SessionCompleted = decode_event(SessionCompleted, body, s)
         if len(event.messages) > s.max_messages_per_session:

@@ -92,12 +92,12 @@ async def maintenance_loop(deps: Deps, stop: asyncio.Event) -> None:
             if any(counts.values()):
                 log.info("sweep", **counts)
         except Exception as e:  # a failed sweep is retried next round; never kill the service
-            log.warning("sweep_failed", error=repr(e)[:300])
+            log.warning("sweep_failed", error=repr(e)[:300], exc_info=e)
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), deps.settings.maintain_interval_s)
 
 
-SPEC = WorkerSpec(name="maintain", consumers=[], register=lambda deps: None, background=[maintenance_loop])
+SPEC = WorkerSpec(name="maintain", register=lambda deps: None, background=[maintenance_loop])
 
 
 def main() -> None:
