@@ -420,8 +420,7 @@ def mcp(workspace: Annotated[str | None, typer.Option(
             raise
         from services.supervisor import ALL_SERVICES, Supervisor
 
-        sup = Supervisor(s, services=[n for n in ALL_SERVICES if n != "api"], log_dir=s.devstack_dir / "logs",
-                         metrics_base_port=s.metrics_port + 1)
+        sup = Supervisor(s, services=[n for n in ALL_SERVICES if n != "api"], log_dir=s.devstack_dir / "logs")
         sup.start_servers()
         sup.start_services()
         sup.wait_healthy()
