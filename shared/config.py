@@ -98,12 +98,22 @@ class Settings(BaseSettings):
     embed_timeout_s: float = Field(30.0, description="Timeout of one remote embedding call.")
     heuristic_high: float = Field(0.8, description="Classifier confidence trusted without further tiers.")
     heuristic_low: float = Field(0.5, description="Below high and above this, the centroid tier may decide.")
+    centroid_min_cosine: float = Field(
+        0.85, description="Cosine to the nearest type centroid from which the centroid phase decides."
+    )
+    centroid_min_samples: int = Field(50, description="LLM-labelled drawers a type centroid needs to have a say.")
     dedup_threshold: float = Field(
         0.9, description="Cosine from which an older drawer is a twin candidate (merging also needs same wording)."
     )
     llm_base_url: str | None = Field(None, description="OpenAI-compatible chat endpoint (optional).")
     llm_api_key: str | None = Field(None, description="API key for the LLM endpoint.")
     llm_model: str = Field("gpt-4o-mini", description="Chat model used when llm_base_url is set.")
+    llm_timeout_s: float = Field(60.0, description="Timeout of one LLM call.")
+    llm_batch: int = Field(16, description="Drawers per LLM classification call (one workspace per call).")
+    llm_attempts: int = Field(
+        3, description="Tries of one LLM call on transient errors (timeouts, 429, 5xx), with exponential backoff."
+    )
+    llm_max_failures: int = Field(3, description="Failed LLM attempts after which a drawer is marked failed.")
 
     # --- maintenance ---------------------------------------------------------------------------
     maintain_interval_s: float = Field(60.0, description="Seconds between maintenance sweeps.")

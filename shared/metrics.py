@@ -15,6 +15,9 @@ __all__ = [
     "FAILED",
     "HANDLER_SECONDS",
     "IN_FLIGHT",
+    "LLM_CALLS",
+    "LLM_SECONDS",
+    "LLM_TOKENS",
     "PROCESSED",
     "SEARCH_SECONDS",
 ]
@@ -56,3 +59,10 @@ DRAWERS = Counter("palace_drawers_total", "Drawer transitions.", ["service", "ou
 EMBED_TEXTS = Counter("palace_embedded_texts_total", "Texts embedded (cache misses).", ["model"])
 EMBED_SECONDS = Histogram("palace_embed_seconds", "Embedding call latency.", ["model"], buckets=_BUCKETS)
 SEARCH_SECONDS = Histogram("palace_search_seconds", "Search latency.", ["stage"], buckets=_BUCKETS)
+LLM_CALLS = Counter(
+    "palace_llm_calls_total", "LLM calls (each attempt) by purpose and outcome.", ["purpose", "outcome"]
+)
+LLM_TOKENS = Counter(
+    "palace_llm_tokens_total", "LLM tokens by purpose and direction (in/out).", ["purpose", "direction"]
+)
+LLM_SECONDS = Histogram("palace_llm_seconds", "LLM call latency.", ["purpose"], buckets=_BUCKETS)

@@ -48,6 +48,7 @@ class DrawerRow:
     embedding: np.ndarray | None = None
     speaker: str | None = None
     context: str | None = None
+    failure_reason: str | None = None
 
 
 async def drawers_by_id(
@@ -56,11 +57,11 @@ async def drawers_by_id(
     """The live (not deleted) drawers among ``ids``."""
     cur = await conn.execute(
         """SELECT id, content, content_hash, state, room, embedding IS NOT NULL,
-                  CASE WHEN %s THEN embedding END, speaker, context
+                  CASE WHEN %s THEN embedding END, speaker, context, failure_reason
              FROM drawers WHERE workspace_id = %s AND id = ANY(%s) AND deleted_at IS NULL""",
         (with_embedding, workspace_id, ids),
     )
-    return [DrawerRow(r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7], r[8]) for r in await cur.fetchall()]
+    return [DrawerRow(*r) for r in await cur.fetchall()]
 
 
 async def cached_embeddings(
