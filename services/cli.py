@@ -15,9 +15,11 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from services.cli_quality import quality
 from shared.config import Settings
 
 app = typer.Typer(help="Palace: long-term memory for AI agents.", no_args_is_help=True, add_completion=False)
+app.command()(quality)
 stack_app = typer.Typer(help="The embedded PostgreSQL + NATS stack.", no_args_is_help=True)
 dlq_app = typer.Typer(help="Dead letters: list and re-drive.", no_args_is_help=True)
 app.add_typer(stack_app, name="stack")

@@ -16,6 +16,7 @@ from prometheus_client import make_asgi_app
 from pydantic import BaseModel, Field
 
 from services._runtime import QuietServer
+from services.api.routes_quality import router as quality_router
 from shared.bus import build_broker, ensure_streams, publish_event
 from shared.config import Settings
 from shared.db.apikeys import workspace_for_key
@@ -182,6 +183,7 @@ def create_app(settings: Settings) -> FastAPI:
         return {"workspace_id": workspace_id, "sessions": row[0], "messages": row[1],
                 "drawers_by_state": by_state, "drawers_by_type": by_type}
 
+    app.include_router(quality_router)
     return app
 
 

@@ -8,7 +8,11 @@ module, and put back afterwards.
 from __future__ import annotations
 
 import asyncio
+import json
+import os
 import signal
+import subprocess
+import sys
 from collections.abc import Iterator
 
 import httpx
@@ -217,3 +221,37 @@ def test_centroid_recompute_is_a_no_op_on_an_unchanged_training_set(stack: Stack
     first, second, third, rows = asyncio.run(go())
     assert (first, second, third) == (True, False, True)
     assert rows == [("decision", 1), ("fact", 24), ("task", 25)]  # only the 50 LLM-labelled drawers train
+
+
+def test_quality_report_over_api_and_cli(stack: Stack, llm: ChatStub) -> None:
+    _reset(llm)
+    w = ws()
+    stack.publish(session(w, "s1", [*TEXTS, "thanks", "ok"]))
+    stack.wait_processed(w, len(TEXTS))
+    _reset(llm, "fail400")
+    stack.publish(session(w, "s2", ["Priya said the Oslo migration is a problem for the team"]))
+    wait_for(lambda: stack.sql("SELECT count(*) FROM drawers WHERE workspace_id = %s AND state = 'failed'",
+                               (w,))[0][0] == 1, 90, "one failed drawer")
+    r = httpx.get(f"{stack.api_url}/v1/workspaces/{w}/quality", timeout=30)
+    assert r.status_code == 200
+    rep = r.json()
+    assert rep["drawers"]["processed"] == 3
+    assert {(x["memory_type"], x["tier"], x["count"]) for x in rep["drawers"]["by_type_and_tier"]} == {
+        ("decision", "llm", 1), ("task", "llm", 1), ("fact", "llm", 1)}
+    assert rep["noise"] == {"messages": 6, "dropped_as_noise": 2}
+    assert rep["failed"]["count"] == 1
+    (reason,) = rep["failed"]["reasons"]
+    assert reason["count"] == 1 and reason["reason"].startswith("llm: BadRequestError")
+    (cost,) = rep["llm_cost"]
+    assert (cost["purpose"], cost["model"], cost["calls_ok"], cost["calls_failed"]) == ("classify", "stub-chat", 1, 3)
+    assert cost["tokens_in"] > 0 and cost["tokens_out"] > 0
+    assert {(a["action"], a["count"]) for a in rep["audit"]} == {("CLASSIFY", 3), ("FAIL", 1)}
+    assert rep["near_duplicates_merged"] == 0 and rep["superseded"] == 0
+    env = {**os.environ, "PALACE_DATABASE_URL": stack.database_url, "PALACE_NATS_URL": stack.nats_url}
+    out = subprocess.run([sys.executable, "-m", "services.cli", "quality", "-w", w, "--json"], env=env,
+                         capture_output=True, text=True, timeout=120, check=True).stdout
+    assert json.loads(out) == rep
+    table = subprocess.run([sys.executable, "-m", "services.cli", "quality", "-w", w], env=env,
+                           capture_output=True, text=True, timeout=120, check=True).stdout
+    assert "BadRequestError" in table and "stub-chat" in table
+    assert httpx.get(f"{stack.api_url}/v1/workspaces/bad%20id/quality", timeout=10).status_code == 422
