@@ -105,6 +105,10 @@ class Settings(BaseSettings):
     dedup_threshold: float = Field(
         0.9, description="Cosine from which an older drawer is a twin candidate (merging also needs same wording)."
     )
+    contradiction_low: float = Field(
+        0.75, description="Cosine from which an older drawer is checked for contradiction by a newer one (unless "
+        "the newer one merged into it as a near-duplicate)."
+    )
     llm_base_url: str | None = Field(None, description="OpenAI-compatible chat endpoint (optional).")
     llm_api_key: str | None = Field(None, description="API key for the LLM endpoint.")
     llm_model: str = Field("gpt-4o-mini", description="Chat model used when llm_base_url is set.")

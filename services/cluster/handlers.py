@@ -5,10 +5,14 @@ from __future__ import annotations
 from nats.aio.msg import Msg
 
 from services._runtime import Deps
+from shared.adapters.llm import LlmClient, Usage
 from shared.bus import decode_event
+from shared.db.curation import record_usage
 from shared.db.drawers import drawers_by_id, older_twins, record_history
 from shared.db.tenancy import workspace_tx
 from shared.events import DrawerClassified, EntityUpserted
+from shared.logging import get_logger
+from shared.memory import contradiction
 from shared.memory.dedup import decide
 from shared.metrics import DRAWERS
 
@@ -16,18 +20,33 @@ __all__ = ["DURABLE", "DURABLE_ENTITIES", "register"]
 
 DURABLE = "cluster"
 DURABLE_ENTITIES = "cluster-entities"
+log = get_logger("palace.cluster")
 
 
 def register(deps: Deps) -> None:
     s = deps.settings
+    llm = LlmClient(s) if s.llm_base_url else None
+
+    async def verdict(older: str, newer: str, usage: list[Usage]) -> contradiction.Verdict:
+        """The LLM's verdict when one is configured and answers; the lexical detector otherwise."""
+        if llm is not None:
+            try:
+                answer = await llm.chat(contradiction.build_messages(older, newer), purpose="contradiction",
+                                        usage=usage)
+                return contradiction.parse_verdict(answer)
+            except Exception as e:
+                log.warning("contradiction_llm_fallback", error=repr(e)[:300])
+        return contradiction.lexical_contradiction(older, newer)
 
     @deps.handle(DURABLE)
     async def on_drawer_classified(body: bytes, raw: Msg) -> None:
-        """drawer.classified → merge near-duplicates into their older twin (audit in memory_history)."""
+        """drawer.classified → merge near-duplicates into their older twin; an older drawer that a newer
+        one contradicts is superseded by it (ranks below it, never deleted). Both audited."""
         ev: DrawerClassified = decode_event(DrawerClassified, body, s)
         async with workspace_tx(deps.pool, ev.workspace_id) as conn:
             rows = await drawers_by_id(conn, ev.workspace_id, ev.drawer_ids, with_embedding=True)
             decisions = []
+            checks = []
             for r in rows:
                 if r.state != "processed" or r.embedding is None:
                     continue
@@ -35,6 +54,38 @@ def register(deps: Deps) -> None:
                 d = decide(r.content, twins, s.dedup_threshold)
                 if d.action == "MERGE":
                     decisions.append((r.id, d))
+                    continue
+                # The band's upper end is the merge rule: a twin that is not near-verbatim may still be
+                # its negation ("enabled" / "disabled" sit very close in embedding space).
+                band = [t for t in twins if t[1] >= s.contradiction_low]
+                if band:
+                    checks.append((r.id, r.content, band))
+        # Contradiction checks outside any transaction: the LLM may be asked.
+        usage: list[Usage] = []
+        supersede = []
+        for did, content, band in checks:
+            for tid, sim, tcontent in band:
+                v = await verdict(tcontent, content, usage)
+                if v.contradicts:
+                    supersede.append((tid, did, sim, v.reason))
+        if supersede or usage:
+            async with workspace_tx(deps.pool, ev.workspace_id) as conn:
+                for old, new, sim, reason in supersede:
+                    cur = await conn.execute(
+                        """UPDATE drawers SET superseded_by = %(new)s, updated_at = now()
+                            WHERE workspace_id = %(ws)s AND id = %(old)s AND superseded_by IS NULL
+                              AND state = 'processed' AND deleted_at IS NULL""",
+                        {"new": new, "old": old, "ws": ev.workspace_id},
+                    )
+                    if cur.rowcount:
+                        await record_history(
+                            conn, ev.workspace_id, drawer_id=old, action="SUPERSEDE", actor="cluster",
+                            event_id=ev.event_id, reason=reason, old_value={"superseded_by": None},
+                            new_value={"superseded_by": new, "similarity": round(sim, 4)},
+                        )
+                        DRAWERS.labels(deps.service, "superseded").inc()
+                if usage:
+                    await record_usage(conn, ev.workspace_id, s.llm_model, usage)
         for did, d in decisions:
             async with workspace_tx(deps.pool, ev.workspace_id) as conn:
                 # Merge only while the target is still a live, processed drawer (checked in the same statement).

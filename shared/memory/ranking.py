@@ -60,6 +60,7 @@ class RankParams:
     session_cap: int = 1  # at most this many of the first ``capped_top`` from one session (0: no cap)
     capped_top: int = 5
     capped_pool: int = 10  # ...chosen among the best ``capped_pool`` only (0: among all)
+    superseded_factor: float = 0.5  # a drawer a newer one contradicted keeps this share of its score
 
 
 @dataclass(frozen=True)
@@ -78,6 +79,7 @@ class Candidate:
     dated: bool
     importance: float
     age_days: float
+    superseded_by: str | None = None  # the newer drawer that contradicted this one
 
 
 @dataclass(frozen=True)
@@ -200,10 +202,32 @@ def rank(cands: Sequence[Candidate], query_lexemes: Sequence[str], p: RankParams
     age = np.fromiter((max(c.age_days, 0.0) for c in cands), dtype=float, count=n)
     final = (sm + p.session_boost * sess) * (1 + p.w_importance * (imp - 3)) \
         * (1 + p.w_recency / (1 + age / p.recency_days))
+    final = _below_successors(cands, final, p.superseded_factor)
     order = _best(cands, final, n if p.session_cap else k)
     if p.session_cap:
         order = _cap_sessions(cands, order, p.session_cap, p.capped_top, p.capped_pool)[:k]
     return [Ranked(cands[i].id, float(final[i]), float(dense[i]), float(text[i])) for i in order]
+
+
+def _below_successors(cands: Sequence[Candidate], final: np.ndarray, factor: float) -> np.ndarray:
+    """A superseded drawer keeps ``factor`` of its score, and, when its successor is a candidate too,
+    scores just below it: what a newer drawer contradicted never outranks the newer drawer."""
+    idx = {c.id: i for i, c in enumerate(cands)}
+    sup = [(i, idx.get(c.superseded_by)) for i, c in enumerate(cands) if c.superseded_by]
+    if not sup:
+        return final
+    final = final.copy()
+    for i, _ in sup:
+        final[i] *= factor
+    for _ in range(len(sup)):  # chains (a superseded by b superseded by c) settle in as many passes
+        changed = False
+        for i, j in sup:
+            if j is not None and final[i] >= final[j]:
+                final[i] = np.nextafter(final[j], -np.inf) if final[j] > 0 else final[j] - 1e-9
+                changed = True
+        if not changed:
+            break
+    return final
 
 
 def _cap_sessions(cands: Sequence[Candidate], order: list[int], cap: int, top: int, pool: int) -> list[int]:

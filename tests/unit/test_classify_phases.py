@@ -107,3 +107,42 @@ def test_unreadable_answer_is_a_parse_error() -> None:
         parse_batch("Sure! Here are the labels: decision, fact", ["a"])
     with pytest.raises(LlmParseError):
         parse_batch('{"labels": {}}', ["a", "b"])
+
+
+@pytest.mark.parametrize(("older", "newer", "expected"), [
+    ("Dark mode is enabled for the billing dashboard", "Dark mode is disabled for the billing dashboard", True),
+    ("We use Postgres for the billing service", "We no longer use Postgres for the billing service", True),
+    ("The API allows anonymous uploads", "The API denies anonymous uploads", True),
+    ("We use Postgres for the billing service", "We use Postgres for the search service", False),
+    ("I love hiking in the mountains", "I went to the beach yesterday and did not swim", False),
+    ("Dark mode is not enabled", "Dark mode is not enabled yet", False),
+])
+def test_lexical_contradiction(older: str, newer: str, expected: bool) -> None:
+    from shared.memory.contradiction import lexical_contradiction
+
+    assert lexical_contradiction(older, newer).contradicts is expected
+
+
+def test_llm_verdict_parsing() -> None:
+    from shared.memory.contradiction import parse_verdict
+
+    v = parse_verdict('<think>hmm</think>```json\n{"contradicts": true, "reason": "flag flipped"}\n```')
+    assert v.contradicts and v.reason == "llm: flag flipped"
+    with pytest.raises(LlmParseError):
+        parse_verdict('{"contradicts": "maybe"}')
+
+
+def test_superseded_drawer_ranks_below_its_successor() -> None:
+    from shared.memory.ranking import Candidate, RankParams, rank
+
+    def cand(i: str, cos: float, tf: int, successor: str | None = None) -> Candidate:
+        return Candidate(i, None, None, cos, {"dark": tf, "mode": 1}, 4, frozenset(), False, 3.0, 1.0, successor)
+
+    # the older one is the better match on its own, but a newer drawer contradicted it
+    cands = [cand("old", 0.95, 2, "new"), cand("new", 0.9, 1), cand("other", 0.5, 0)]
+    ranked = rank(cands, ["dark", "mode"], RankParams(session_cap=0), 3)
+    assert [r.id for r in ranked][:2] == ["new", "old"]
+    assert [r.score for r in ranked] == sorted((r.score for r in ranked), reverse=True)
+    # without the successor among the candidates it only loses part of its score
+    alone = rank([cand("old", 0.95, 2, "new"), cand("other", 0.5, 0)], ["dark", "mode"], RankParams(session_cap=0), 2)
+    assert alone[0].id == "old"
