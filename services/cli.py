@@ -15,11 +15,14 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from services.cli_history import history, revert
 from services.cli_quality import quality
 from shared.config import Settings
 
 app = typer.Typer(help="Palace: long-term memory for AI agents.", no_args_is_help=True, add_completion=False)
 app.command()(quality)
+app.command()(history)
+app.command()(revert)
 stack_app = typer.Typer(help="The embedded PostgreSQL + NATS stack.", no_args_is_help=True)
 dlq_app = typer.Typer(help="Dead letters: list and re-drive.", no_args_is_help=True)
 app.add_typer(stack_app, name="stack")

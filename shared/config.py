@@ -7,6 +7,7 @@ reads the environment at import time, so tests can build settings with overrides
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -109,6 +110,11 @@ class Settings(BaseSettings):
         0.75, description="Cosine from which an older drawer is checked for contradiction by a newer one (unless "
         "the newer one merged into it as a near-duplicate)."
     )
+    decisions_mode: Literal["shadow", "controlled-write", "full"] = Field(
+        "controlled-write", description="Write decisions on similar memories: 'shadow' proposes and audits only, "
+        "'controlled-write' applies ADD and holds UPDATE/DELETE for review, 'full' applies all four.",
+    )
+    decisions_gate: float = Field(0.7, description="Confidence under which a proposed decision is dropped.")
     llm_base_url: str | None = Field(None, description="OpenAI-compatible chat endpoint (optional).")
     llm_api_key: str | None = Field(None, description="API key for the LLM endpoint.")
     llm_model: str = Field("gpt-4o-mini", description="Chat model used when llm_base_url is set.")

@@ -72,9 +72,15 @@ class ChatStub:
     script: list[str] = field(default_factory=list)
     slow_s: float = 3.0
     default_type: str = "fact"
-    calls: int = 0
+    calls: int = 0  # classification calls only (the ones ``script`` and ``mode`` apply to)
     modes_seen: list[str] = field(default_factory=list)
     items_per_call: list[int] = field(default_factory=list)
+    # Write decisions: UPDATE / DELETE / NONE name the first candidate; HALLUCINATE names an invented
+    # id; LOWCONF answers under the confidence gate. Contradiction checks answer ``contradicts``.
+    decision: str = "ADD"
+    decision_calls: int = 0
+    contradicts: bool = False
+    contradiction_calls: int = 0
 
 
 def build_app(state: StubState) -> FastAPI:
@@ -118,10 +124,12 @@ def build_app(state: StubState) -> FastAPI:
     async def chat(req: Request) -> Any:
         body = await req.json()
         st = state.chat
+        items = json.loads(body["messages"][-1]["content"])
+        if isinstance(items, dict):
+            return _chat_reply(body, json.dumps(_side_answer(st, items)))
         st.calls += 1
         mode = st.script.pop(0) if st.script else st.mode
         st.modes_seen.append(mode)
-        items = json.loads(body["messages"][-1]["content"])
         st.items_per_call.append(len(items))
         if mode.startswith("fail"):
             code = int(mode[4:])
@@ -139,14 +147,35 @@ def build_app(state: StubState) -> FastAPI:
                     a["id"] = "d-" + a["id"][::-1]
             text = "<think>Let me classify {these} carefully.</think>\n```json\n" + json.dumps(
                 {"items": answers}) + "\n```"
-        prompt = sum(len(m["content"]) for m in body["messages"])
-        return {"id": "stub", "object": "chat.completion", "model": body.get("model", "stub"),
-                "choices": [{"index": 0, "finish_reason": "stop",
-                             "message": {"role": "assistant", "content": text}}],
-                "usage": {"prompt_tokens": prompt // 4, "completion_tokens": len(text) // 4,
-                          "total_tokens": prompt // 4 + len(text) // 4}}
+        return _chat_reply(body, text)
 
     return app
+
+
+def _chat_reply(body: dict[str, Any], text: str) -> dict[str, Any]:
+    prompt = sum(len(m["content"]) for m in body["messages"])
+    return {"id": "stub", "object": "chat.completion", "model": body.get("model", "stub"),
+            "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": text}}],
+            "usage": {"prompt_tokens": prompt // 4, "completion_tokens": len(text) // 4,
+                      "total_tokens": prompt // 4 + len(text) // 4}}
+
+
+def _side_answer(st: ChatStub, payload: dict[str, Any]) -> dict[str, Any]:
+    if "older" in payload:
+        st.contradiction_calls += 1
+        return {"contradicts": st.contradicts, "reason": "stub verdict"}
+    st.decision_calls += 1
+    first = payload["candidates"][0] if payload.get("candidates") else {"id": None, "content": ""}
+    d = st.decision
+    if d == "HALLUCINATE":
+        return {"action": "DELETE", "target_id": "d-invented", "reason": "stub", "confidence": 0.9}
+    if d == "LOWCONF":
+        return {"action": "DELETE", "target_id": first["id"], "reason": "stub", "confidence": 0.3}
+    out = {"action": d, "target_id": None if d == "ADD" else first["id"], "reason": f"stub says {d}",
+           "confidence": 0.9}
+    if d == "UPDATE":
+        out["content"] = f"{first['content']} (now: {payload['fact']})"
+    return out
 
 
 _TYPES = ("decision", "preference", "milestone", "problem", "emotional", "fact", "task")

@@ -1,8 +1,8 @@
 """The classify service's three phases against real NATS and PostgreSQL, with the LLM phase on a
 local OpenAI-compatible chat server that answers well, badly, slowly or not at all.
 
-The stack's own classify process (no LLM) is swapped for one configured with the stub for this
-module, and put back afterwards.
+The stack's own classify and cluster processes (no LLM) are swapped for ones configured with the
+stub (decisions in full mode) for this module, and put back afterwards.
 """
 
 from __future__ import annotations
@@ -33,14 +33,17 @@ TEXTS = [
 ]
 
 
-def _swap_classify(stack: Stack, env: dict[str, str]) -> None:
+def _swap(stack: Stack, env: dict[str, str], names: tuple[str, ...] = ("classify", "cluster")) -> None:
+    """Restart these services of the shared stack with ``env``."""
     sup = stack.supervisor
-    child = sup.children.pop("classify", None)
-    if child is not None:
-        child.proc.send_signal(signal.SIGTERM)
-        child.proc.wait(30)
+    for name in names:
+        child = sup.children.pop(name, None)
+        if child is not None:
+            child.proc.send_signal(signal.SIGTERM)
+            child.proc.wait(30)
     sup.env = env
-    sup.spawn("classify")
+    for name in names:
+        sup.spawn(name)
     sup.wait_healthy(120)
 
 
@@ -61,16 +64,18 @@ def llm(stack: Stack) -> Iterator[ChatStub]:
     state = StubState()
     saved_env = dict(stack.supervisor.env)
     with serve_stub(state) as url:
-        _swap_classify(stack, {**saved_env, "PALACE_LLM_BASE_URL": url, "PALACE_LLM_MODEL": "stub-chat",
-                               "PALACE_LLM_TIMEOUT_S": "1", "PALACE_LLM_ATTEMPTS": "3"})
+        llm_env = {**saved_env, "PALACE_LLM_BASE_URL": url, "PALACE_LLM_MODEL": "stub-chat",
+                   "PALACE_LLM_TIMEOUT_S": "1", "PALACE_LLM_ATTEMPTS": "3", "PALACE_DECISIONS_MODE": "full"}
+        _swap(stack, llm_env)
+        state.chat.env = llm_env  # type: ignore[attr-defined]
         try:
             yield state.chat
         finally:
-            _swap_classify(stack, saved_env)
+            _swap(stack, saved_env)
 
 
-def _reset(chat: ChatStub, mode: str = "ok", script: list[str] | None = None) -> None:
-    chat.mode, chat.script = mode, list(script or [])
+def _reset(chat: ChatStub, mode: str = "ok", script: list[str] | None = None, decision: str = "ADD") -> None:
+    chat.mode, chat.script, chat.decision = mode, list(script or []), decision
     chat.calls, chat.modes_seen, chat.items_per_call = 0, [], []
 
 
@@ -242,10 +247,12 @@ def test_quality_report_over_api_and_cli(stack: Stack, llm: ChatStub) -> None:
     assert rep["failed"]["count"] == 1
     (reason,) = rep["failed"]["reasons"]
     assert reason["count"] == 1 and reason["reason"].startswith("llm: BadRequestError")
-    (cost,) = rep["llm_cost"]
-    assert (cost["purpose"], cost["model"], cost["calls_ok"], cost["calls_failed"]) == ("classify", "stub-chat", 1, 3)
+    cost = {c["purpose"]: c for c in rep["llm_cost"]}["classify"]
+    assert (cost["model"], cost["calls_ok"], cost["calls_failed"]) == ("stub-chat", 1, 3)
     assert cost["tokens_in"] > 0 and cost["tokens_out"] > 0
-    assert {(a["action"], a["count"]) for a in rep["audit"]} == {("CLASSIFY", 3), ("FAIL", 1)}
+    audit = {(a["action"], a["actor"]): a["count"] for a in rep["audit"]}
+    assert audit[("CLASSIFY", "classify")] == 3 and audit[("FAIL", "classify")] == 1
+    assert audit[("ADD", "cluster")] == 3  # the failed drawer was never processed: no decision on it
     assert rep["near_duplicates_merged"] == 0 and rep["superseded"] == 0
     env = {**os.environ, "PALACE_DATABASE_URL": stack.database_url, "PALACE_NATS_URL": stack.nats_url}
     out = subprocess.run([sys.executable, "-m", "services.cli", "quality", "-w", w, "--json"], env=env,
@@ -255,3 +262,84 @@ def test_quality_report_over_api_and_cli(stack: Stack, llm: ChatStub) -> None:
                            capture_output=True, text=True, timeout=120, check=True).stdout
     assert "BadRequestError" in table and "stub-chat" in table
     assert httpx.get(f"{stack.api_url}/v1/workspaces/bad%20id/quality", timeout=10).status_code == 422
+
+
+def _history(stack: Stack, w: str, action: str) -> list[tuple]:
+    return stack.sql("SELECT id, drawer_id, reason, old_value, new_value FROM memory_history WHERE workspace_id = %s"
+                     " AND action = %s ORDER BY created_at", (w, action))
+
+
+def _cli(stack: Stack, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PALACE_DATABASE_URL": stack.database_url, "PALACE_NATS_URL": stack.nats_url}
+    return subprocess.run([sys.executable, "-m", "services.cli", *args], env=env, capture_output=True, text=True,
+                          timeout=120)
+
+
+def _two_sessions(stack: Stack, llm: ChatStub, decision: str, *, pin_first: bool = False) -> tuple[str, str, str]:
+    _reset(llm, decision=decision)
+    w = ws()
+    first, second = "Maria prefers green tea in the morning", "Maria now prefers black coffee in the morning"
+    stack.publish(session(w, "s1", [first]))
+    stack.wait_processed(w, 1)
+    old_id = stack.sql("SELECT id FROM drawers WHERE workspace_id = %s", (w,))[0][0]
+    if pin_first:
+        stack.sql("UPDATE drawers SET pinned = true WHERE workspace_id = %s AND id = %s RETURNING id", (w, old_id))
+    stack.publish(session(w, "s2", [second]))
+    stack.wait_processed(w, 2)
+    wait_for(lambda: _history(stack, w, decision if decision in ("ADD", "UPDATE", "DELETE", "NONE") else "DELETE"),
+             60, f"a {decision} proposal audited")
+    return w, old_id, first
+
+
+def test_update_in_full_mode_is_archived_and_revert_restores_the_exact_prior_state(
+        stack: Stack, llm: ChatStub) -> None:
+    w, old_id, first = _two_sessions(stack, llm, "UPDATE")
+    before = stack.sql("SELECT embedding::text, content_hash FROM drawers WHERE workspace_id = %s AND id = %s",
+                       (w, old_id))[0]
+    (hid, drawer, reason, old_value, new_value), = _history(stack, w, "UPDATE")
+    assert drawer == old_id and reason.startswith("applied: stub says UPDATE")
+    assert old_value["content"] == first and new_value["outcome"] == "applied"
+    content, chash, emb = stack.sql("SELECT content, content_hash, embedding::text FROM drawers"
+                                    " WHERE workspace_id = %s AND id = %s", (w, old_id))[0]
+    assert content.startswith(first + " (now: ") and emb != before[0] and chash != before[1]
+    assert llm.decision_calls >= 1
+    listed = json.loads(_cli(stack, "history", "-w", w, "--action", "update", "--json").stdout)
+    assert [r["id"] for r in listed] == [hid] and "embedding" not in listed[0]["old_value"]
+    out = _cli(stack, "revert", hid, "-w", w)
+    assert out.returncode == 0, out.stderr
+    assert stack.sql("SELECT content, content_hash, embedding::text, deleted_at FROM drawers WHERE workspace_id = %s"
+                     " AND id = %s", (w, old_id))[0] == (first, before[1], before[0], None)
+    (rev,) = _history(stack, w, "REVERT")
+    assert rev[3]["content"] == content and rev[4] == {"reverted": hid}  # the revert is itself revertible
+    bad = _cli(stack, "revert", "no-such-entry", "-w", w)
+    assert bad.returncode == 1 and "no audit entry" in bad.stderr
+
+
+def test_pinned_memories_are_never_deleted(stack: Stack, llm: ChatStub) -> None:
+    w, old_id, _ = _two_sessions(stack, llm, "DELETE", pin_first=True)
+    (row,) = _history(stack, w, "DELETE")
+    assert row[2] == "dropped: pinned memories are never deleted" and row[3] is None
+    assert stack.sql("SELECT deleted_at FROM drawers WHERE workspace_id = %s AND id = %s", (w, old_id)) == [(None,)]
+
+
+@pytest.mark.parametrize(("decision", "why"), [("HALLUCINATE", "is not one of the candidates"),
+                                               ("LOWCONF", "under the gate")])
+def test_invalid_proposals_are_dropped_and_audited(stack: Stack, llm: ChatStub, decision: str, why: str) -> None:
+    w, old_id, first = _two_sessions(stack, llm, decision)
+    (row,) = _history(stack, w, "DELETE")
+    assert row[2].startswith("dropped: ") and why in row[2]
+    assert stack.sql("SELECT content, deleted_at FROM drawers WHERE workspace_id = %s AND id = %s",
+                     (w, old_id)) == [(first, None)]
+
+
+def test_shadow_mode_proposes_and_audits_but_writes_nothing(stack: Stack, llm: ChatStub) -> None:
+    env = llm.env  # type: ignore[attr-defined]
+    _swap(stack, {**env, "PALACE_DECISIONS_MODE": "shadow"}, ("cluster",))
+    try:
+        w, old_id, first = _two_sessions(stack, llm, "DELETE")
+    finally:
+        _swap(stack, env, ("cluster",))
+    (row,) = _history(stack, w, "DELETE")
+    assert row[2] == "shadow: stub says DELETE" and row[4]["outcome"] == "shadow" and row[3] is None
+    assert stack.sql("SELECT content, deleted_at, state FROM drawers WHERE workspace_id = %s AND id = %s",
+                     (w, old_id)) == [(first, None, "processed")]

@@ -33,3 +33,26 @@ def test_a_contradicted_drawer_is_superseded_ranks_below_and_is_kept(stack: Stac
     assert hits.index(new_id) < hits.index(old_id)
     quality = stack.sql("SELECT count(*) FROM drawers WHERE workspace_id = %s AND superseded_by IS NOT NULL", (w,))
     assert quality == [(1,)]
+
+
+def test_reverting_a_supersession_restores_the_older_drawer(stack: Stack) -> None:
+    import os
+    import subprocess
+    import sys
+
+    w = ws()
+    stack.publish(session(w, "s1", ["The nightly backup job is enabled on the staging cluster"]))
+    stack.wait_processed(w, 1)
+    stack.publish(session(w, "s2", ["The nightly backup job is disabled on the staging cluster"]))
+    stack.wait_processed(w, 2)
+    wait_for(lambda: stack.sql("SELECT id FROM memory_history WHERE workspace_id = %s AND action = 'SUPERSEDE'",
+                               (w,)), 60, "a supersession")
+    ((hid, drawer),) = stack.sql("SELECT id, drawer_id FROM memory_history WHERE workspace_id = %s"
+                                 " AND action = 'SUPERSEDE'", (w,))
+    env = {**os.environ, "PALACE_DATABASE_URL": stack.database_url, "PALACE_NATS_URL": stack.nats_url}
+    out = subprocess.run([sys.executable, "-m", "services.cli", "revert", hid, "-w", w], env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert stack.sql("SELECT superseded_by FROM drawers WHERE workspace_id = %s AND id = %s", (w, drawer)) == [(None,)]
+    # without an LLM every other drawer is kept as new (ADD), and that too is audited
+    assert stack.sql("SELECT count(*) FROM memory_history WHERE workspace_id = %s AND action = 'ADD'", (w,)) == [(2,)]
