@@ -294,23 +294,27 @@ def _two_sessions(stack: Stack, llm: ChatStub, decision: str, *, pin_first: bool
 def test_update_in_full_mode_is_archived_and_revert_restores_the_exact_prior_state(
         stack: Stack, llm: ChatStub) -> None:
     w, old_id, first = _two_sessions(stack, llm, "UPDATE")
-    before = stack.sql("SELECT embedding::text, content_hash FROM drawers WHERE workspace_id = %s AND id = %s",
-                       (w, old_id))[0]
     (hid, drawer, reason, old_value, new_value), = _history(stack, w, "UPDATE")
+    before = (np.asarray(old_value["embedding"], dtype=np.float32), old_value["content_hash"])
+    new_emb = stack.sql("SELECT embedding::text FROM drawers WHERE workspace_id = %s AND id <> %s", (w, old_id))[0][0]
     assert drawer == old_id and reason.startswith("applied: stub says UPDATE")
     assert old_value["content"] == first and new_value["outcome"] == "applied"
     content, chash, emb = stack.sql("SELECT content, content_hash, embedding::text FROM drawers"
                                     " WHERE workspace_id = %s AND id = %s", (w, old_id))[0]
-    assert content.startswith(first + " (now: ") and emb != before[0] and chash != before[1]
+    assert content.startswith(first + " (now: ") and chash != before[1]
+    assert emb == new_emb  # the embedding follows the new content (the newer drawer's vector)
     assert llm.decision_calls >= 1
     listed = json.loads(_cli(stack, "history", "-w", w, "--action", "update", "--json").stdout)
     assert [r["id"] for r in listed] == [hid] and "embedding" not in listed[0]["old_value"]
     out = _cli(stack, "revert", hid, "-w", w)
     assert out.returncode == 0, out.stderr
-    assert stack.sql("SELECT content, content_hash, embedding::text, deleted_at FROM drawers WHERE workspace_id = %s"
-                     " AND id = %s", (w, old_id))[0] == (first, before[1], before[0], None)
+    content, chash, emb, deleted = stack.sql("SELECT content, content_hash, embedding::text, deleted_at FROM drawers"
+                                             " WHERE workspace_id = %s AND id = %s", (w, old_id))[0]
+    assert (content, chash, deleted) == (first, before[1], None)
+    assert np.array_equal(np.asarray(json.loads(emb), dtype=np.float32), before[0])
     (rev,) = _history(stack, w, "REVERT")
-    assert rev[3]["content"] == content and rev[4] == {"reverted": hid}  # the revert is itself revertible
+    # the revert archived what it replaced, so it can be reverted in turn
+    assert rev[3]["content"].startswith(first + " (now: ") and rev[4] == {"reverted": hid}
     bad = _cli(stack, "revert", "no-such-entry", "-w", w)
     assert bad.returncode == 1 and "no audit entry" in bad.stderr
 
