@@ -55,6 +55,13 @@ def render(report: dict[str, Any], console: Console) -> None:
         for r in report["failed"]["reasons"]:
             f.add_row(r["reason"], str(r["count"]))
         console.print(f)
+    if report["proposals"]:
+        pr = Table(title="Write proposals by decision and outcome")
+        for c in ("decision", "outcome", "count"):
+            pr.add_column(c)
+        for r in report["proposals"]:
+            pr.add_row(r["decision"], r["outcome"], str(r["count"]))
+        console.print(pr)
     if report["audit"]:
         a = Table(title="Audited actions (memory_history)")
         for c in ("action", "actor", "count"):

@@ -253,6 +253,7 @@ def test_quality_report_over_api_and_cli(stack: Stack, llm: ChatStub) -> None:
     audit = {(a["action"], a["actor"]): a["count"] for a in rep["audit"]}
     assert audit[("CLASSIFY", "classify")] == 3 and audit[("FAIL", "classify")] == 1
     assert audit[("ADD", "cluster")] == 3  # the failed drawer was never processed: no decision on it
+    assert {(p["decision"], p["outcome"]) for p in rep["proposals"]} == {("ADD", "applied")}
     assert rep["near_duplicates_merged"] == 0 and rep["superseded"] == 0
     env = {**os.environ, "PALACE_DATABASE_URL": stack.database_url, "PALACE_NATS_URL": stack.nats_url}
     out = subprocess.run([sys.executable, "-m", "services.cli", "quality", "-w", w, "--json"], env=env,
