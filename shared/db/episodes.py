@@ -9,6 +9,7 @@ import numpy as np
 from psycopg import AsyncConnection
 
 from shared.db.drawers import as_array
+from shared.db.kg import add_aliases
 
 __all__ = [
     "EpisodeProgress",
@@ -182,6 +183,9 @@ async def upsert_entities(
                ON CONFLICT (workspace_id, id) DO UPDATE SET updated_at = now()""",
             [(workspace_id, i, n, t) for i, n, t in entities],
         )
+    for eid, name, _ in entities:
+        await add_aliases(conn, workspace_id, eid, [name])  # so the inline linker finds it from now on
+    async with conn.cursor() as cur:
         await cur.executemany(
             "INSERT INTO entity_mentions (workspace_id, entity_id, drawer_id) VALUES (%s, %s, %s)"
             " ON CONFLICT DO NOTHING",

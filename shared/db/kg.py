@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from datetime import date, datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 from psycopg import AsyncConnection
 
@@ -22,20 +22,26 @@ from shared.memory.kg import (
     KgStats,
     TripleAdded,
     as_of_window,
+    candidate_keys,
     entity_id,
+    match_key,
     normalize_predicate,
     parse_direction,
     parse_when,
+    pick_links,
     triple_id,
     validate_name,
 )
 
 __all__ = [
+    "LinkResult",
+    "add_aliases",
     "add_triple",
     "ensure_entities",
     "entity_timeline",
     "invalidate_triple",
     "kg_stats",
+    "link_drawers",
     "query_entity",
     "resolve_entity",
 ]
@@ -100,6 +106,8 @@ async def ensure_entities(
             (workspace_id, eid, name, etype or "unknown"),
         )
         created = await cur.fetchone() is not None
+        if created:
+            await add_aliases(conn, workspace_id, eid, [name])
         if not created and etype and etype != "unknown":
             await conn.execute(
                 "UPDATE entities SET entity_type = %s, updated_at = now()"
@@ -108,12 +116,89 @@ async def ensure_entities(
     return out
 
 
+async def add_aliases(conn: AsyncConnection[Any], workspace_id: str, eid: str, aliases: list[str]) -> int:
+    """Let the linker and name lookups find entity ``eid`` under each of ``aliases``; returns how
+    many were new. Aliases without a word in them are skipped."""
+    rows = [(workspace_id, match_key(a), eid, a, any(c.isupper() for c in a)) for a in aliases]
+    rows = [r for r in rows if r[1]]
+    if not rows:
+        return 0
+    added = 0
+    async with conn.cursor() as cur:
+        await cur.executemany(
+            "INSERT INTO entity_aliases (workspace_id, alias_key, entity_id, alias, cased)"
+            " VALUES (%s, %s, %s, %s, %s) ON CONFLICT DO NOTHING RETURNING 1", rows, returning=True)
+        while True:
+            added += len(await cur.fetchall())
+            if not cur.nextset():
+                break
+    return added
+
+
+class LinkResult(NamedTuple):
+    """What ``link_drawers`` found: drawer → entities it mentions, and how many links were new."""
+
+    links: dict[str, set[str]]
+    new_mentions: int
+
+
+async def link_drawers(conn: AsyncConnection[Any], workspace_id: str, drawers: list[tuple[str, str]]) -> LinkResult:
+    """The inline linker (no LLM): link each (drawer id, content) to the workspace's existing
+    entities whose name or alias occurs in it, as whole words. Never creates an entity.
+
+    One indexed probe of ``entity_aliases`` for every run of words in the batch (shared across its
+    drawers); idempotent, so a redelivered batch adds nothing. Mention counts and the drawers'
+    entity_count follow the new links.
+    """
+    keys = {did: candidate_keys(text) for did, text in drawers}
+    probe = sorted({k for ks in keys.values() for k in ks})
+    if not probe:
+        return LinkResult({}, 0)
+    cur = await conn.execute(
+        "SELECT alias_key, entity_id, cased FROM entity_aliases WHERE workspace_id = %s AND alias_key = ANY(%s)",
+        (workspace_id, probe))
+    aliases = [(str(k), str(e), bool(c)) for k, e, c in await cur.fetchall()]
+    links = {did: ids for did, ks in keys.items() if (ids := pick_links(ks, aliases))}
+    pairs = sorted({(eid, did) for did, ids in links.items() for eid in ids})
+    if not pairs:
+        return LinkResult({}, 0)
+    cur = await conn.execute(
+        """INSERT INTO entity_mentions (workspace_id, entity_id, drawer_id)
+           SELECT %s, e, d FROM unnest(%s::text[], %s::text[]) AS p(e, d)
+           ON CONFLICT DO NOTHING RETURNING entity_id, drawer_id""",
+        (workspace_id, [e for e, _ in pairs], [d for _, d in pairs]))
+    new = await cur.fetchall()
+    if new:
+        await conn.execute(
+            """UPDATE entities e SET mention_count = m.n, updated_at = now()
+                 FROM (SELECT entity_id, count(*) AS n FROM entity_mentions
+                        WHERE workspace_id = %(ws)s AND entity_id = ANY(%(e)s) GROUP BY entity_id) m
+                WHERE e.workspace_id = %(ws)s AND e.id = m.entity_id""",
+            {"ws": workspace_id, "e": sorted({str(r[0]) for r in new})})
+        await conn.execute(
+            """UPDATE drawers d SET entity_count = m.n
+                 FROM (SELECT drawer_id, count(*) AS n FROM entity_mentions
+                        WHERE workspace_id = %(ws)s AND drawer_id = ANY(%(d)s) GROUP BY drawer_id) m
+                WHERE d.workspace_id = %(ws)s AND d.id = m.drawer_id""",
+            {"ws": workspace_id, "d": sorted({str(r[1]) for r in new})})
+    return LinkResult(links, len(new))
+
+
 async def resolve_entity(conn: AsyncConnection[Any], workspace_id: str, name: str) -> str | None:
-    """The id of the entity called ``name`` in the workspace, or None when there is none."""
-    eid = entity_id(workspace_id, validate_name(name))
+    """The id of the entity called ``name`` (or, unambiguously, aliased so) in the workspace; None
+    when there is none."""
+    clean = validate_name(name)
+    eid = entity_id(workspace_id, clean)
     cur = await conn.execute("SELECT id FROM entities WHERE workspace_id = %s AND id = %s", (workspace_id, eid))
     row = await cur.fetchone()
-    return str(row[0]) if row else None
+    if row:
+        return str(row[0])
+    # Known by another name (an alias): only when exactly one entity goes by it.
+    cur = await conn.execute(
+        "SELECT entity_id FROM entity_aliases WHERE workspace_id = %s AND alias_key = %s LIMIT 2",
+        (workspace_id, match_key(clean)))
+    rows = await cur.fetchall()
+    return str(rows[0][0]) if len(rows) == 1 else None
 
 
 async def add_triple(

@@ -22,6 +22,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from shared.ids import stable_id
+from shared.memory.episodes import STOPWORDS
 
 __all__ = [
     "MAX_LINK_TOKENS",
@@ -33,12 +34,14 @@ __all__ = [
     "KgStats",
     "TripleAdded",
     "as_of_window",
+    "candidate_keys",
     "entity_id",
     "match_key",
     "normalize_name",
     "normalize_predicate",
     "parse_direction",
     "parse_when",
+    "pick_links",
     "text_keys",
     "triple_id",
     "validate_name",
@@ -138,6 +141,29 @@ def text_keys(text: str, max_tokens: int = MAX_LINK_TOKENS) -> dict[str, bool]:
             window = toks[i : i + n]
             key = " ".join(w for w, _ in window)
             out[key] = out.get(key, False) or any(c for _, c in window)
+    return out
+
+
+def candidate_keys(text: str, max_tokens: int = MAX_LINK_TOKENS) -> dict[str, bool]:
+    """``text_keys`` less the runs no entity is called by (only stopwords, or one character), so
+    the linker's index probes are for plausible names only."""
+    return {k: cased for k, cased in text_keys(text, max_tokens).items()
+            if len(k) > 1 and not all(w in STOPWORDS for w in k.split(" "))}
+
+
+def pick_links(keys: dict[str, bool], aliases: list[tuple[str, str, bool]]) -> set[str]:
+    """Entity ids whose name or alias occurs in a text with keys ``keys``.
+
+    ``aliases``: (alias_key, entity_id, cased) rows. A one-word name written with a capital links
+    only where the text writes it with one too ("Max" the dog, not "at max speed").
+    """
+    out = set()
+    for key, eid, cased in aliases:
+        if key not in keys:
+            continue
+        if cased and " " not in key and not keys[key]:
+            continue
+        out.add(eid)
     return out
 
 

@@ -10,10 +10,20 @@ import psycopg
 import pytest
 from psycopg_pool import AsyncConnectionPool
 
-from shared.db.kg import add_triple, entity_timeline, invalidate_triple, kg_stats, query_entity
+from shared.db.kg import (
+    add_aliases,
+    add_triple,
+    ensure_entities,
+    entity_timeline,
+    invalidate_triple,
+    kg_stats,
+    link_drawers,
+    query_entity,
+    resolve_entity,
+)
 from shared.db.pool import open_pool
 from shared.db.tenancy import workspace_tx
-from shared.memory.kg import KgError
+from shared.memory.kg import KgError, entity_id
 from tests.integration.helpers import Stack, session, wait_for, ws
 
 
@@ -153,3 +163,75 @@ async def test_entity_lookups_use_the_indexes(pool: AsyncConnectionPool, stack: 
         ]:
             plan = "\n".join(r[0] for r in await (await c.execute("EXPLAIN " + sql, (w,))).fetchall())
             assert index in plan, plan
+
+
+async def test_inline_linker_links_existing_entities_and_creates_none(pool: AsyncConnectionPool,
+                                                                      stack: Stack) -> None:
+    w = ws()
+    async with workspace_tx(pool, w) as c:
+        await add_triple(c, w, "Caroline", "lives_in", "Lisbon", valid_from="2025-01-01")
+        await add_triple(c, w, "Max", "is_a", "dog", valid_from="2025-01-01")
+        (orion,) = await ensure_entities(c, w, [("Orion Project", "project")])
+        assert await add_aliases(c, w, orion, ["Orion", "orion"]) == 1  # one key, added once
+    before = stack.sql("SELECT count(*) FROM entities WHERE workspace_id = %s", (w,))[0][0]
+    texts = ["Caroline walked Max along the river in Lisbon yesterday evening.",
+             "We ran at max speed towards the Orion launch pad, Caroline's idea.",
+             "Zebulon Quartz has never been mentioned before in this workspace."]
+    drawers = [(f"{i:032x}", t) for i, t in enumerate(texts)]
+    stack.sql("INSERT INTO drawers (workspace_id, id, content, content_hash) SELECT %s, d, t, d"
+              " FROM unnest(%s::text[], %s::text[]) AS x(d, t) RETURNING 1",
+              (w, [d for d, _ in drawers], texts))
+    async with workspace_tx(pool, w) as c:
+        res = await link_drawers(c, w, drawers)
+    eid = {n: entity_id(w, n) for n in ("Caroline", "Max", "Lisbon", "Orion Project")}
+    assert res.links == {drawers[0][0]: {eid["Caroline"], eid["Max"], eid["Lisbon"]},
+                         drawers[1][0]: {eid["Orion Project"], eid["Caroline"]}}
+    assert res.new_mentions == 5
+    assert stack.sql("SELECT count(*) FROM entities WHERE workspace_id = %s", (w,))[0][0] == before
+    counts = dict(stack.sql("SELECT name, mention_count FROM entities WHERE workspace_id = %s", (w,)))
+    assert counts["Caroline"] == 2 and counts["Orion Project"] == 1 and counts["dog"] == 0
+    assert stack.sql("SELECT entity_count FROM drawers WHERE workspace_id = %s AND id = %s",
+                     (w, drawers[0][0]))[0][0] == 3
+    async with workspace_tx(pool, w) as c:
+        again = await link_drawers(c, w, drawers)  # replay: same links, nothing new
+        assert again.new_mentions == 0 and again.links == res.links
+        # The alias also names the entity in graph queries.
+        assert await resolve_entity(c, w, "orion") == orion
+
+
+def test_ingest_links_a_new_drawer_to_an_existing_entity(stack: Stack) -> None:
+    """Through the pipeline: the link comes from ingest's linker (the pattern extractor would file
+    'Orion' as an entity of its own, never as the alias of 'Orion Project')."""
+    w = ws()
+
+    async def seed() -> str:
+        p = await open_pool(stack.database_url, name="test-kg-seed", max_size=1)
+        try:
+            async with workspace_tx(p, w) as c:
+                (orion,) = await ensure_entities(c, w, [("Orion Project", "project")])
+                await add_aliases(c, w, orion, ["Orion"])
+                return orion
+        finally:
+            await p.close()
+
+    orion = asyncio.run(seed())
+    stack.publish(session(w, "s1", ["The Orion launch moved to March because the venue fell through."]))
+    rows = wait_for(lambda: stack.sql("SELECT drawer_id FROM entity_mentions WHERE workspace_id = %s"
+                                      " AND entity_id = %s", (w, orion)), 60, "the linker's mention")
+    assert stack.sql("SELECT content FROM drawers WHERE workspace_id = %s AND id = %s", (w, rows[0][0]))[0][0] \
+        .startswith("The Orion launch")
+
+
+async def test_the_linker_probe_uses_the_alias_index(pool: AsyncConnectionPool, stack: Stack) -> None:
+    w = ws()
+    with psycopg.connect(stack.database_url, autocommit=True) as admin:
+        admin.execute("INSERT INTO entities (workspace_id, id, name) SELECT %s, 'e' || i, 'name ' || i"
+                      " FROM generate_series(1, 3000) i", (w,))
+        admin.execute("INSERT INTO entity_aliases (workspace_id, alias_key, entity_id, alias, cased)"
+                      " SELECT %s, 'name ' || i, 'e' || i, 'Name ' || i, true FROM generate_series(1, 3000) i", (w,))
+        admin.execute("ANALYZE entity_aliases")
+    async with workspace_tx(pool, w) as c:
+        plan = "\n".join(r[0] for r in await (await c.execute(
+            "EXPLAIN SELECT alias_key, entity_id, cased FROM entity_aliases WHERE workspace_id = %s"
+            " AND alias_key = ANY(%s)", (w, ["name 7", "walked", "the river"]))).fetchall())
+        assert "entity_aliases_pkey" in plan, plan

@@ -8,12 +8,14 @@ from shared.memory.entities import entity_id as extractor_entity_id
 from shared.memory.kg import (
     KgError,
     as_of_window,
+    candidate_keys,
     entity_id,
     match_key,
     normalize_name,
     normalize_predicate,
     parse_direction,
     parse_when,
+    pick_links,
     text_keys,
     triple_id,
     validate_name,
@@ -88,3 +90,17 @@ def test_text_keys_find_names_as_words() -> None:
     lower = text_keys("we ran at max speed")
     assert lower["max"] is False and text_keys("I walked Max")["max"] is True
     assert "a b c d e f" not in text_keys("a b c d e f g") and "a b c d e" in text_keys("a b c d e f g")
+
+
+def test_candidate_keys_skip_runs_of_stopwords() -> None:
+    keys = candidate_keys("I think that the Orion launch is in Lisbon")
+    assert "orion" in keys and "lisbon" in keys and "orion launch" in keys
+    assert "the" not in keys and "that the" not in keys and "i" not in keys
+    assert "the orion" in keys  # a name may start with a stopword ("The Beatles")
+
+
+def test_pick_links_needs_the_capital_a_one_word_name_was_written_with() -> None:
+    aliases = [("max", "dog", True), ("orion", "proj", True), ("new york", "ny", True), ("sql", "sql", False)]
+    assert pick_links(text_keys("I walked Max to the Orion site"), aliases) == {"dog", "proj"}
+    assert pick_links(text_keys("we ran at max speed"), aliases) == set()
+    assert pick_links(text_keys("moving to new york, writing sql"), aliases) == {"ny", "sql"}
