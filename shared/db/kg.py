@@ -9,6 +9,7 @@ what keeps "what did we use before PostgreSQL?" answerable after the switch.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from datetime import date, datetime
 from typing import Any, NamedTuple
 
@@ -21,14 +22,15 @@ from shared.memory.kg import (
     KgError,
     KgStats,
     TripleAdded,
+    anchor_word,
     as_of_window,
-    candidate_keys,
     entity_id,
     match_key,
     normalize_predicate,
     parse_direction,
     parse_when,
     pick_links,
+    text_words,
     triple_id,
     validate_name,
 )
@@ -119,15 +121,15 @@ async def ensure_entities(
 async def add_aliases(conn: AsyncConnection[Any], workspace_id: str, eid: str, aliases: list[str]) -> int:
     """Let the linker and name lookups find entity ``eid`` under each of ``aliases``; returns how
     many were new. Aliases without a word in them are skipped."""
-    rows = [(workspace_id, match_key(a), eid, a, any(c.isupper() for c in a)) for a in aliases]
-    rows = [r for r in rows if r[1]]
+    rows = [(workspace_id, k, anchor_word(k), eid, a, any(c.isupper() for c in a))
+            for a in aliases if (k := match_key(a))]
     if not rows:
         return 0
     added = 0
     async with conn.cursor() as cur:
         await cur.executemany(
-            "INSERT INTO entity_aliases (workspace_id, alias_key, entity_id, alias, cased)"
-            " VALUES (%s, %s, %s, %s, %s) ON CONFLICT DO NOTHING RETURNING 1", rows, returning=True)
+            "INSERT INTO entity_aliases (workspace_id, alias_key, anchor, entity_id, alias, cased)"
+            " VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING RETURNING 1", rows, returning=True)
         while True:
             added += len(await cur.fetchall())
             if not cur.nextset():
@@ -146,19 +148,19 @@ async def link_drawers(conn: AsyncConnection[Any], workspace_id: str, drawers: l
     """The inline linker (no LLM): link each (drawer id, content) to the workspace's existing
     entities whose name or alias occurs in it, as whole words. Never creates an entity.
 
-    One indexed probe of ``entity_aliases`` for every run of words in the batch (shared across its
-    drawers); idempotent, so a redelivered batch adds nothing. Mention counts and the drawers'
-    entity_count follow the new links.
+    One index probe of ``entity_aliases`` by the batch's distinct words (a name's anchor word must be
+    among them), then whole-word matching of the few names that come back. Idempotent, so a
+    redelivered batch adds nothing; mention counts and the drawers' entity_count follow new links.
     """
-    keys = {did: candidate_keys(text) for did, text in drawers}
-    probe = sorted({k for ks in keys.values() for k in ks})
+    texts = {did: text_words(text) for did, text in drawers}
+    probe = sorted({w for t in texts.values() for w in t.words})
     if not probe:
         return LinkResult({}, 0)
     cur = await conn.execute(
-        "SELECT alias_key, entity_id, cased FROM entity_aliases WHERE workspace_id = %s AND alias_key = ANY(%s)",
+        "SELECT alias_key, entity_id, cased FROM entity_aliases WHERE workspace_id = %s AND anchor = ANY(%s)",
         (workspace_id, probe))
     aliases = [(str(k), str(e), bool(c)) for k, e, c in await cur.fetchall()]
-    links = {did: ids for did, ks in keys.items() if (ids := pick_links(ks, aliases))}
+    links = {did: ids for did, t in texts.items() if (ids := pick_links(t, aliases))}
     pairs = sorted({(eid, did) for did, ids in links.items() for eid in ids})
     if not pairs:
         return LinkResult({}, 0)
@@ -169,18 +171,20 @@ async def link_drawers(conn: AsyncConnection[Any], workspace_id: str, drawers: l
         (workspace_id, [e for e, _ in pairs], [d for _, d in pairs]))
     new = await cur.fetchall()
     if new:
+        # Counted up by the links this call made (a replay makes none), not recounted: constant work
+        # per link however many mentions an entity already has.
+        by_entity = Counter(str(r[0]) for r in new)
+        by_drawer = Counter(str(r[1]) for r in new)
         await conn.execute(
-            """UPDATE entities e SET mention_count = m.n, updated_at = now()
-                 FROM (SELECT entity_id, count(*) AS n FROM entity_mentions
-                        WHERE workspace_id = %(ws)s AND entity_id = ANY(%(e)s) GROUP BY entity_id) m
-                WHERE e.workspace_id = %(ws)s AND e.id = m.entity_id""",
-            {"ws": workspace_id, "e": sorted({str(r[0]) for r in new})})
+            """UPDATE entities e SET mention_count = e.mention_count + n.k, updated_at = now()
+                 FROM unnest(%s::text[], %s::int[]) AS n(id, k)
+                WHERE e.workspace_id = %s AND e.id = n.id""",
+            (list(by_entity), list(by_entity.values()), workspace_id))
         await conn.execute(
-            """UPDATE drawers d SET entity_count = m.n
-                 FROM (SELECT drawer_id, count(*) AS n FROM entity_mentions
-                        WHERE workspace_id = %(ws)s AND drawer_id = ANY(%(d)s) GROUP BY drawer_id) m
-                WHERE d.workspace_id = %(ws)s AND d.id = m.drawer_id""",
-            {"ws": workspace_id, "d": sorted({str(r[1]) for r in new})})
+            """UPDATE drawers d SET entity_count = d.entity_count + n.k
+                 FROM unnest(%s::text[], %s::int[]) AS n(id, k)
+                WHERE d.workspace_id = %s AND d.id = n.id""",
+            (list(by_drawer), list(by_drawer.values()), workspace_id))
     return LinkResult(links, len(new))
 
 

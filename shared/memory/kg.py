@@ -2,7 +2,7 @@
 
 This module is the one place where an entity's name becomes a key. ``normalize_name`` feeds the
 entity id (``entity_id``), so "PostgreSQL", " postgresql " and "ＰｏｓｔｇｒｅＳＱＬ" are one entity
-in a workspace; ``match_key`` and ``text_keys`` turn names and running text into the same word
+in a workspace; ``match_key`` and ``text_words`` turn names and running text into the same word
 sequences, so the inline linker finds a name in a drawer exactly when the name's words occur there.
 
 A fact (triple) holds from ``valid_from`` through ``valid_to`` (both included, as MemPalace reads
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import re
 import unicodedata
+from dataclasses import dataclass
 from datetime import UTC, date, datetime, time, timedelta
 from typing import Literal
 
@@ -25,16 +26,16 @@ from shared.ids import stable_id
 from shared.memory.episodes import STOPWORDS
 
 __all__ = [
-    "MAX_LINK_TOKENS",
     "MAX_NAME_CHARS",
     "MAX_PREDICATE_CHARS",
     "Direction",
     "Fact",
     "KgError",
     "KgStats",
+    "TextWords",
     "TripleAdded",
+    "anchor_word",
     "as_of_window",
-    "candidate_keys",
     "entity_id",
     "match_key",
     "normalize_name",
@@ -42,15 +43,13 @@ __all__ = [
     "parse_direction",
     "parse_when",
     "pick_links",
-    "text_keys",
+    "text_words",
     "triple_id",
     "validate_name",
 ]
 
 MAX_NAME_CHARS = 200
 MAX_PREDICATE_CHARS = 100
-MAX_LINK_TOKENS = 5
-"""Longest name (in words) the inline linker looks for in running text."""
 
 Direction = Literal["outgoing", "incoming", "both"]
 _DIRECTIONS: dict[str, Direction] = {
@@ -127,43 +126,52 @@ def _tokens(text: str) -> list[tuple[str, bool]]:
 
 
 def match_key(name: str) -> str:
-    """The words of a name, folded and space-joined: what ``text_keys`` yields where the name occurs."""
+    """The words of a name, folded and space-joined: how the linker looks for it in running text."""
     return " ".join(w for w, _ in _tokens(name))
 
 
-def text_keys(text: str, max_tokens: int = MAX_LINK_TOKENS) -> dict[str, bool]:
-    """Every run of 1..``max_tokens`` words of ``text`` as a ``match_key``, mapped to whether some
-    occurrence of it was written with a capital (so "Max" the dog is told from "at max speed")."""
+def anchor_word(key: str) -> str:
+    """The word a name is looked up by: the longest of its ``match_key`` words (the first of equals).
+
+    A name can only occur in a text that contains its anchor, so the linker probes the index with
+    the text's distinct words, not with every run of words. The longest word is rarely a stopword,
+    and it is computable in SQL too (migration 0009 keys the existing names that way).
+    """
+    return max(key.split(" "), key=len) if key else ""
+
+
+@dataclass(frozen=True)
+class TextWords:
+    """A text as the linker reads it: its words in order (padded, space-joined, so a name is a
+    substring match on word boundaries), and which words were ever written with a capital."""
+
+    joined: str
+    capitalised: frozenset[str]
+    words: frozenset[str]
+
+
+def text_words(text: str) -> TextWords:
     toks = _tokens(text)
-    out: dict[str, bool] = {}
-    for i in range(len(toks)):
-        for n in range(1, min(max_tokens, len(toks) - i) + 1):
-            window = toks[i : i + n]
-            key = " ".join(w for w, _ in window)
-            out[key] = out.get(key, False) or any(c for _, c in window)
-    return out
+    return TextWords(" " + " ".join(w for w, _ in toks) + " ", frozenset(w for w, c in toks if c),
+                     frozenset(w for w, _ in toks))
 
 
-def candidate_keys(text: str, max_tokens: int = MAX_LINK_TOKENS) -> dict[str, bool]:
-    """``text_keys`` less the runs no entity is called by (only stopwords, or one character), so
-    the linker's index probes are for plausible names only."""
-    return {k: cased for k, cased in text_keys(text, max_tokens).items()
-            if len(k) > 1 and not all(w in STOPWORDS for w in k.split(" "))}
-
-
-def pick_links(keys: dict[str, bool], aliases: list[tuple[str, str, bool]]) -> set[str]:
-    """Entity ids whose name or alias occurs in a text with keys ``keys``.
+def pick_links(text: TextWords, aliases: list[tuple[str, str, bool]]) -> set[str]:
+    """Entity ids whose name or alias occurs in ``text`` as whole words.
 
     ``aliases``: (alias_key, entity_id, cased) rows. A one-word name written with a capital links
-    only where the text writes it with one too ("Max" the dog, not "at max speed").
+    only where the text writes it with one too ("Max" the dog, not "at max speed"); a name of
+    nothing but stopwords or single letters (a pattern extractor's "What's", "So I'm") links nowhere.
     """
     out = set()
     for key, eid, cased in aliases:
-        if key not in keys:
+        if all(w in STOPWORDS or len(w) < 2 for w in key.split(" ")):
             continue
-        if cased and " " not in key and not keys[key]:
-            continue
-        out.add(eid)
+        if " " in key:
+            if f" {key} " in text.joined:
+                out.add(eid)
+        elif key in (text.capitalised if cased else text.words):
+            out.add(eid)
     return out
 
 

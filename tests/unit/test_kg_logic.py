@@ -7,8 +7,8 @@ import pytest
 from shared.memory.entities import entity_id as extractor_entity_id
 from shared.memory.kg import (
     KgError,
+    anchor_word,
     as_of_window,
-    candidate_keys,
     entity_id,
     match_key,
     normalize_name,
@@ -16,7 +16,7 @@ from shared.memory.kg import (
     parse_direction,
     parse_when,
     pick_links,
-    text_keys,
+    text_words,
     triple_id,
     validate_name,
 )
@@ -81,26 +81,28 @@ def test_triple_ids_depend_on_when_it_was_said() -> None:
     assert triple_id("w", "s", "uses", "o", a) != triple_id("w", "s", "uses", "o", a + timedelta(seconds=1))
 
 
-def test_text_keys_find_names_as_words() -> None:
-    keys = text_keys("Yesterday Caroline's friend moved our API to Node.js, then to PostgreSQL 16.")
-    assert match_key("Caroline") in keys and keys["caroline"] is True
-    assert match_key("Node.js") == "node.js" and "node.js" in keys
-    assert match_key("PostgreSQL 16") in keys
-    assert "line" not in keys  # inside a word is not a match
-    lower = text_keys("we ran at max speed")
-    assert lower["max"] is False and text_keys("I walked Max")["max"] is True
-    assert "a b c d e f" not in text_keys("a b c d e f g") and "a b c d e" in text_keys("a b c d e f g")
+def test_names_are_found_as_whole_words() -> None:
+    t = text_words("Yesterday Caroline's friend moved our API to Node.js, then to PostgreSQL 16.")
+    assert match_key("Caroline") in t.words and "caroline" in t.capitalised
+    assert match_key("Node.js") == "node.js" and "node.js" in t.words
+    assert f" {match_key('PostgreSQL 16')} " in t.joined
+    assert "line" not in t.words  # inside a word is not a match
+    assert "max" not in text_words("we ran at max speed").capitalised
+    assert "max" in text_words("I walked Max").capitalised
 
 
-def test_candidate_keys_skip_runs_of_stopwords() -> None:
-    keys = candidate_keys("I think that the Orion launch is in Lisbon")
-    assert "orion" in keys and "lisbon" in keys and "orion launch" in keys
-    assert "the" not in keys and "that the" not in keys and "i" not in keys
-    assert "the orion" in keys  # a name may start with a stopword ("The Beatles")
+def test_a_name_is_looked_up_by_its_longest_word() -> None:
+    assert anchor_word(match_key("The Beatles")) == "beatles"
+    assert anchor_word(match_key("Bank of America")) == "america"
+    assert anchor_word("new york") == "york" and anchor_word("ab cd") == "ab"
+    assert anchor_word("") == ""
 
 
 def test_pick_links_needs_the_capital_a_one_word_name_was_written_with() -> None:
-    aliases = [("max", "dog", True), ("orion", "proj", True), ("new york", "ny", True), ("sql", "sql", False)]
-    assert pick_links(text_keys("I walked Max to the Orion site"), aliases) == {"dog", "proj"}
-    assert pick_links(text_keys("we ran at max speed"), aliases) == set()
-    assert pick_links(text_keys("moving to new york, writing sql"), aliases) == {"ny", "sql"}
+    aliases = [("max", "dog", True), ("orion", "proj", True), ("new york", "ny", True), ("sql", "sql", False),
+               ("york", "yk", True)]
+    assert pick_links(text_words("I walked Max to the Orion site"), aliases) == {"dog", "proj"}
+    assert pick_links(text_words("we ran at max speed"), aliases) == set()
+    assert pick_links(text_words("moving to new york, writing SQL"), aliases) == {"ny", "sql"}
+    assert pick_links(text_words("a newyork café"), aliases) == set()
+    assert pick_links(text_words("What's up? So I'm here."), [("what", "w", True), ("so i'm", "s", True)]) == set()
