@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 import numpy as np
@@ -12,6 +13,7 @@ from shared.db.drawers import as_array
 from shared.db.kg import add_aliases
 
 __all__ = [
+    "EpisodeHit",
     "EpisodeProgress",
     "discard_pending_episode",
     "episode_progress",
@@ -19,6 +21,7 @@ __all__ = [
     "mark_episode_pending",
     "overdue_episodes",
     "save_episode",
+    "search_episodes",
     "session_turns",
     "sessions_awaiting_episode",
     "unannounced_episode",
@@ -43,6 +46,43 @@ async def session_turns(conn: AsyncConnection[Any], workspace_id: str, session_i
         if row["embedding"] is not None:
             row["embedding"] = as_array(row["embedding"])
     return rows
+
+
+@dataclass(frozen=True)
+class EpisodeHit:
+    """A built, unexpired episode and its cosine similarity to the query."""
+
+    id: str
+    session_id: str
+    abstract: str
+    summary: str
+    topics: list[str]
+    score: float
+    started_at: datetime | None
+    completed_at: datetime | None
+
+
+async def search_episodes(
+    conn: AsyncConnection[Any], workspace_id: str, embedding: np.ndarray, *, k: int = 5
+) -> list[EpisodeHit]:
+    """The ``k`` built, unexpired episodes nearest to ``embedding``, best first.
+
+    An exact scan of the workspace's episodes (one per session, so far fewer rows than drawers):
+    an approximate index with the workspace filter applied after the walk could return fewer than
+    ``k`` even when more exist.
+    """
+    cur = await conn.execute(
+        """SELECT id, session_id, abstract, summary, topics, 1 - (embedding <=> %(q)s::vector) AS score,
+                  started_at, completed_at
+             FROM episodes
+            WHERE workspace_id = %(ws)s AND status = 'ready' AND embedding IS NOT NULL
+              AND (expires_at IS NULL OR expires_at > now())
+            ORDER BY embedding <=> %(q)s::vector, id
+            LIMIT %(k)s""",
+        {"q": np.asarray(embedding, dtype=np.float32), "ws": workspace_id, "k": max(1, min(int(k), 100))},
+    )
+    return [EpisodeHit(str(i), str(sid), a, sm, list(t), float(sc), st, ct)
+            for i, sid, a, sm, t, sc, st, ct in await cur.fetchall()]
 
 
 @dataclass(frozen=True)

@@ -116,3 +116,33 @@ def test_an_episode_whose_drawers_never_embed_is_built_after_the_wait(stack: Sta
         "SELECT summary, embedding FROM episodes WHERE workspace_id = %s AND announced_at IS NOT NULL", (w,)),
         30, "the overdue episode")[0]
     assert "Kestrel" in summary and embedding is None
+
+
+async def test_episodes_are_searchable_by_embedding_until_they_expire(stack: Stack) -> None:
+    from shared.db.episodes import search_episodes
+    from shared.db.pool import open_pool
+    from shared.db.tenancy import workspace_tx
+
+    w = ws()
+    await asyncio.to_thread(stack.publish, session(w, "s1", TURNS[:2]))
+    await asyncio.to_thread(stack.publish, session(w, "s2", ["The quarterly tax filing is due on the 15th; "
+                                                             "Ana will collect the receipts from accounting."]))
+    rows = await asyncio.to_thread(wait_for, lambda: (r := stack.sql(
+        "SELECT id, session_id, embedding::real[] FROM episodes WHERE workspace_id = %s AND status = 'ready'"
+        " ORDER BY session_id", (w,))) and len(r) == 2 and r, 60, "two episodes")
+    by_session = {sid: (eid, np.asarray(v, dtype=np.float32)) for eid, sid, v in rows}
+    pool = await open_pool(stack.database_url, name="test-episodes", max_size=1)
+    try:
+        async with workspace_tx(pool, w) as c:
+            hits = await search_episodes(c, w, by_session["s2"][1], k=5)
+        assert [h.session_id for h in hits] == ["s2", "s1"]
+        assert hits[0].score > 0.999 and hits[0].score > hits[1].score and "tax" in hits[0].summary
+        async with workspace_tx(pool, ws()) as c:
+            assert await search_episodes(c, w, by_session["s2"][1]) == []  # another workspace sees none
+        with psycopg.connect(stack.database_url, autocommit=True) as admin:
+            admin.execute("UPDATE episodes SET expires_at = now() - interval '1 day'"
+                          " WHERE workspace_id = %s AND session_id = 's2'", (w,))
+        async with workspace_tx(pool, w) as c:
+            assert [h.session_id for h in await search_episodes(c, w, by_session["s2"][1])] == ["s1"]
+    finally:
+        await pool.close()
