@@ -1,6 +1,6 @@
-"""Process runtime shared by every service: logging, database pool, broker, health and metrics
-endpoints, consumer-lag gauges, and a graceful stop on SIGTERM/SIGINT (stop fetching, let in-flight
-handlers commit and ack, then close).
+"""Process runtime shared by every service: logging, database pool, broker, pull consumers, health and
+metrics endpoints, consumer lag and oldest-un-acked gauges, and a graceful stop on SIGTERM/SIGINT (stop
+fetching, let in-flight handlers commit and ack, hand back what was not started, then close).
 """
 
 from __future__ import annotations
@@ -14,16 +14,17 @@ from typing import Any
 
 import uvicorn
 from faststream.nats import NatsBroker
-from prometheus_client import make_asgi_app
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from psycopg_pool import AsyncConnectionPool
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse
-from starlette.routing import Mount, Route
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
 
 from shared import metrics
-from shared.bus import build_broker, ensure_consumer, ensure_streams
+from shared.bus import build_broker, dead_letter, ensure_streams, stream_usage
 from shared.config import Settings
+from shared.consumers import Consumer, PullConsumer, consumers_of, oldest_unacked_age_s
 from shared.db.migrate import apply_migrations
 from shared.db.pool import open_pool, wait_for_database
 from shared.endpoints import resolve_urls
@@ -43,17 +44,31 @@ class Deps:
     broker: NatsBroker
     embedder: Embedder | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    handlers: dict[str, Callable[..., Awaitable[None]]] = field(default_factory=dict)
+
+    def handle(self, durable: str) -> Callable[[Callable[..., Awaitable[None]]], Callable[..., Awaitable[None]]]:
+        """Register the handler of consumer ``durable`` (``shared.consumers.CONSUMERS`` says its subject)."""
+
+        def register(fn: Callable[..., Awaitable[None]]) -> Callable[..., Awaitable[None]]:
+            self.handlers[durable] = fn
+            return fn
+
+        return register
 
 
 @dataclass
 class WorkerSpec:
-    """A service: its name, its consumers (durable, subject), and how it registers handlers."""
+    """A service: its name, how it registers handlers, and what else it runs. Its consumers are those
+    ``shared.consumers.CONSUMERS`` assigns to it."""
 
     name: str
-    consumers: list[tuple[str, str]]
     register: Callable[[Deps], None]
     needs_embedder: bool = False
     background: list[Callable[[Deps, asyncio.Event], Awaitable[None]]] = field(default_factory=list)
+
+    @property
+    def consumers(self) -> list[Consumer]:
+        return consumers_of(self.name)
 
 
 class QuietServer(uvicorn.Server):
@@ -64,8 +79,19 @@ class QuietServer(uvicorn.Server):
         yield
 
 
+async def metrics_endpoint(_: Request) -> Response:
+    """Prometheus exposition at ``/metrics`` itself (a mounted app answers it with a 307 redirect)."""
+    return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
+
+
 def _health_app(deps_ref: dict[str, Deps]) -> Starlette:
-    async def healthz(_: Request) -> JSONResponse:
+    async def livez(_: Request) -> JSONResponse:
+        # The process and its event loop answer: nothing else. A database or NATS outage must not make
+        # an orchestrator restart every pod (handlers already hold their messages until it ends).
+        deps = deps_ref.get("deps")
+        return JSONResponse({"service": deps.service if deps else None, "alive": True})
+
+    async def readyz(_: Request) -> JSONResponse:
         deps = deps_ref.get("deps")
         ok = deps is not None and deps.broker._connection is not None and deps.broker._connection.is_connected
         db_ok = False
@@ -77,17 +103,24 @@ def _health_app(deps_ref: dict[str, Deps]) -> Starlette:
         body = {"service": deps.service if deps else None, "nats": ok, "database": db_ok}
         return JSONResponse(body, status_code=200 if ok and db_ok else 503)
 
-    return Starlette(routes=[Route("/healthz", healthz), Route("/readyz", healthz), Mount("/metrics", make_asgi_app())])
+    return Starlette(routes=[
+        Route("/livez", livez), Route("/readyz", readyz), Route("/healthz", readyz),
+        Route("/metrics", metrics_endpoint), Route("/metrics/", metrics_endpoint),
+    ])
 
 
-async def _lag_loop(deps: Deps, consumers: list[tuple[str, str]], stop: asyncio.Event) -> None:
+async def _lag_loop(deps: Deps, consumers: list[Consumer], stop: asyncio.Event) -> None:
     js = deps.broker.config.connection_state.stream
+    stream = deps.settings.stream_name
     while not stop.is_set():
-        for durable, _ in consumers:
+        for c in consumers:
             with contextlib.suppress(Exception):
-                info = await js.consumer_info(deps.settings.stream_name, durable)
-                metrics.CONSUMER_PENDING.labels(deps.service, durable).set(info.num_pending or 0)
-                metrics.CONSUMER_ACK_PENDING.labels(deps.service, durable).set(info.num_ack_pending or 0)
+                info = await js.consumer_info(stream, c.durable)
+                metrics.CONSUMER_PENDING.labels(deps.service, c.durable).set(info.num_pending or 0)
+                metrics.CONSUMER_ACK_PENDING.labels(deps.service, c.durable).set(info.num_ack_pending or 0)
+                age = await oldest_unacked_age_s(js, stream, c.durable)
+                metrics.CONSUMER_OLDEST_UNACKED_AGE.labels(deps.service, c.durable).set(age)
+        await stream_usage(deps.broker, deps.settings)
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), 5.0)
 
@@ -97,7 +130,7 @@ async def serve_worker(spec: WorkerSpec, settings: Settings, stop: asyncio.Event
     log = get_logger(f"palace.{spec.name}")
     db_url, nats_url = resolve_urls(settings)
     deps_ref: dict[str, Deps] = {}
-    http = QuietServer(uvicorn.Config(_health_app(deps_ref), host="0.0.0.0", port=settings.metrics_port,
+    http = QuietServer(uvicorn.Config(_health_app(deps_ref), host=settings.metrics_host, port=settings.metrics_port,
                                       log_level="warning", lifespan="off"))
     http_task = asyncio.create_task(http.serve())
     await wait_for_database(db_url)
@@ -115,18 +148,28 @@ async def serve_worker(spec: WorkerSpec, settings: Settings, stop: asyncio.Event
     broker = build_broker(settings, spec.name, nats_url)
     deps = Deps(settings=settings, service=spec.name, pool=pool, broker=broker, embedder=embedder)
     spec.register(deps)
+    missing = {c.durable for c in spec.consumers} ^ set(deps.handlers)
+    if missing:
+        raise RuntimeError(f"{spec.name}: consumers without a handler, or handlers without a consumer: {missing}")
     await broker.connect()
     await ensure_streams(broker, settings)
-    for durable, subject in spec.consumers:
-        await ensure_consumer(broker, settings, durable, subject)
     await broker.start()
+    js = broker.config.connection_state.stream
+    pullers = [PullConsumer(js=js, broker=broker, settings=settings, c=c, handler=deps.handlers[c.durable],
+                            dead_letter=dead_letter) for c in spec.consumers]
+    # Consumers get their own stop: they drain (finish, ack, hand back) before the rest shuts down.
+    stop_consuming = asyncio.Event()
+    consuming = [asyncio.create_task(p.run(stop_consuming), name=f"consume-{p.c.durable}") for p in pullers]
     deps_ref["deps"] = deps
     bg = [asyncio.create_task(_lag_loop(deps, spec.consumers, stop))]
     bg += [asyncio.create_task(fn(deps, stop)) for fn in spec.background]
-    log.info("service_started", service=spec.name, consumers=[d for d, _ in spec.consumers])
+    log.info("service_started", service=spec.name, consumers=[c.durable for c in spec.consumers],
+             metrics=f"http://{settings.metrics_host}:{settings.metrics_port}/metrics")
     await stop.wait()
     log.info("service_stopping", service=spec.name)
     # Stop fetching and wait for in-flight handlers (they commit, then ack) up to the grace period.
+    stop_consuming.set()
+    await asyncio.gather(*consuming, return_exceptions=True)
     await broker.stop()
     for t in bg:
         t.cancel()

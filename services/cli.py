@@ -68,10 +68,11 @@ def up(services: ServicesOpt = "all", log_dir: Annotated[Path, typer.Option(help
         sup.start_servers()
     console.print(f"[green]database[/green] {sup.database_url}\n[green]nats[/green]     {sup.nats_url}")
     sup.start_services()
-    with console.status("waiting for services to report healthy ..."):
+    with console.status("waiting for services to report ready ..."):
         sup.wait_healthy()
-    console.print(f"[green]up:[/green] {', '.join(names)} — API on http://{s.api_host}:{s.api_port} "
-                  f"(docs at /docs); logs in {log_dir}. Ctrl-C to stop.")
+    console.print(_services_table(sup.endpoints()))
+    console.print(f"[green]ready.[/green] API http://{s.api_host}:{s.api_port} (docs at /docs) · "
+                  f"NATS {sup.nats_url} · logs in {log_dir}. Ctrl-C to stop.", soft_wrap=True)
     try:
         while not stopping:
             sup.poll()
@@ -104,22 +105,107 @@ def stack_stop() -> None:
     console.print("stopped")
 
 
+def _services_table(services: dict[str, dict[str, object]], health: dict[str, str] | None = None) -> Table:
+    table = Table(title="services", title_justify="left")
+    table.add_column("service", no_wrap=True)
+    table.add_column("pid", justify="right", no_wrap=True)
+    if health is not None:
+        table.add_column("state", no_wrap=True)
+    table.add_column("ready / metrics", overflow="fold")
+    for name, ep in services.items():
+        row = [name, str(ep.get("pid", ""))]
+        if health is not None:
+            row.append(health.get(name, "?"))
+        row.append(f"{ep.get('ready')}\n{ep.get('metrics')}")
+        table.add_row(*row)
+    return table
+
+
+def _probe(url: str) -> str:
+    import httpx
+
+    try:
+        code = httpx.get(str(url), timeout=1.0).status_code
+    except httpx.HTTPError:
+        return "down"
+    return "ready" if code == 200 else f"not ready ({code})"
+
+
 @stack_app.command("status")
-def stack_status() -> None:
-    """Show whether the embedded servers are running."""
+def stack_status(as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False) -> None:
+    """Whether the servers run and where, and the services a running `palace up` started."""
     from shared.devstack import DevStack
 
-    st = DevStack(_settings().devstack_dir)
-    console.print_json(json.dumps({"postgres": st.pg_alive(), "nats": st.nats_alive(), **st.as_dict()}))
+    s = _settings()
+    st = DevStack(s.devstack_dir)
+    state = st.read_state()
+    if s.database_url or s.nats_url:
+        where = "configured (PALACE_DATABASE_URL / PALACE_NATS_URL)"
+        status: dict[str, Any] = {"servers": where, "database_url": s.database_url, "nats_url": s.nats_url,
+                                  "postgres": _reachable_db(s.database_url), "nats": _reachable_nats(s.nats_url)}
+    else:
+        where = f"embedded, in {Path(s.devstack_dir).resolve()}"
+        status = {"servers": where, "postgres": st.pg_alive(), "nats": st.nats_alive(), **st.as_dict()}
+    services = dict(state.get("services") or {}) if not (s.database_url or s.nats_url) else {}  # type: ignore[call-overload]
+    health = {name: _probe(str(ep.get("ready"))) for name, ep in services.items()}
+    if as_json:
+        console.print_json(json.dumps({**status, "services": {n: {**ep, "state": health[n]}
+                                                              for n, ep in services.items()}}))
+        return
+    def mark(ok: object) -> str:
+        return "[green]running[/green]" if ok else "[red]not running[/red]"
+
+    console.print(f"servers: {where}")
+    console.print(f"  postgres {mark(status['postgres'])}  {status.get('database_url') or ''}", soft_wrap=True)
+    console.print(f"  nats     {mark(status['nats'])}  {status.get('nats_url') or ''}", soft_wrap=True)
+    if services:
+        console.print(_services_table(services, health))
+    elif not (status["postgres"] or status["nats"]):
+        console.print("nothing runs here: start it with 'palace up' (or 'palace stack start' for the servers alone)")
+
+
+def _reachable_db(url: str | None) -> bool:
+    if not url:
+        return False
+    import psycopg
+
+    try:
+        with psycopg.connect(url, connect_timeout=2) as conn:
+            conn.execute("SELECT 1")
+        return True
+    except psycopg.Error:
+        return False
+
+
+def _reachable_nats(url: str | None) -> bool:
+    if not url:
+        return False
+    import nats
+
+    async def probe() -> bool:
+        try:
+            nc = await nats.connect(url.split(","), connect_timeout=2, max_reconnect_attempts=0)
+        except Exception:
+            return False
+        await nc.close()
+        return True
+
+    return asyncio.run(probe())
 
 
 @app.command()
-def migrate() -> None:
+def migrate(check: Annotated[bool, typer.Option(
+        help="Apply nothing; exit 1 while migrations are pending (a readiness gate for containers).")] = False,
+) -> None:
     """Apply pending database migrations."""
-    from shared.db.migrate import apply_migrations
+    from shared.db.migrate import apply_migrations, pending_migrations
 
     s = _settings()
     db, _ = _urls(s)
+    if check:
+        pending = pending_migrations(db)
+        console.print(f"pending: {', '.join(pending)}" if pending else "schema is up to date")
+        raise typer.Exit(1 if pending else 0)
     applied = apply_migrations(db, s.embed_dim)
     console.print(f"applied: {', '.join(applied)}" if applied else "schema is up to date")
 
@@ -127,18 +213,25 @@ def migrate() -> None:
 @app.command()
 def schemas(check: Annotated[bool, typer.Option(help="Fail if schemas/ differs from the models.")] = False,
             out: Path = Path("schemas")) -> None:
-    """Regenerate the JSON Schemas of every event from the models."""
+    """Regenerate the JSON Schemas of every event and the configuration reference from the models."""
+    from shared.config_doc import CONFIG_DOC, render_configuration
     from shared.events.export import render_schemas, write_schemas
 
+    config_doc = render_configuration()
     if check:
         stale = [n for n, t in render_schemas().items() if not (out / n).exists() or (out / n).read_text() != t]
+        if not CONFIG_DOC.exists() or CONFIG_DOC.read_text() != config_doc:
+            stale.append(str(CONFIG_DOC))
         if stale:
-            console.print(f"[red]schemas out of date:[/red] {stale} (run 'palace schemas')")
+            console.print(f"[red]out of date:[/red] {stale} (run 'palace schemas')")
             raise typer.Exit(1)
-        console.print("schemas are up to date")
+        console.print("schemas and configuration reference are up to date")
         return
     for p in write_schemas(out):
         console.print(str(p))
+    CONFIG_DOC.parent.mkdir(parents=True, exist_ok=True)
+    CONFIG_DOC.write_text(config_doc)
+    console.print(str(CONFIG_DOC))
 
 
 async def _publish_all(s: Settings, nats_url: str, events: list[dict[str, Any]]) -> list[str]:
@@ -199,7 +292,7 @@ async def _local_search(s: Settings, workspace: str, query: str, k: int) -> list
     pool = await open_pool(db, name="cli", max_size=2, role=s.db_role)
     emb = build_embedder(s)
     try:
-        r = Recaller(pool, emb)
+        r = Recaller(pool, emb, vector_index_min=s.vector_index_min_drawers)
         hits = await r.search(workspace, query, k)
         await r.drain()
         return hits

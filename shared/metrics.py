@@ -44,6 +44,14 @@ CONSUMER_PENDING = Gauge(
 CONSUMER_ACK_PENDING = Gauge(
     "palace_consumer_ack_pending_messages", "Delivered but not yet acked.", ["service", "consumer"]
 )
+CONSUMER_OLDEST_UNACKED_AGE = Gauge(
+    "palace_consumer_oldest_unacked_age_seconds",
+    "Age of the oldest message the consumer has not acked (delivered or not); grows during a stall even at zero lag.",
+    ["service", "consumer"],
+)
+STREAM_MESSAGES = Gauge("palace_stream_messages", "Messages held by a JetStream stream.", ["stream"])
+STREAM_BYTES = Gauge("palace_stream_bytes", "Bytes held by a JetStream stream.", ["stream"])
+STREAM_MAX_BYTES = Gauge("palace_stream_max_bytes", "Size limit of a JetStream stream (-1: none).", ["stream"])
 DRAWERS = Counter("palace_drawers_total", "Drawer transitions.", ["service", "outcome"])
 EMBED_TEXTS = Counter("palace_embedded_texts_total", "Texts embedded (cache misses).", ["model"])
 EMBED_SECONDS = Histogram("palace_embed_seconds", "Embedding call latency.", ["model"], buckets=_BUCKETS)

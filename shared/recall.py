@@ -16,6 +16,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from shared.db.search import SearchHit, SearchParams, hybrid_search, touch_access, workspace_size
 from shared.db.tenancy import workspace_tx
+from shared.db.vector_indexes import request_vector_index, vector_index_ready
 from shared.logging import get_logger
 from shared.metrics import SEARCH_SECONDS
 from shared.ports import Embedder
@@ -35,8 +36,9 @@ class Recaller:
     cache_size: int = 2048
     touch: bool = True
     size_ttl_s: float = 60.0
+    vector_index_min: int = 5_000  # PALACE_VECTOR_INDEX_MIN_DRAWERS
     _cache: OrderedDict[str, np.ndarray] = field(default_factory=OrderedDict)
-    _sizes: dict[str, tuple[int, float]] = field(default_factory=dict)
+    _sizes: dict[str, tuple[int, bool, float]] = field(default_factory=dict)
     _bg: set[asyncio.Task[None]] = field(default_factory=set)
 
     async def _embed(self, query: str) -> np.ndarray | None:
@@ -71,10 +73,16 @@ class Recaller:
         t1 = time.perf_counter()
         async with workspace_tx(self.pool, workspace_id) as conn:
             cached = self._sizes.get(workspace_id)
-            if cached is None or time.monotonic() - cached[1] > self.size_ttl_s:
-                cached = (await workspace_size(conn, workspace_id), time.monotonic())
+            if cached is None or time.monotonic() - cached[2] > self.size_ttl_s:
+                size = await workspace_size(conn, workspace_id)
+                ready = await vector_index_ready(conn, workspace_id)
+                if not ready and size > self.vector_index_min:
+                    # Exact scans until maintain has built the workspace's own index.
+                    await request_vector_index(conn, workspace_id, size)
+                cached = (size, ready, time.monotonic())
                 self._sizes[workspace_id] = cached
-            hits = await hybrid_search(conn, workspace_id, query, vec, params, workspace_size=cached[0])
+            hits = await hybrid_search(conn, workspace_id, query, vec, params, workspace_size=cached[0],
+                                       vector_index=cached[1])
         SEARCH_SECONDS.labels("sql").observe(time.perf_counter() - t1)
         SEARCH_SECONDS.labels("total").observe(time.perf_counter() - t0)
         if self.touch and hits:

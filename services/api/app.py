@@ -100,7 +100,8 @@ def create_app(settings: Settings) -> FastAPI:
         broker = build_broker(settings, "api", nats_url)
         await broker.connect()
         await ensure_streams(broker, settings)
-        state.update(pool=pool, broker=broker, recaller=Recaller(pool, embedder))
+        recaller = Recaller(pool, embedder, vector_index_min=settings.vector_index_min_drawers)
+        state.update(pool=pool, broker=broker, recaller=recaller)
         app.state.recaller = state["recaller"]
         app.state.pool = pool
         yield

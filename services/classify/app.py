@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from services._runtime import WorkerSpec, run_worker
-from services.classify.handlers import DURABLE, register
+from services.classify.handlers import register
 
-SPEC = WorkerSpec(name="classify", consumers=[(DURABLE, "drawer.embedded")], register=register)
+SPEC = WorkerSpec(name="classify", register=register)
 
 
 def main() -> None:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from nats.aio.msg import Msg
+
 from services._runtime import Deps
-from shared.bus import decode_event, publish_event, subscriber_kwargs
+from shared.bus import decode_event, publish_event
 from shared.db.drawers import drawers_by_id, save_classifications
 from shared.db.tenancy import workspace_tx
 from shared.events import DrawerClassified, DrawerEmbedded
@@ -19,8 +21,8 @@ DURABLE = "classify"
 def register(deps: Deps) -> None:
     s = deps.settings
 
-    @deps.broker.subscriber(**subscriber_kwargs(s, DURABLE, "drawer.embedded"))
-    async def on_drawer_embedded(body: bytes) -> None:
+    @deps.handle(DURABLE)
+    async def on_drawer_embedded(body: bytes, raw: Msg) -> None:
         """drawer.embedded → (classify, then commit) → drawer.classified."""
         ev: DrawerEmbedded = decode_event(DrawerEmbedded, body, s)
         async with workspace_tx(deps.pool, ev.workspace_id) as conn:

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from services._runtime import WorkerSpec, run_worker
-from services.embed.handlers import DURABLE, register
+from services.embed.handlers import register
 
-SPEC = WorkerSpec(name="embed", consumers=[(DURABLE, "drawer.created")], register=register, needs_embedder=True)
+SPEC = WorkerSpec(name="embed", register=register, needs_embedder=True)
 
 
 def main() -> None:

@@ -8,10 +8,10 @@ from collections import defaultdict
 from typing import Any, NamedTuple
 
 import psycopg
-from faststream import Context
+from nats.aio.msg import Msg
 
 from services._runtime import Deps
-from shared.bus import Poison, dead_letter, decode_event, publish_event, subscriber_kwargs
+from shared.bus import Poison, dead_letter, decode_event, publish_event
 from shared.db.drawers import cached_embeddings, drawers_by_id, note_failure, save_embeddings
 from shared.db.tenancy import workspace_tx
 from shared.events import DrawerCreated, DrawerEmbedded
@@ -40,11 +40,10 @@ def register(deps: Deps) -> None:
     embedder = deps.embedder
     assert embedder is not None
 
-    @deps.broker.subscriber(**subscriber_kwargs(s, DURABLE, "drawer.created", batch=True))
-    async def on_drawer_created(bodies: list[bytes], message: Any = Context("message")) -> None:
+    @deps.handle(DURABLE)
+    async def on_drawer_created(bodies: list[bytes], raws: list[Msg]) -> None:
         """drawer.created (batched) → (embed, then commit) → drawer.embedded."""
         events: list[DrawerCreated] = []
-        raws = message.raw_message
         for raw, b in zip(raws, bodies, strict=True):
             try:
                 events.append(decode_event(DrawerCreated, b, s))

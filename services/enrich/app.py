@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 from services._runtime import WorkerSpec, run_worker
-from services.enrich.handlers import DURABLE, DURABLE_EPISODE, DURABLE_KG, episode_sweeper, register
+from services.enrich.handlers import episode_sweeper, register
 
-SPEC = WorkerSpec(name="enrich", consumers=[(DURABLE, "session.stored"), (DURABLE_EPISODE, "drawer.embedded"),
-                                            (DURABLE_KG, "episodic.created")],
-                  register=register, background=[episode_sweeper])
+SPEC = WorkerSpec(name="enrich", register=register, background=[episode_sweeper])
 
 
 def main() -> None:

@@ -7,8 +7,10 @@ import contextlib
 import os
 import socket
 
+from nats.aio.msg import Msg
+
 from services._runtime import Deps
-from shared.bus import Poison, decode_event, publish_event, subscriber_kwargs
+from shared.bus import Poison, decode_event, publish_event
 from shared.db.episodes import (
     discard_pending_episode,
     episode_progress,
@@ -111,8 +113,8 @@ async def episode_sweeper(deps: Deps, stop: asyncio.Event) -> None:
 def register(deps: Deps) -> None:
     s = deps.settings
 
-    @deps.broker.subscriber(**subscriber_kwargs(s, DURABLE, "session.stored"))
-    async def on_session_stored(body: bytes) -> None:
+    @deps.handle(DURABLE)
+    async def on_session_stored(body: bytes, raw: Msg) -> None:
         """session.stored → open the episode → (once the drawers are embedded) episodic.created."""
         ev: SessionStored = decode_event(SessionStored, body, s)
         if not ev.drawer_ids:
@@ -123,8 +125,8 @@ def register(deps: Deps) -> None:
         # Its drawers may all be embedded already (fast embedder, or every one an exact repeat).
         await complete_episode(deps, ev.workspace_id, ev.session_id)
 
-    @deps.broker.subscriber(**subscriber_kwargs(s, DURABLE_EPISODE, "drawer.embedded"))
-    async def on_drawer_embedded(body: bytes) -> None:
+    @deps.handle(DURABLE_EPISODE)
+    async def on_drawer_embedded(body: bytes, raw: Msg) -> None:
         """drawer.embedded → complete the episodes of the sessions these drawers belong to."""
         try:
             ev: DrawerEmbedded = decode_event(DrawerEmbedded, body, s)
@@ -135,8 +137,8 @@ def register(deps: Deps) -> None:
         for session_id in sessions:
             await complete_episode(deps, ev.workspace_id, session_id)
 
-    @deps.broker.subscriber(**subscriber_kwargs(s, DURABLE_KG, "episodic.created"))
-    async def on_episodic_created(body: bytes) -> None:
+    @deps.handle(DURABLE_KG)
+    async def on_episodic_created(body: bytes, raw: Msg) -> None:
         """episodic.created → (extract, then commit) → entity.upserted."""
         ev: EpisodicCreated = decode_event(EpisodicCreated, body, s)
         async with workspace_tx(deps.pool, ev.workspace_id) as conn:

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from services._runtime import WorkerSpec, run_worker
-from services.ingest.handlers import DURABLE, register
+from services.ingest.handlers import register
 
-SPEC = WorkerSpec(name="ingest", consumers=[(DURABLE, "session.completed")], register=register)
+SPEC = WorkerSpec(name="ingest", register=register)
 
 
 def main() -> None:

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from faststream.nats import NatsMessage
+from nats.aio.msg import Msg
 
 from services._runtime import Deps
-from shared.bus import decode_event, publish_event, subscriber_kwargs
+from shared.bus import decode_event, publish_event
 from shared.db.kg import link_drawers
 from shared.db.sessions import store_session, unembedded_drawer_ids
 from shared.db.tenancy import workspace_tx
@@ -33,8 +33,8 @@ async def _link(deps: Deps, workspace_id: str, drawers: Sequence[DrawerPlan]) ->
 def register(deps: Deps) -> None:
     s = deps.settings
 
-    @deps.broker.subscriber(**subscriber_kwargs(s, DURABLE, "session.completed"))
-    async def on_session_completed(body: bytes, msg: NatsMessage) -> None:
+    @deps.handle(DURABLE)
+    async def on_session_completed(body: bytes, raw: Msg) -> None:
         """session.completed → (commit raw rows) → drawer.created, session.stored."""
         event: SessionCompleted = decode_event(SessionCompleted, body, s)
         if len(event.messages) > s.max_messages_per_session:

@@ -13,6 +13,7 @@ from nats.js.errors import NotFoundError
 from services._runtime import Deps, WorkerSpec, run_worker
 from services.classify.handlers import DURABLE as CLASSIFY_DURABLE
 from services.embed.handlers import DURABLE as EMBED_DURABLE
+from services.maintain.indexes import vector_index_loop
 from shared.bus import publish_event
 from shared.db.maintenance import decay, fail_exhausted, prune, stuck_drawers, take_lease
 from shared.db.tenancy import maintenance_tx
@@ -92,12 +93,12 @@ async def maintenance_loop(deps: Deps, stop: asyncio.Event) -> None:
             if any(counts.values()):
                 log.info("sweep", **counts)
         except Exception as e:  # a failed sweep is retried next round; never kill the service
-            log.warning("sweep_failed", error=repr(e)[:300])
+            log.warning("sweep_failed", error=repr(e)[:300], exc_info=e)
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), deps.settings.maintain_interval_s)
 
 
-SPEC = WorkerSpec(name="maintain", consumers=[], register=lambda deps: None, background=[maintenance_loop])
+SPEC = WorkerSpec(name="maintain", register=lambda deps: None, background=[maintenance_loop, vector_index_loop])
 
 
 def main() -> None:

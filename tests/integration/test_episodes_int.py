@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -23,28 +22,6 @@ TURNS = [
 ]
 
 
-def _episodes_created(stack: Stack, workspace: str) -> list[dict[str, Any]]:
-    """Every episodic.created of the workspace still in the stream."""
-    async def go() -> list[dict[str, Any]]:
-        nc = await nats.connect(stack.nats_url)
-        try:
-            js = nc.jetstream()
-            sub = await js.subscribe("episodic.created", ordered_consumer=True)
-            out = []
-            while True:
-                try:
-                    msg = await sub.next_msg(timeout=1.0)
-                except nats.errors.TimeoutError:
-                    break
-                body = json.loads(msg.data)
-                if body["workspace_id"] == workspace:
-                    out.append(body)
-            return out
-        finally:
-            await nc.close()
-    return asyncio.run(go())
-
-
 def _enrich_idle(stack: Stack) -> bool:
     async def go() -> bool:
         nc = await nats.connect(stack.nats_url)
@@ -60,41 +37,56 @@ def _enrich_idle(stack: Stack) -> bool:
     return asyncio.run(go())
 
 
-def test_one_episode_per_session_built_after_its_drawers_are_embedded(stack: Stack) -> None:
+async def test_one_episode_per_session_built_after_its_drawers_are_embedded(stack: Stack) -> None:
     w = ws()
-    stack.publish(session(w, "s1", TURNS))
-    row = wait_for(lambda: stack.sql(
-        "SELECT id, status, summary, abstract, topics, embedding::real[], expires_at, announced_at, created_at"
-        " FROM episodes WHERE workspace_id = %s AND announced_at IS NOT NULL", (w,)), 60, "an announced episode")
-    assert len(row) == 1
-    eid, status, summary, abstract, topics, embedding, expires_at, _, _ = row[0]
-    assert status == "ready" and "Orion" in summary
-    assert 0 < len(abstract) <= 200 and "orion" in topics
-    assert expires_at - datetime.now(UTC) > timedelta(days=89)
-    # Built from every drawer's vector: it is the normalised mean of the session's drawer embeddings.
-    assert embedding is not None
-    vecs = [np.asarray(r[0]) for r in stack.sql(
-        "SELECT d.embedding::real[] FROM drawers d WHERE d.workspace_id = %s AND d.session_id = 's1'", (w,))]
-    assert len(vecs) == len(TURNS) and all(v is not None for v in vecs)
-    mean = np.mean(vecs, axis=0)
-    assert np.allclose(np.asarray(embedding), mean / np.linalg.norm(mean), atol=1e-5)
-    events = wait_for(lambda: _episodes_created(stack, w), 10, "episodic.created")
-    assert [e["episode_id"] for e in events] == [eid]
+    announced: list[dict[str, Any]] = []
 
-    # Replays: the session itself, its session.stored and its drawer.embedded (no de-duplication ids,
-    # so the stream takes every copy) change nothing and announce nothing again.
-    drawer_ids = [r[0] for r in stack.sql("SELECT id FROM drawers WHERE workspace_id = %s", (w,))]
-    stack.publish(session(w, "s1", TURNS))
-    stack.publish({"event_id": "replay-1", "workspace_id": w, "session_id": "s1", "message_count": len(TURNS),
-                   "drawer_ids": drawer_ids}, subject="session.stored")
-    stack.publish({"event_id": "replay-2", "workspace_id": w, "session_id": "s1", "drawer_ids": drawer_ids},
-                  subject="drawer.embedded")
-    time.sleep(1.0)
-    wait_for(lambda: _enrich_idle(stack), 30, "enrich to drain the replays")
-    after = stack.sql("SELECT id, status, summary, abstract, topics, embedding::real[], expires_at, announced_at,"
-                      " created_at FROM episodes WHERE workspace_id = %s", (w,))
-    assert after == row
-    assert [e["episode_id"] for e in _episodes_created(stack, w)] == [eid]
+    async def seen(msg: Any) -> None:
+        body = json.loads(msg.data)
+        if body["workspace_id"] == w:
+            announced.append(body)
+
+    # A plain subscription sees every episodic.created published, without holding the stream's messages.
+    nc = await nats.connect(stack.nats_url)
+    await nc.subscribe("episodic.created", cb=seen)
+    try:
+        await asyncio.to_thread(stack.publish, session(w, "s1", TURNS))
+        row = await asyncio.to_thread(wait_for, lambda: stack.sql(
+            "SELECT id, status, summary, abstract, topics, embedding::real[], expires_at, announced_at, created_at"
+            " FROM episodes WHERE workspace_id = %s AND announced_at IS NOT NULL", (w,)), 60, "an announced episode")
+        assert len(row) == 1
+        eid, status, summary, abstract, topics, embedding, expires_at, _, _ = row[0]
+        assert status == "ready" and "Orion" in summary
+        assert 0 < len(abstract) <= 200 and "orion" in topics
+        assert expires_at - datetime.now(UTC) > timedelta(days=89)
+        # Built from every drawer's vector: it is the normalised mean of the session's drawer embeddings.
+        assert embedding is not None
+        vecs = [np.asarray(r[0]) for r in stack.sql(
+            "SELECT d.embedding::real[] FROM drawers d WHERE d.workspace_id = %s AND d.session_id = 's1'", (w,))]
+        assert len(vecs) == len(TURNS) and all(v is not None for v in vecs)
+        mean = np.mean(vecs, axis=0)
+        assert np.allclose(np.asarray(embedding), mean / np.linalg.norm(mean), atol=1e-5)
+        await asyncio.to_thread(wait_for, lambda: announced, 10, "episodic.created")
+        assert [e["episode_id"] for e in announced] == [eid]
+
+        # Replays: the session itself, its session.stored and its drawer.embedded (no de-duplication
+        # ids, so the stream takes every copy) change nothing and announce nothing again.
+        drawer_ids = [r[0] for r in stack.sql("SELECT id FROM drawers WHERE workspace_id = %s", (w,))]
+        await asyncio.to_thread(stack.publish, session(w, "s1", TURNS))
+        await asyncio.to_thread(stack.publish, {
+            "event_id": "replay-1", "workspace_id": w, "session_id": "s1", "message_count": len(TURNS),
+            "drawer_ids": drawer_ids}, "session.stored")
+        await asyncio.to_thread(stack.publish, {
+            "event_id": "replay-2", "workspace_id": w, "session_id": "s1", "drawer_ids": drawer_ids},
+            "drawer.embedded")
+        await asyncio.sleep(1.0)
+        await asyncio.to_thread(wait_for, lambda: _enrich_idle(stack), 30, "enrich to drain the replays")
+        after = stack.sql("SELECT id, status, summary, abstract, topics, embedding::real[], expires_at, announced_at,"
+                          " created_at FROM episodes WHERE workspace_id = %s", (w,))
+        assert after == row
+        assert [e["episode_id"] for e in announced] == [eid]
+    finally:
+        await nc.close()
 
 
 def test_an_episode_whose_drawers_never_embed_is_built_after_the_wait(stack: Stack) -> None:

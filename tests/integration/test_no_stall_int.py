@@ -1,0 +1,136 @@
+"""A new user's first minutes: `palace up`, then a producer in another process publishing sessions with
+plain nats-py, continuously, from the moment the stack is ready. Every session must be classified within
+a few seconds — a fetched-then-dropped message used to wait out ``ack_wait`` (60 s) — and the
+oldest-un-acked gauge must stay low throughout. Once the producer stops, the idle stack logs nothing.
+
+``PALACE_STALL_TEST_S`` sets how long it publishes (default 180 s)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import httpx
+import nats
+import pytest
+
+from tests.integration.helpers import wait_for
+
+pytestmark = pytest.mark.integration
+
+DURATION_S = float(os.environ.get("PALACE_STALL_TEST_S", "180"))
+RATE_PER_S = 2.0
+MAX_LATENCY_S = 5.0
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _oldest_unacked(metrics_url: str) -> float:
+    try:
+        text = httpx.get(metrics_url, timeout=2).text
+    except httpx.HTTPError:
+        return 0.0
+    ages = [float(v) for v in re.findall(r"^palace_consumer_oldest_unacked_age_seconds\{[^}]*\} (\S+)$", text, re.M)]
+    return max(ages, default=0.0)
+
+
+async def _produce_and_watch(nats_url: str, metrics_urls: list[str]) -> tuple[dict[str, float], dict[str, float],
+                                                                              float]:
+    """Publish a session every 1/RATE seconds for DURATION_S; note when each one's drawers are classified."""
+    nc = await nats.connect(nats_url)
+    js = nc.jetstream()
+    workspace = f"stall-{uuid.uuid4().hex[:8]}"
+    published: dict[str, float] = {}
+    classified: dict[str, float] = {}
+
+    async def on_classified(msg: nats.aio.msg.Msg) -> None:
+        body = json.loads(msg.data)
+        if body.get("workspace_id") == workspace:
+            classified.setdefault(body["session_id"], time.monotonic())
+
+    # Core NATS sees every message JetStream stores on the subject: a passive observer of the pipeline.
+    await nc.subscribe("drawer.classified", cb=on_classified)
+    worst_age = 0.0
+    start = time.monotonic()
+    i = 0
+    while time.monotonic() - start < DURATION_S:
+        sid = f"s{i:05d}"
+        event = {"workspace_id": workspace, "session_id": sid, "agent_id": "producer", "messages": [
+            {"role": "user", "content": f"Session {i}: we agreed to move the nightly report to {i % 24:02d}:00 UTC."},
+            {"role": "assistant", "content": f"Noted: the nightly report runs at {i % 24:02d}:00 UTC from now on."},
+        ]}
+        published[sid] = time.monotonic()
+        await js.publish("session.completed", json.dumps(event).encode())
+        i += 1
+        if i % 20 == 0:
+            worst_age = max([worst_age] + [await asyncio.to_thread(_oldest_unacked, u) for u in metrics_urls])
+        await asyncio.sleep(max(0.0, start + i / RATE_PER_S - time.monotonic()))
+    deadline = time.monotonic() + 3 * MAX_LATENCY_S
+    while time.monotonic() < deadline:
+        if len(classified) >= len(published):
+            break
+        await asyncio.sleep(0.2)
+    await nc.close()
+    return published, classified, worst_age
+
+
+def test_sessions_from_a_plain_client_never_stall(tmp_path: Path) -> None:
+    devstack, port = tmp_path / "stack", _free_port()
+    env = {**os.environ, "PALACE_DEVSTACK_DIR": str(devstack), "PALACE_API_PORT": str(port)}
+    env.pop("PALACE_DATABASE_URL", None)
+    env.pop("PALACE_NATS_URL", None)
+    env.pop("PALACE_ACK_WAIT_S", None)  # the shipped 60 s: a lost message would show as a 60 s wait
+    up = subprocess.Popen([sys.executable, "-m", "services.cli", "up", "--log-dir", str(devstack / "logs")],
+                          env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        def ready() -> dict[str, dict[str, str]] | None:
+            state_file = devstack / "stack.json"
+            if not state_file.exists():
+                return None
+            services = json.loads(state_file.read_text()).get("services") or {}
+            if len(services) < 7:
+                return None
+            for ep in services.values():
+                try:
+                    if httpx.get(ep["metrics"].replace("/metrics", "/healthz"), timeout=1).status_code != 200:
+                        return None
+                except httpx.HTTPError:
+                    return None
+            return services  # type: ignore[no-any-return]
+
+        services = wait_for(ready, 180, "palace up ready")
+        nats_url = json.loads((devstack / "stack.json").read_text())["nats_url"]
+        metrics_urls = [ep["metrics"] for name, ep in services.items() if name in ("ingest", "embed", "classify")]
+        published, classified, worst_age = asyncio.run(_produce_and_watch(nats_url, metrics_urls))
+        # Idle now: nothing may be logged on a timer (a line every few seconds buries the real ones).
+        logs = sorted((devstack / "logs").glob("*.log"))
+        sizes = {p.name: p.stat().st_size for p in logs}
+        time.sleep(15)
+        chatty = {p.name: p.read_bytes()[sizes[p.name]:].decode(errors="replace")[:300] for p in logs
+                  if p.stat().st_size != sizes[p.name]}
+    finally:
+        up.send_signal(signal.SIGINT)
+        up.wait(90)
+    missing = sorted(set(published) - set(classified))
+    latencies = sorted(classified[s] - published[s] for s in classified if s in published)
+    summary = (f"{len(published)} sessions over {DURATION_S:.0f}s: p50 {statistics.median(latencies):.2f}s, "
+               f"max {latencies[-1]:.2f}s, oldest un-acked seen {worst_age:.1f}s")
+    print(summary)
+    assert not missing, f"{len(missing)} sessions never classified ({missing[:5]}); {summary}"
+    assert latencies[-1] < MAX_LATENCY_S, summary
+    assert worst_age < 2 * MAX_LATENCY_S, summary
+    assert not chatty, f"services logged while idle: {chatty}"

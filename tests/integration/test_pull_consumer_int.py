@@ -1,0 +1,179 @@
+"""The pull loop against real JetStream: no fetched message is ever lost to a fetch error, handlers run
+within a bounded window, outcomes are acks/NAKs/dead letters, and the oldest-un-acked gauge sees a stall.
+
+Each test uses a stream of its own, so the pipeline's stream and services are untouched."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from typing import Any
+
+import nats
+import nats.js.api as js_api
+import pytest
+
+from shared.config import Settings
+from shared.consumers import Consumer, Poison, PullConsumer, consumer_config, oldest_unacked_age_s
+from tests.integration.helpers import Stack
+
+pytestmark = pytest.mark.integration
+
+
+class _FlakyFetch:
+    """A pull subscription whose fetch raises the *builtin* ``asyncio.TimeoutError`` every other call,
+    sometimes after the server has already sent messages for that call — what nats-py's ``_fetch_n``
+    does, and what made FastStream drop fetched messages until ``ack_wait`` redelivered them."""
+
+    def __init__(self, sub: Any) -> None:
+        self._inner, self._sub, self.calls = sub, sub._sub, 0
+
+    async def fetch(self, batch: int = 1, timeout: float | None = 5) -> list[Any]:  # noqa: ASYNC109 - nats-py's API
+        self.calls += 1
+        if self.calls % 2 == 0:
+            raise TimeoutError  # the builtin (asyncio.TimeoutError),, not nats.errors.TimeoutError
+        return list(await self._inner.fetch(batch=batch, timeout=timeout))
+
+    async def unsubscribe(self) -> None:
+        await self._inner.unsubscribe()
+
+
+async def _setup(stack: Stack, **overrides: Any) -> tuple[Any, Any, Settings, Consumer]:
+    name = f"T{uuid.uuid4().hex[:8].upper()}"
+    settings = Settings(**{**stack.settings.model_dump(), "stream_name": name, "ack_wait_s": 60.0,
+                           "max_deliver": 3, "backoff_s": [0.1], **overrides})
+    nc = await nats.connect(stack.nats_url)
+    js = nc.jetstream()
+    await js.add_stream(js_api.StreamConfig(name=name, subjects=[f"{name.lower()}.work"]))
+    c = Consumer(durable="worker", subject=f"{name.lower()}.work", service="test")
+    await js.add_consumer(name, consumer_config(settings, c))
+    return nc, js, settings, c
+
+
+async def _until(pred: Any, seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if pred():
+            return
+        await asyncio.sleep(0.05)
+
+
+async def _dead_letter(broker: Any, settings: Settings, *, raw: Any, reason: str, error_type: str,
+                       service: str) -> None:
+    broker.append((raw.data, error_type, reason))
+
+
+async def test_a_fetch_error_never_loses_fetched_messages(stack: Stack) -> None:
+    nc, js, settings, c = await _setup(stack, consumer_concurrency=4, fetch_wait_s=0.5)
+    seen: dict[bytes, float] = {}
+    running = peak = 0
+
+    async def handler(body: bytes, raw: Any) -> None:
+        nonlocal running, peak
+        running += 1
+        peak = max(peak, running)
+        await asyncio.sleep(0.01)
+        seen.setdefault(body, time.monotonic())
+        running -= 1
+
+    pc = PullConsumer(js=js, broker=[], settings=settings, c=c, handler=handler, dead_letter=_dead_letter)
+    pc._sub = _FlakyFetch(await js.pull_subscribe_bind(durable=c.durable, stream=settings.stream_name))
+    stop = asyncio.Event()
+    task = asyncio.create_task(pc.run(stop))
+    try:
+        sent: dict[bytes, float] = {}
+        for i in range(200):
+            body = f"m{i}".encode()
+            sent[body] = time.monotonic()
+            await js.publish(c.subject, body)
+            if i % 20 == 0:
+                await asyncio.sleep(0.05)
+        await _until(lambda: len(seen) >= len(sent), 20)
+    finally:
+        stop.set()
+        await task
+    assert set(seen) == set(sent), f"lost {len(set(sent) - set(seen))} of {len(sent)}"
+    slowest = max(seen[b] - sent[b] for b in sent)
+    assert slowest < 5, f"a message waited {slowest:.1f}s: something sat fetched but unhandled until redelivery"
+    assert 1 < peak <= 4, f"handlers ran {peak} at once; the window is 4"
+    info = await js.consumer_info(settings.stream_name, c.durable)
+    assert info.num_ack_pending == 0 and info.num_pending == 0
+    await nc.close()
+
+
+async def test_outcomes_ack_nak_and_dead_letter(stack: Stack) -> None:
+    nc, js, settings, c = await _setup(stack, fetch_wait_s=0.5)
+    attempts: dict[bytes, int] = {}
+
+    async def handler(body: bytes, raw: Any) -> None:
+        attempts[body] = attempts.get(body, 0) + 1
+        if body == b"poison":
+            raise Poison("not an event")
+        if body == b"flaky" and attempts[body] < 2:
+            raise RuntimeError("first attempt fails")
+        if body == b"always":
+            raise RuntimeError("never works")
+
+    dead: list[Any] = []
+    pc = PullConsumer(js=js, broker=dead, settings=settings, c=c, handler=handler, dead_letter=_dead_letter)
+    stop = asyncio.Event()
+    task = asyncio.create_task(pc.run(stop))
+    try:
+        for body in (b"ok", b"poison", b"flaky", b"always"):
+            await js.publish(c.subject, body)
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            info = await js.consumer_info(settings.stream_name, c.durable)
+            if len(dead) == 2 and not info.num_ack_pending and not info.num_pending:
+                break
+            await asyncio.sleep(0.1)
+    finally:
+        stop.set()
+        await task
+    assert sorted((d[0], d[1]) for d in dead) == [(b"always", "RuntimeError"), (b"poison", "invalid")]
+    assert attempts == {b"ok": 1, b"poison": 1, b"flaky": 2, b"always": 3}
+    await nc.close()
+
+
+async def test_a_message_past_its_delivery_limit_is_dead_lettered_unprocessed(stack: Stack) -> None:
+    nc, js, settings, c = await _setup(stack, fetch_wait_s=0.5, ack_wait_s=1.0)
+    await js.publish(c.subject, b"crashes-the-process")
+    # Three deliveries that died without a NAK (a process killed mid-handler): fetch, never answer.
+    sub = await js.pull_subscribe_bind(durable=c.durable, stream=settings.stream_name)
+    for _ in range(settings.max_deliver):
+        msgs = await sub.fetch(1, timeout=5)
+        assert msgs[0].metadata.num_delivered <= settings.max_deliver
+        await asyncio.sleep(1.3)  # past ack_wait: JetStream redelivers
+    await sub.unsubscribe()
+    handled: list[bytes] = []
+
+    async def handler(body: bytes, raw: Any) -> None:
+        handled.append(body)
+
+    dead: list[Any] = []
+    pc = PullConsumer(js=js, broker=dead, settings=settings, c=c, handler=handler, dead_letter=_dead_letter)
+    stop = asyncio.Event()
+    task = asyncio.create_task(pc.run(stop))
+    await _until(lambda: bool(dead), 10)
+    stop.set()
+    await task
+    assert handled == [] and [d[1] for d in dead] == ["crash"]
+    await nc.close()
+
+
+async def test_oldest_unacked_age_sees_a_message_held_without_ack(stack: Stack) -> None:
+    nc, js, settings, c = await _setup(stack)
+    assert await oldest_unacked_age_s(js, settings.stream_name, c.durable) == 0.0
+    await js.publish(c.subject, b"held")
+    sub = await js.pull_subscribe_bind(durable=c.durable, stream=settings.stream_name)
+    msgs = await sub.fetch(1, timeout=5)  # delivered, never acked: lag is 0 from here on
+    await asyncio.sleep(1.5)
+    info = await js.consumer_info(settings.stream_name, c.durable)
+    assert info.num_pending == 0
+    age = await oldest_unacked_age_s(js, settings.stream_name, c.durable)
+    assert 1.0 <= age < 30
+    await msgs[0].ack()
+    await asyncio.sleep(0.2)
+    assert await oldest_unacked_age_s(js, settings.stream_name, c.durable) == 0.0
+    await nc.close()
