@@ -1,4 +1,4 @@
-"""``palace maintain <job>``, ``palace restore``: the lifecycle jobs run once by hand, with progress.
+"""``palace maintain <job>``, ``palace forget``, ``palace restore``: the lifecycle by hand, with progress.
 
 Kept out of ``services/cli.py`` so the job commands come from the one registry
 (``shared.lifecycle.JOBS``): a job added there is a command here without any change.
@@ -40,7 +40,7 @@ def _summary(title: str, counts: dict[str, int], elapsed_s: float) -> Table:
 
 def register(app: typer.Typer, settings: Callable[[], Settings], urls: Callable[[Settings], tuple[str, str]],
              console: Console) -> None:
-    """Add ``maintain`` (one command per registered job) and ``restore`` to the ``palace`` app."""
+    """Add ``maintain`` (one command per registered job), ``forget`` and ``restore`` to the ``palace`` app."""
     from shared.lifecycle import JOBS
 
     maintain_app = typer.Typer(help="Run one lifecycle job now (under its lease), with progress.",
@@ -62,6 +62,40 @@ def register(app: typer.Typer, settings: Callable[[], Settings], urls: Callable[
     for name in JOBS:
         maintain_app.command(name)(make(name))
 
+    @app.command("forget")
+    def forget_command(
+        workspace: Annotated[str, typer.Option("--workspace", "-w", help="Workspace to forget in.")],
+        user: Annotated[str | None, typer.Option(help="Forget everything of this user_id.")] = None,
+        agent: Annotated[str | None, typer.Option(help="Forget everything of this agent_id.")] = None,
+        session: Annotated[str | None, typer.Option(help="Forget one session.")] = None,
+        drawer: Annotated[str | None, typer.Option(help="Forget one drawer (and the messages it came from).")] = None,
+        everything: Annotated[bool, typer.Option("--all", help="Forget the whole workspace.")] = False,
+        check: Annotated[bool, typer.Option("--verify", help="Then search every store for what was forgotten.")]
+        = False,
+        by: Annotated[str | None, typer.Option(help="Who asks (recorded in the audit).")] = None,
+    ) -> None:
+        """Forget a drawer, session, user, agent or workspace everywhere it lives (tables, embedding cache,
+        episodes, knowledge graph, history content, both streams). Idempotent; safe while the pipeline runs."""
+        scope = _scope(workspace, user, agent, session, drawer, everything)
+        s = settings()
+        db, nats_url = urls(s)
+        requested_by = by or f"cli:{os.environ.get('USER', 'unknown')}"
+        result, remaining, elapsed = asyncio.run(_forget(s, db, nats_url, scope, requested_by, check, console))
+        console.print(_summary(f"forgot {scope.kind} {scope.value} in {workspace} (audit {result.forget_id})",
+                               result.counts, elapsed))
+        if remaining is not None:
+            left = {k: v for k, v in remaining.items() if v}
+            t = Table(title="verify: remaining")
+            t.add_column("where")
+            t.add_column("found", justify="right")
+            for k, v in remaining.items():
+                t.add_row(k, f"[red]{v}[/red]" if v else "0")
+            console.print(t)
+            if left:
+                console.print(f"[red]not fully forgotten: {left}[/red]")
+                raise typer.Exit(1)
+            console.print("[green]verified: nothing of it remains[/green]")
+
     @app.command()
     def restore(
         workspace: Annotated[str, typer.Option("--workspace", "-w", help="Workspace of the archived drawers.")],
@@ -73,6 +107,38 @@ def register(app: typer.Typer, settings: Callable[[], Settings], urls: Callable[
         db, _ = urls(s)
         n, elapsed = asyncio.run(_restore(s, db, workspace, list(drawer) if drawer else None, console))
         console.print(_summary(f"restore {workspace}", {"restored": n}, elapsed))
+
+
+def _scope(workspace: str, user: str | None, agent: str | None, session: str | None, drawer: str | None,
+           everything: bool) -> Any:
+    from shared.forget import Scope
+
+    given = [(k, v) for k, v in (("user", user), ("agent", agent), ("session", session), ("drawer", drawer)) if v]
+    if everything:
+        given.append(("workspace", "*"))
+    if len(given) != 1:
+        raise typer.BadParameter("give exactly one of --user, --agent, --session, --drawer or --all")
+    return Scope(workspace, *given[0])
+
+
+async def _forget(s: Settings, db: str, nats_url: str, scope: Any, requested_by: str, check: bool,
+                  console: Console) -> tuple[Any, dict[str, int] | None, float]:
+    from shared.db.pool import open_pool
+    from shared.forget import forget, verify
+
+    pool = await open_pool(db, name="cli-forget", max_size=2, role=s.db_role)
+    try:
+        t0 = time.perf_counter()
+        with _progress(console) as bar:
+            task = bar.add_task("forget", total=None)
+            result = await forget(pool, s, nats_url, scope, requested_by=requested_by,
+                                  progress=lambda what, n: bar.update(task, description=f"forget: {what}",
+                                                                      completed=n))
+        elapsed = time.perf_counter() - t0
+        remaining = await verify(pool, s, nats_url, scope, result.targets) if check else None
+        return result, remaining, elapsed
+    finally:
+        await pool.close()
 
 
 async def _run_job(name: str, s: Settings, db: str, nats_url: str,

@@ -16,6 +16,7 @@ from prometheus_client import make_asgi_app
 from pydantic import BaseModel, Field
 
 from services._runtime import QuietServer
+from services.api.routes_forget import router as forget_router
 from shared.bus import build_broker, ensure_streams, publish_event
 from shared.config import Settings
 from shared.db.apikeys import workspace_for_key
@@ -115,6 +116,7 @@ def create_app(settings: Settings) -> FastAPI:
     )
     app.state.settings = settings
     app.mount("/metrics", make_asgi_app())
+    app.include_router(forget_router)
 
     @app.middleware("http")
     async def limit_body(request: Request, call_next: Any) -> Any:

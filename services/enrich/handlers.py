@@ -7,7 +7,8 @@ from nats.aio.msg import Msg
 
 from services._runtime import Deps
 from shared.bus import decode_event, publish_event
-from shared.db.episodes import session_turns, upsert_entities, upsert_episode
+from shared.db.episodes import existing_drawers, session_turns, upsert_entities, upsert_episode
+from shared.db.forget import forgotten
 from shared.db.tenancy import workspace_tx
 from shared.events import EntityUpserted, EpisodicCreated, SessionStored
 from shared.ids import event_id_for, stable_id
@@ -40,6 +41,8 @@ def register(deps: Deps) -> None:
             centroid = (m / (np.linalg.norm(m) or 1.0)).astype(np.float32)
         episode_id = stable_id("episode", ev.workspace_id, ev.session_id)
         async with workspace_tx(deps.pool, ev.workspace_id) as conn:
+            if await forgotten(conn, ev.workspace_id, session_id=ev.session_id):
+                return  # forgotten while it was summarised: nothing may be written back
             await upsert_episode(
                 conn, ev.workspace_id, episode_id=episode_id, session_id=ev.session_id,
                 agent_id=turns[0]["agent_id"], summary=draft.summary, abstract=draft.abstract,
@@ -69,7 +72,15 @@ def register(deps: Deps) -> None:
         if not entities:
             return
         async with workspace_tx(deps.pool, ev.workspace_id) as conn:
-            await upsert_entities(conn, ev.workspace_id, list(entities.values()), sorted(mentions))
+            if await forgotten(conn, ev.workspace_id, session_id=ev.session_id):
+                return
+            # Only drawers that still exist (one forgotten meanwhile must not gain a mention).
+            alive = await existing_drawers(conn, ev.workspace_id, sorted({d for _, d in mentions}))
+            live_mentions = sorted(m for m in mentions if m[1] in alive)
+            if not live_mentions:
+                return
+            used = {e for e, _ in live_mentions}
+            await upsert_entities(conn, ev.workspace_id, [entities[e] for e in sorted(used)], live_mentions)
         ids = sorted(entities)
         await publish_event(deps.broker, s, EntityUpserted(
             event_id=event_id_for("entity.upserted", ev.event_id), workspace_id=ev.workspace_id,

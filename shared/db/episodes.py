@@ -10,7 +10,7 @@ from psycopg import AsyncConnection
 
 from shared.db.drawers import as_array
 
-__all__ = ["session_turns", "upsert_entities", "upsert_episode"]
+__all__ = ["existing_drawers", "session_turns", "upsert_entities", "upsert_episode"]
 
 
 async def session_turns(conn: AsyncConnection[Any], workspace_id: str, session_id: str) -> list[dict[str, Any]]:
@@ -72,3 +72,9 @@ async def upsert_entities(
                WHERE d.workspace_id = %s AND d.id = m.drawer_id""",
             (workspace_id, list({d for _, d in mentions}), workspace_id),
         )
+
+
+async def existing_drawers(conn: AsyncConnection[Any], workspace_id: str, ids: list[str]) -> set[str]:
+    """Which of these drawers exist (archived ones included)."""
+    cur = await conn.execute("SELECT id FROM drawers WHERE workspace_id = %s AND id = ANY(%s)", (workspace_id, ids))
+    return {r[0] for r in await cur.fetchall()}
