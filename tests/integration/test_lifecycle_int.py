@@ -247,3 +247,29 @@ def test_every_batch_query_uses_an_index(stack: Stack, big_workspace: str, name:
     plan = _plan(stack, query, params)
     assert '"Seq Scan"' not in plan, plan
     assert "Index" in plan, plan
+
+
+def test_operators_run_each_job_restore_and_forget_from_the_cli(stack: Stack) -> None:
+    from typer.testing import CliRunner
+
+    from services.cli import app
+
+    env = {"PALACE_DATABASE_URL": stack.database_url, "PALACE_NATS_URL": stack.nats_url}
+    runner = CliRunner()
+    for job in JOBS:
+        r = runner.invoke(app, ["maintain", job], env=env)
+        assert r.exit_code == 0, r.output
+        assert f"maintain {job}" in r.output
+    w = ws()
+    _insert(stack, w, [{"id": "a", "content": "archived by hand"}, {"id": "b", "content": "kept as is"}])
+    stack.sql("UPDATE drawers SET deleted_at = now() WHERE workspace_id = %s AND id = 'a' RETURNING 1", (w,))
+    r = runner.invoke(app, ["restore", "--workspace", w, "--drawer", "a"], env=env)
+    assert r.exit_code == 0, r.output
+    assert stack.sql("SELECT count(*) FROM drawers WHERE workspace_id = %s AND deleted_at IS NULL", (w,))[0][0] == 2
+    r = runner.invoke(app, ["forget", "--workspace", w, "--drawer", "a", "--verify", "--by", "ops"], env=env)
+    assert r.exit_code == 0, r.output
+    assert "nothing of it remains" in r.output
+    assert [x[0] for x in stack.sql("SELECT id FROM drawers WHERE workspace_id = %s", (w,))] == ["b"]
+    assert stack.sql("SELECT requested_by FROM forget_audit WHERE workspace_id = %s", (w,)) == [("ops",)]
+    r = runner.invoke(app, ["forget", "--workspace", w, "--user", "u1", "--all"], env=env)
+    assert r.exit_code != 0
