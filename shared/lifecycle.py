@@ -101,7 +101,11 @@ async def decay(run: JobRun) -> dict[str, int]:
 
 async def prune(run: JobRun) -> dict[str, int]:
     """Archive the least important, rarely recalled drawers of each workspace, never leaving it with
-    fewer than ``prune_keep_min`` live drawers. Archived drawers stay restorable (``restore``)."""
+    fewer than ``prune_keep_min`` live drawers. Archived drawers stay restorable (``restore``).
+
+    Candidates are collected by walking the workspace's primary key in spans (read-only), then the
+    lowest-importance ones within the budget are archived in batches, each re-checked under its lock.
+    """
     s = run.settings
     ws = ""
     archived = workspaces = 0
@@ -113,17 +117,24 @@ async def prune(run: JobRun) -> dict[str, int]:
             ws = nxt
             budget = await sql.live_drawer_count(conn, ws) - s.prune_keep_min
         workspaces += 1
-        while budget > 0:
+        if budget <= 0:
+            continue
+        found: list[tuple[float, str]] = []
+        after: str | None = ""
+        while after is not None:
             async with maintenance_tx(run.pool) as conn:
-                n = await sql.archive_batch(conn, ws, limit=min(s.maintain_batch, budget),
-                                            importance_below=s.prune_importance_below,
-                                            accesses_below=s.prune_accesses_below)
-            if not n:
-                break
-            budget -= n
-            archived += n
+                after, cands = await sql.prune_candidates_span(
+                    conn, ws, after, batch=s.maintain_batch, importance_below=s.prune_importance_below,
+                    accesses_below=s.prune_accesses_below)
+            found.extend(cands)
             await run.checkpoint(archived)
-        await run.checkpoint(archived)
+        pick = [i for _, i in sorted(found)[:budget]]
+        for k in range(0, len(pick), s.maintain_batch):
+            async with maintenance_tx(run.pool) as conn:
+                archived += await sql.archive_batch(conn, ws, pick[k : k + s.maintain_batch],
+                                                    importance_below=s.prune_importance_below,
+                                                    accesses_below=s.prune_accesses_below)
+            await run.checkpoint(archived)
     return {"archived": archived, "workspaces": workspaces}
 
 

@@ -21,6 +21,7 @@ __all__ = [
     "expire_episodes_batch",
     "live_drawer_count",
     "next_workspace",
+    "prune_candidates_span",
     "purge_archive_batch",
     "release_lease",
     "renew_lease",
@@ -56,15 +57,24 @@ NEXT_WORKSPACE_SQL = "SELECT workspace_id FROM drawers WHERE workspace_id > %s O
 
 LIVE_COUNT_SQL = "SELECT count(*) FROM drawers WHERE workspace_id = %s AND deleted_at IS NULL AND state <> 'merged'"
 
+# Prune candidates, a span of the primary key at a time (there is deliberately no index on
+# importance: see migration 0020).
+PRUNE_SPAN_SQL = """
+        SELECT id, importance, (deleted_at IS NULL AND state = 'processed' AND NOT pinned
+                      AND importance < %(below)s AND access_count < %(acc)s) FROM drawers
+         WHERE workspace_id = %(ws)s AND id > %(id)s ORDER BY id LIMIT %(n)s
+        """
+
+# The eligibility is checked again under the row lock: a recall since the span was read saves it.
 ARCHIVE_SQL = """
         WITH upd AS (
             UPDATE drawers d SET deleted_at = now()
              WHERE d.workspace_id = %(ws)s
                AND d.id = ANY(ARRAY(
-                   SELECT id FROM drawers
-                    WHERE workspace_id = %(ws)s AND deleted_at IS NULL AND importance < %(below)s
-                      AND access_count < %(acc)s AND NOT pinned AND state = 'processed'
-                    ORDER BY importance LIMIT %(n)s FOR UPDATE SKIP LOCKED))
+                   SELECT id FROM drawers WHERE workspace_id = %(ws)s AND id = ANY(%(ids)s)
+                      AND deleted_at IS NULL AND state = 'processed' AND NOT pinned
+                      AND importance < %(below)s AND access_count < %(acc)s
+                      FOR UPDATE SKIP LOCKED))
             RETURNING d.workspace_id, d.id, d.importance, d.access_count),
         hist AS (
             INSERT INTO memory_history (workspace_id, id, drawer_id, action, actor, reason, new_value)
@@ -194,18 +204,28 @@ async def live_drawer_count(conn: AsyncConnection[Any], workspace_id: str) -> in
     return int(row[0]) if row else 0
 
 
-async def archive_batch(
-    conn: AsyncConnection[Any], workspace_id: str, *, limit: int, importance_below: float, accesses_below: int,
-) -> int:
-    """Archive up to ``limit`` of the workspace's least important, rarely recalled drawers.
+async def prune_candidates_span(
+    conn: AsyncConnection[Any], workspace_id: str, after: str, *, batch: int, importance_below: float,
+    accesses_below: int,
+) -> tuple[str | None, list[tuple[float, str]]]:
+    """The next ``batch`` drawers of the workspace after id ``after``: (the last id, or None at the
+    end; the prunable ones among them as (importance, id))."""
+    cur = await conn.execute(PRUNE_SPAN_SQL, {"ws": workspace_id, "id": after, "n": batch,
+                                              "below": importance_below, "acc": accesses_below})
+    rows = await cur.fetchall()
+    last = rows[-1][0] if len(rows) == batch else None
+    return last, [(float(r[1]), r[0]) for r in rows if r[2]]
 
-    Lowest importance first (the importance index, walked backwards). Only the archive mark is set:
-    importance, access counts and ``updated_at`` stay as they were, so a restore is exact. Each one
-    gets an ARCHIVE record in memory_history.
-    """
+
+async def archive_batch(
+    conn: AsyncConnection[Any], workspace_id: str, ids: list[str], *, importance_below: float, accesses_below: int,
+) -> int:
+    """Archive these drawers if they are still prunable. Only the archive mark is set: importance,
+    access counts and ``updated_at`` stay as they were, so a restore is exact. Each one gets an
+    ARCHIVE record in memory_history."""
     cur = await conn.execute(
         ARCHIVE_SQL,
-        {"ws": workspace_id, "below": importance_below, "acc": accesses_below, "n": limit},
+        {"ws": workspace_id, "ids": ids, "below": importance_below, "acc": accesses_below},
     )
     row = await cur.fetchone()
     return int(row[0]) if row else 0

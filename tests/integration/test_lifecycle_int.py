@@ -225,7 +225,8 @@ def _plan(stack: Stack, query: str, params: Any) -> str:
     return json.dumps(rows[0][0])
 
 
-@pytest.mark.parametrize("name", ["decay", "archive", "restore", "expire_episodes", "oldest_expired_episode",
+@pytest.mark.parametrize("name", ["decay", "prune_span", "archive", "restore", "expire_episodes",
+                                  "oldest_expired_episode",
                                   "purge_archive", "oldest_purgeable", "next_ws"])
 def test_every_batch_query_uses_an_index(stack: Stack, big_workspace: str, name: str) -> None:
     from shared.db import lifecycle as sql
@@ -235,7 +236,9 @@ def test_every_batch_query_uses_an_index(stack: Stack, big_workspace: str, name:
     cases: dict[str, tuple[str, Any]] = {
         "decay": (sql.DECAY_SQL, {"ws": w, "id": "d010000", "n": 500, "floor": 0.3, "factor": 0.98,
                                   "older": 30 * 86400.0, "idle": 7 * 86400.0}),
-        "archive": (sql.ARCHIVE_SQL, {"ws": w, "below": 0.5, "acc": 3, "n": 500}),
+        "prune_span": (sql.PRUNE_SPAN_SQL, {"ws": w, "id": "d010000", "n": 500, "below": 0.5, "acc": 3}),
+        "archive": (sql.ARCHIVE_SQL, {"ws": w, "ids": [f"d{i:06d}" for i in range(1, 500)], "below": 0.5,
+                                      "acc": 3}),
         "restore": (sql.RESTORE_SQL, {"ws": w, "ids": None, "n": 500, "actor": "t"}),
         "expire_episodes": (sql.EXPIRE_EPISODES_SQL, {"ws": w, "n": 500}),
         "oldest_expired_episode": (sql.OLDEST_EXPIRED_EPISODE_SQL, ()),

@@ -18,3 +18,11 @@ CREATE INDEX IF NOT EXISTS drawers_archived_ws ON drawers (workspace_id, deleted
 ALTER TABLE episodes ADD COLUMN IF NOT EXISTS expires_at timestamptz;
 CREATE INDEX IF NOT EXISTS episodes_expires ON episodes (expires_at) WHERE expires_at IS NOT NULL;
 CREATE INDEX IF NOT EXISTS episodes_expires_ws ON episodes (workspace_id, expires_at) WHERE expires_at IS NOT NULL;
+
+-- Decay rewrites the importance of every old, idle drawer once a day. An update that changes no
+-- indexed column and finds room on its page is a HOT update: no index is touched, in particular not
+-- the HNSW graph, whose insert (and the vacuum repair of the replaced element) is by far the most
+-- expensive part of rewriting a drawer. So importance is in no index (prune walks the primary key
+-- instead of this one, its only user), and drawer pages keep room for an updated row version.
+DROP INDEX IF EXISTS drawers_importance;
+ALTER TABLE drawers SET (fillfactor = 70);
