@@ -63,6 +63,10 @@ def _run(stack: Stack, name: str, **overrides: Any) -> dict[str, int]:
     return out
 
 
+def _hot_updates(stack: Stack) -> int:
+    return int(stack.sql("SELECT n_tup_hot_upd FROM pg_stat_user_tables WHERE relname = 'drawers'")[0][0])
+
+
 def _importance(stack: Stack, workspace: str) -> dict[str, float]:
     return {r[0]: round(float(r[1]), 4) for r in stack.sql(
         "SELECT id, importance FROM drawers WHERE workspace_id = %s", (workspace,))}
@@ -83,8 +87,11 @@ def test_decay_follows_its_rules_and_never_goes_under_the_floor(stack: Stack) ->
     stack.sql("UPDATE drawers SET deleted_at = now() WHERE workspace_id = %s AND id = 'archived' RETURNING 1", (w,))
     at_floor_written = stack.sql("SELECT updated_at FROM drawers WHERE workspace_id = %s AND id = 'at-floor'", (w,))
     # Batches of 3 keys: the walk crosses many spans (other tests' workspaces too) and must cover all.
+    hot_before = _hot_updates(stack)
     out = _run(stack, "decay", maintain_batch=3)
     assert out["decayed"] >= 3
+    # Decay's rewrites are HOT (no index touched, the HNSW graph included): most of them at least.
+    wait_for(lambda: _hot_updates(stack) - hot_before >= out["decayed"] // 2, 15, "HOT updates counted")
     imp = _importance(stack, w)
     assert imp == {"old-idle": 0.98, "old-recalled": 1.0, "old-recalled-long-ago": 0.98, "young": 1.0,
                    "near-floor": 0.3, "at-floor": 0.3, "pinned": 1.0, "archived": 1.0}
