@@ -44,7 +44,9 @@ def _load(db: str, n: int, n_forget: int, dim: int) -> None:
         for t in ("drawers", "sessions", "episodes", "embedding_cache", "memory_history", "forget_tombstones",
                   "forget_audit", "job_leases"):
             conn.execute(f"DELETE FROM {t} WHERE workspace_id IN (%s, '*')", (WS,))  # noqa: S608 - fixed names
-        # Build the HNSW index once after loading instead of inserting into it row by row.
+        # A shared HNSW index (where the schema has one) is built once after loading instead of
+        # inserted into row by row.
+        shared_hnsw = conn.execute("SELECT to_regclass('drawers_embedding_hnsw') IS NOT NULL").fetchone()[0]
         conn.execute("DROP INDEX IF EXISTS drawers_embedding_hnsw")
         sessions = n_forget // 10
         with conn.cursor() as cur:
@@ -75,8 +77,9 @@ def _load(db: str, n: int, n_forget: int, dim: int) -> None:
                     cp.write_row((WS, f"d{n + j:08d}", f"fs-{j // 10:06d}", j % 10))
         conn.execute("UPDATE drawers SET filed_at = now() - interval '40 days' WHERE workspace_id = %s", (WS,))
         conn.execute("SET maintenance_work_mem = '512MB'")
-        conn.execute("CREATE INDEX drawers_embedding_hnsw ON drawers USING hnsw (embedding vector_cosine_ops) "
-                     "WITH (m = 16, ef_construction = 64)")
+        if shared_hnsw:
+            conn.execute("CREATE INDEX drawers_embedding_hnsw ON drawers USING hnsw (embedding vector_cosine_ops) "
+                         "WITH (m = 16, ef_construction = 64)")
         conn.execute("VACUUM ANALYZE drawers")
 
 

@@ -58,6 +58,13 @@ def _drained(stack: Stack) -> bool:
     return asyncio.run(go())
 
 
+def _dlq_count(stack: Stack, w: str) -> int:
+    from shared.dlq import list_dead_letters
+
+    return len([d for d in asyncio.run(list_dead_letters(stack.settings, stack.nats_url, limit=100_000))
+                if d.info.workspace_id == w])
+
+
 def _fingerprint(stack: Stack, w: str, user: str) -> dict[str, Any]:
     """Everything of one user, as counts and content hashes."""
     q = {
@@ -120,10 +127,11 @@ def test_forgetting_a_user_mid_stream_leaves_nothing_and_spares_everyone_else(st
     alice, bob = "alice", "bob"
     early = _publish_user(stack, w, alice, 3, "a-early", shared=True)
     bob_texts = _publish_user(stack, w, bob, 3, "b", shared=True)
-    # One alice event goes to the DLQ (too long a message): forget must take it out of there too.
-    stack.publish(session(w, "a-poison", ["x" * (stack.settings.max_message_chars + 1)], user_id=alice,
-                          event_id=uuid.uuid4().hex))
+    # One alice event goes to the DLQ (a session without messages is invalid): forget must take it
+    # out of there too.
+    stack.publish({"workspace_id": w, "session_id": "a-poison", "user_id": alice, "messages": []})
     stack.wait_processed(w, 3 * 3 * 2 + 1)
+    wait_for(lambda: _dlq_count(stack, w) == 1, 30, "alice's dead letter")
     wait_for(lambda: _drained(stack), 60, "pipeline drained")
     bob_before = _fingerprint(stack, w, bob)
     assert bob_before["drawers"] and bob_before["messages"]
@@ -149,6 +157,7 @@ def test_forgetting_a_user_mid_stream_leaves_nothing_and_spares_everyone_else(st
     th.join()
     alice_hashes |= {content_hash(t) for s in late for t in s}
     assert result.counts["sessions"] >= 3 and result.counts["drawers"] >= 9
+    assert result.counts["stream_events"] >= 1 and _dlq_count(stack, w) == 0
 
     # Once the pipeline drains, nothing of alice remains anywhere (the late sessions included).
     wait_for(lambda: _drained(stack), 90, "pipeline drained after the forget")
