@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test unit up stop fault audit audit-full bench-ingest bench-search soak schemas lint clean
+.PHONY: install tools demo test unit up stop fault audit audit-full bench-ingest bench-search soak schemas lint clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -14,19 +14,32 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
+## promtool for the alert-rule tests: the binary from Debian's prometheus package, unpacked into the venv
+## (no Prometheus server installed or started). Present already: a link to it. No apt: the tests say they skip.
+$(BIN)/promtool: | $(STAMP)
+	@if command -v promtool >/dev/null 2>&1; then ln -sf "$$(command -v promtool)" $@; \
+	elif command -v apt-get >/dev/null 2>&1; then \
+	  d=$$(mktemp -d) && cd $$d && { apt-get download prometheus >/dev/null 2>&1 || \
+	    { apt-get update -qq >/dev/null 2>&1 && apt-get download prometheus >/dev/null 2>&1; }; } && \
+	  dpkg-deb -x prometheus_*.deb root && install -m 0755 root/usr/bin/promtool $(CURDIR)/$@; \
+	  rm -rf $$d; \
+	fi; test -x $(CURDIR)/$@ || echo "promtool unavailable: the promtool tests will skip"
+
+tools: $(BIN)/promtool
+
 ## Start embedded PostgreSQL + NATS and every service, publish a sample conversation, show recall.
 demo: install
 	$(BIN)/palace demo
 
 ## Lint, schema drift check, and the whole test suite against real embedded servers.
-test: install
+test: install tools
 	$(BIN)/ruff check .
 	$(BIN)/palace schemas --check
 	$(BIN)/python tools/audit_deps.py
 	$(BIN)/pytest -ra
 
 ## Unit tests only (no servers).
-unit: install
+unit: install tools
 	$(BIN)/pytest -ra -m "not integration"
 
 ## Run the stack in the foreground until Ctrl-C.

@@ -240,12 +240,13 @@ def settle_drawers(database_url: str, *, owned: bool, force: bool = False, min_d
     """Leave no dead drawers for autovacuum to chew on during a measurement.
 
     pgvector's HNSW vacuum repairs the graph around every deleted element: after a 100k-row bench
-    workspace is deleted, autovacuum spends many minutes of CPU in ``drawers_embedding_hnsw``, and
+    workspace is deleted, autovacuum spends many minutes of CPU in its HNSW index, and
     on 2 cores that lands in the middle of the next bench (seen: PostgreSQL using 0.9 of a core
     through a whole ingest run). On a database the bench owns, rebuilding the index over the live
     rows and then vacuuming is quick (the fresh index holds no dead entries); elsewhere it only warns.
     """
     import psycopg
+    from psycopg import sql
 
     with psycopg.connect(database_url, autocommit=True) as conn:
         row = conn.execute("SELECT n_dead_tup FROM pg_stat_user_tables WHERE relname = 'drawers'").fetchone()
@@ -257,9 +258,11 @@ def settle_drawers(database_url: str, *, owned: bool, force: bool = False, min_d
                           "may compete with this measurement")
             return {"dead_rows": dead, "settled_s": 0.0}
         t0 = time.perf_counter()
-        with console.status(f"rebuilding drawers_embedding_hnsw and vacuuming ({dead:,} dead rows) ..."):
+        with console.status(f"rebuilding the HNSW indexes and vacuuming ({dead:,} dead rows) ..."):
             conn.execute("SET maintenance_work_mem = '1GB'")
-            conn.execute("REINDEX INDEX drawers_embedding_hnsw")
+            for (name,) in conn.execute("SELECT indexname FROM pg_indexes WHERE tablename = 'drawers'"
+                                        " AND indexdef LIKE '%%USING hnsw%%'").fetchall():
+                conn.execute(sql.SQL("REINDEX INDEX {}").format(sql.Identifier(name)))
             conn.execute("VACUUM (ANALYZE) drawers")
         return {"dead_rows": dead, "settled_s": time.perf_counter() - t0}
 

@@ -60,6 +60,7 @@ from rich.table import Table
 
 from shared.config import Settings
 from shared.db.tenancy import workspace_tx
+from shared.db.vector_indexes import index_name_for
 from shared.events import Message, SessionCompleted
 from shared.ids import content_hash, drawer_id
 from shared.memory.filing import plan_session
@@ -248,12 +249,15 @@ def load_workspace(database_url: str, workspace: str, base: list[BaseDrawer], ro
         copy_sql = sql.SQL("COPY drawers ({}) FROM STDIN WITH (FORMAT BINARY)").format(
             sql.SQL(", ").join(map(sql.Identifier, cols)))
         with conn.transaction():
-            indexdef = None
-            if mode == "rebuild":
-                row = conn.execute("SELECT pg_get_indexdef('drawers_embedding_hnsw'::regclass)").fetchone()
-                assert row is not None
-                indexdef = str(row[0])
-                conn.execute("DROP INDEX drawers_embedding_hnsw")
+            # The workspace's own HNSW index (migration 0019). 'rebuild' builds it after the COPY.
+            index = index_name_for(workspace)
+            indexdef = sql.SQL(
+                "CREATE INDEX {} ON drawers USING hnsw (embedding vector_cosine_ops) WITH (m = 16, "
+                "ef_construction = 64) WHERE workspace_id = {}").format(sql.Identifier(index), sql.Literal(workspace))
+            conn.execute(sql.SQL("DROP INDEX IF EXISTS {}").format(sql.Identifier(index)))
+            conn.execute("DELETE FROM vector_indexes WHERE workspace_id LIKE %s", (WS_PREFIX + "%",))
+            if mode == "insert":
+                conn.execute(indexdef)
             t0 = time.perf_counter()
             n = len(rows.content)
             with _progress() as bar, conn.cursor() as cur:
@@ -274,12 +278,14 @@ def load_workspace(database_url: str, workspace: str, base: list[BaseDrawer], ro
                             bar.advance(task, 1000)
                     bar.update(task, completed=n)
             stats["copy_s"] = time.perf_counter() - t0
-            if indexdef is not None:
+            if mode == "rebuild":
                 t0 = time.perf_counter()
-                with console.status("re-creating drawers_embedding_hnsw ..."):
+                with console.status(f"building {index} ..."):
                     conn.execute("SET LOCAL maintenance_work_mem = '1GB'")  # the graph must fit, or the build crawls
                     conn.execute(indexdef)
                 stats["index_build_s"] = time.perf_counter() - t0
+            conn.execute("INSERT INTO vector_indexes (workspace_id, index_name, state, drawers, ready_at)"
+                         " VALUES (%s, %s, 'ready', %s, now())", (workspace, index, len(rows.content)))
         t0 = time.perf_counter()
         with console.status("VACUUM ANALYZE drawers (planner statistics, GIN pending list) ..."):
             conn.execute("VACUUM (ANALYZE) drawers")
@@ -328,9 +334,9 @@ async def explain(database_url: str, embedder: Embedder, workspace: str, vectors
     pool = await open_pool(database_url, name="bench-explain", min_size=1, max_size=1)
     try:
         async with workspace_tx(pool, workspace) as conn:
-            cur = await conn.execute(sql.SQL("EXPLAIN ") + bare_sql(k), (workspace, vec))
+            cur = await conn.execute(sql.SQL("EXPLAIN ") + bare_sql(k), (workspace, vec), prepare=False)
             plan = _short("\n".join(r[0] for r in await cur.fetchall()))
-            out["bare_plan"], out["bare_uses_hnsw"] = plan, "drawers_embedding_hnsw" in plan
+            out["bare_plan"], out["bare_uses_hnsw"] = plan, index_name_for(workspace) in plan
             conn.cursor_factory = _RecordingCursor
         _RecordingCursor.seen.clear()
         await Recaller(pool, Precomputed(embedder, vectors), touch=False, cache_size=0).search(
@@ -346,7 +352,7 @@ async def explain(database_url: str, embedder: Embedder, workspace: str, vectors
                 pre = "EXPLAIN (ANALYZE, TIMING OFF, COSTS OFF) "
                 cur = await conn.execute(sql.SQL(pre) + q if isinstance(q, sql.Composable) else pre + q, p)
                 hplan = _short("\n".join(r[0] for r in await cur.fetchall()))
-                out["hybrid_plan"], out["hybrid_uses_hnsw"] = hplan, "drawers_embedding_hnsw" in hplan
+                out["hybrid_plan"], out["hybrid_uses_hnsw"] = hplan, index_name_for(workspace) in hplan
     finally:
         await pool.close()
     return out
@@ -370,12 +376,12 @@ async def diagnostics(database_url: str, workspace: str, qs: list[tuple[str, np.
         if ef_search is not None:
             await conn.execute(sql.SQL("SET hnsw.ef_search = {}").format(sql.Literal(ef_search)))
         for q, v in qs:
-            cur = await conn.execute(bare_sql(ann_candidates), (workspace, v))
+            cur = await conn.execute(bare_sql(ann_candidates), (workspace, v), prepare=False)
             ann_rows.append(len(await cur.fetchall()))
             cur = await conn.execute(FTS_COUNT_SQL, (workspace, q))
             row = await cur.fetchone()
             fts_rows.append(int(row[0]) if row else 0)
-            cur = await conn.execute(bare_sql(k), (workspace, v))
+            cur = await conn.execute(bare_sql(k), (workspace, v), prepare=False)
             approx = {r[0] for r in await cur.fetchall()}
             await conn.execute("SET enable_indexscan = off")
             cur = await conn.execute(exact_sql(k), (workspace, v))
@@ -405,7 +411,7 @@ async def measure(pool: Any, embedder: Embedder, vectors: dict[str, np.ndarray],
     async def bare(q: str) -> int:
         # Scoped like every service query (row-level security), so the ratios compare like with like.
         async with workspace_tx(pool, workspace) as conn:
-            cur = await conn.execute(bare_sql(k), (workspace, vectors[q]))
+            cur = await conn.execute(bare_sql(k), (workspace, vectors[q]), prepare=False)
             return len(await cur.fetchall())
 
     fns: dict[str, Callable[[str], Awaitable[int]]] = {"full": full, "sql": sql_only, "bare": bare}

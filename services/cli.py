@@ -12,9 +12,13 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich import box
 from rich.console import Console
+from rich.syntax import Syntax
 from rich.table import Table
+from rich.text import Text
 
+from services.cli_render import DeadLetterTable, HitsTable
 from shared.config import Settings
 
 app = typer.Typer(help="Palace: long-term memory for AI agents.", no_args_is_help=True, add_completion=False)
@@ -194,28 +198,39 @@ def _reachable_nats(url: str | None) -> bool:
 
 
 @app.command()
-def migrate() -> None:
+def migrate(check: Annotated[bool, typer.Option(
+        help="Apply nothing; exit 1 while migrations are pending (a readiness gate for containers).")] = False,
+) -> None:
     """Apply pending database migrations."""
-    from shared.db.migrate import apply_migrations
+    from shared.db.migrate import apply_migrations, pending_migrations
 
     s = _settings()
     db, _ = _urls(s)
+    if check:
+        pending = pending_migrations(db)
+        console.print(f"pending: {', '.join(pending)}" if pending else "schema is up to date")
+        raise typer.Exit(1 if pending else 0)
     applied = apply_migrations(db, s.embed_dim)
     console.print(f"applied: {', '.join(applied)}" if applied else "schema is up to date")
 
 
 @app.command()
 def schemas(check: Annotated[bool, typer.Option(help="Fail if schemas/ differs from the models.")] = False,
-            out: Path = Path("schemas")) -> None:
-    """Regenerate the JSON Schemas of every event and the configuration reference from the models."""
+            out: Path = Path("schemas"),
+            readme: Annotated[Path, typer.Option(help="README whose producer reference is kept in step.")] = Path(
+                "README.md")) -> None:
+    """Regenerate the JSON Schemas of every event, the configuration reference and the README's producer
+    reference from the models."""
     from shared.config_doc import CONFIG_DOC, render_configuration
-    from shared.events.export import render_schemas, write_schemas
+    from shared.events.export import readme_with_reference, render_schemas, write_schemas
 
     config_doc = render_configuration()
     if check:
         stale = [n for n, t in render_schemas().items() if not (out / n).exists() or (out / n).read_text() != t]
         if not CONFIG_DOC.exists() or CONFIG_DOC.read_text() != config_doc:
             stale.append(str(CONFIG_DOC))
+        if readme.exists() and readme_with_reference(readme.read_text()) != readme.read_text():
+            stale.append(str(readme))
         if stale:
             console.print(f"[red]out of date:[/red] {stale} (run 'palace schemas')")
             raise typer.Exit(1)
@@ -226,6 +241,9 @@ def schemas(check: Annotated[bool, typer.Option(help="Fail if schemas/ differs f
     CONFIG_DOC.parent.mkdir(parents=True, exist_ok=True)
     CONFIG_DOC.write_text(config_doc)
     console.print(str(CONFIG_DOC))
+    if readme.exists():
+        readme.write_text(readme_with_reference(readme.read_text()))
+        console.print(str(readme))
 
 
 async def _publish_all(s: Settings, nats_url: str, events: list[dict[str, Any]]) -> list[str]:
@@ -258,35 +276,17 @@ def publish(file: Annotated[Path, typer.Argument(help="JSON file: one session.co
     console.print(f"published {len(ids)} event(s)")
 
 
-def _hits_table(title: str, hits: list[Any]) -> Table:
-    t = Table(title=title, show_lines=False, expand=True)
-    t.add_column("#", justify="right", width=3)
-    t.add_column("score", justify="right", width=6)
-    t.add_column("type", width=10)
-    t.add_column("wing/room", width=22, overflow="fold")
-    t.add_column("when", width=10)  # recall ranks by the time a question names: show it
-    t.add_column("who", width=10, overflow="fold")
-    t.add_column("content", ratio=1, overflow="fold")
-    for i, h in enumerate(hits, 1):
-        g = h.get if isinstance(h, dict) else lambda k, h=h: getattr(h, k)
-        content = g("content")
-        when = g("occurred_at")
-        when = when.strftime("%Y-%m-%d") if hasattr(when, "strftime") else (str(when)[:10] if when else "-")
-        t.add_row(str(i), f"{g('score'):.3f}", g("memory_type") or "-", f"{g('wing')}/{g('room')}", when,
-                  g("speaker") or "-", (content[:300] + "…") if len(content) > 300 else content)
-    return t
-
-
 async def _local_search(s: Settings, workspace: str, query: str, k: int) -> list[Any]:
     from shared.adapters import build_embedder
     from shared.db.pool import open_pool
+    from shared.db.search import SearchParams
     from shared.recall import Recaller
 
     db, _ = _urls(s)
     pool = await open_pool(db, name="cli", max_size=2, role=s.db_role)
     emb = build_embedder(s)
     try:
-        r = Recaller(pool, emb)
+        r = Recaller(pool, emb, SearchParams.from_settings(s), vector_index_min=s.vector_index_min_drawers)
         hits = await r.search(workspace, query, k)
         await r.drain()
         return hits
@@ -316,30 +316,54 @@ def search(
     if as_json:
         console.print_json(json.dumps([h if isinstance(h, dict) else h.__dict__ for h in hits], default=str))
     else:
-        console.print(_hits_table(f"{query!r} in {workspace}", hits))
+        console.print(HitsTable(f"{query!r} in {workspace}", hits))
 
 
 @dlq_app.command("list")
 def dlq_list(subject: Annotated[str | None, typer.Option(help="Only from this subject.")] = None,
+             workspace: Annotated[str | None, typer.Option("--workspace", "-w", help="Only of this workspace.")] = None,
              limit: int = 100, as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
     """List dead letters with the reason each one failed."""
     from shared.dlq import list_dead_letters
 
     s = _settings()
     _, nats_url = _urls(s)
-    items = asyncio.run(list_dead_letters(s, nats_url, subject=subject, limit=limit))
+    items = asyncio.run(list_dead_letters(s, nats_url, subject=subject, workspace=workspace, limit=limit))
     if as_json:
         console.print_json(json.dumps([i.info.model_dump(mode="json") for i in items]))
         return
-    t = Table(title=f"dead letters ({len(items)})", expand=True)
-    for col in ("seq", "subject", "service", "tries", "failed at", "workspace", "size"):
-        t.add_column(col)
-    t.add_column("reason", ratio=1, overflow="fold")
-    for i in items:
-        f = i.info
-        t.add_row(str(i.seq), f.subject, f.service, str(f.deliveries), f.failed_at.strftime("%Y-%m-%d %H:%M:%S"),
-                  f.workspace_id or "-", str(f.size), f.reason)
-    console.print(t)
+    console.print(DeadLetterTable((i.seq, i.info) for i in items))
+
+
+@dlq_app.command("show")
+def dlq_show(seq: Annotated[int, typer.Argument(help="Dead-letter sequence (the seq column of 'dlq list').")],
+             full: Annotated[bool, typer.Option("--full", help="Print the whole payload, however long.")] = False,
+             as_json: Annotated[bool, typer.Option("--json", help="Headers and payload as JSON.")] = False) -> None:
+    """One dead letter: why it failed, its headers and its payload (pretty JSON when it is JSON)."""
+    from services.cli_render import payload_preview
+    from shared.dlq import get_dead_letter
+
+    s = _settings()
+    _, nats_url = _urls(s)
+    d = asyncio.run(get_dead_letter(s, nats_url, seq))
+    if d is None:
+        console.print(f"[red]no dead letter with sequence {seq}[/red] (see 'palace dlq list')")
+        raise typer.Exit(1)
+    if as_json:
+        console.print_json(json.dumps({"seq": d.seq, "headers": d.headers,
+                                       "payload": d.data.decode("utf-8", errors="backslashreplace")}))
+        return
+    text, is_json = payload_preview(d.data, full=full)
+    console.print(Text(f"dead letter {d.seq} from {d.info.subject}", style="bold"))
+    console.print(Text.assemble(("reason: ", "bold red"), d.info.reason))
+    headers = Table(box=box.SIMPLE, show_header=False, pad_edge=False)
+    headers.add_column("header", no_wrap=True, style="cyan")
+    headers.add_column("value", overflow="fold")
+    for k, v in sorted(d.headers.items()):
+        headers.add_row(Text(k), Text(v))
+    console.print(headers)
+    console.print(Text(f"payload ({d.info.size:,} bytes{', JSON' if is_json else ''}):", style="bold"))
+    console.print(Syntax(text, "json", word_wrap=True) if is_json else Text(text), soft_wrap=False)
 
 
 @dlq_app.command("redrive")
@@ -359,6 +383,67 @@ def dlq_redrive(seq: Annotated[list[int] | None, typer.Option(help="Dead-letter 
         raise typer.Exit(1)
     n = asyncio.run(redrive(s, nats_url, seqs))
     console.print(f"re-drove {n} message(s)")
+
+
+@app.command()
+def mcp(workspace: Annotated[str | None, typer.Option(
+        "--workspace", "-w", help="Workspace this server is bound to (default: PALACE_MCP_WORKSPACE).")] = None,
+        ) -> None:
+    """MCP server over stdio for one workspace (for Claude Desktop, Claude Code, Cursor ...).
+
+    Uses the configured servers (PALACE_DATABASE_URL / PALACE_NATS_URL) or the running embedded stack;
+    with neither, it starts the embedded stack and the pipeline services, and stops them on exit.
+    Nothing but MCP messages is written to stdout; logs go to stderr.
+    """
+    from pydantic import TypeAdapter, ValidationError
+
+    from services.mcp.server import run_stdio
+    from shared.endpoints import StackNotRunning, resolve_urls
+    from shared.events.models import WorkspaceId
+
+    s = Settings()
+    from shared.logging import configure_logging
+
+    configure_logging(s.log_level, s.log_json)  # stderr: stdout belongs to the protocol
+    err = Console(stderr=True)
+    ws = workspace or s.mcp_workspace
+    try:
+        ws = TypeAdapter(WorkspaceId).validate_python(ws)
+    except ValidationError:
+        err.print("[red]palace mcp needs a valid workspace: --workspace or PALACE_MCP_WORKSPACE[/red]")
+        raise typer.Exit(2) from None
+    sup = None
+    try:
+        db, nats_url = resolve_urls(s)
+    except StackNotRunning:
+        if not s.embedded:
+            raise
+        from services.supervisor import ALL_SERVICES, Supervisor
+
+        sup = Supervisor(s, services=[n for n in ALL_SERVICES if n != "api"], log_dir=s.devstack_dir / "logs",
+                         metrics_base_port=s.metrics_port + 1)
+        sup.start_servers()
+        sup.start_services()
+        sup.wait_healthy()
+        db, nats_url = sup.database_url, sup.nats_url
+        # MCP clients end a server by closing stdin, then SIGTERM, then SIGKILL a few seconds later:
+        # SIGTERM must reach the finally below, and the stack must be down before the SIGKILL (what
+        # one leaves behind, the next start recovers).
+        signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        asyncio.run(run_stdio(s, ws, db, nats_url))
+    except KeyboardInterrupt:
+        pass
+    finally:
+        if sup is not None:
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            sup.stop_services(grace=1.0)
+            if sup.stack is not None:
+                sup.stack.stop()
+
+
+def _interrupt(*_: Any) -> None:
+    raise KeyboardInterrupt
 
 
 apikey_app = typer.Typer(help="API keys (stored as hashes; shown once).", no_args_is_help=True)
@@ -425,7 +510,7 @@ def demo(keep: Annotated[bool, typer.Option(help="Leave the stack running afterw
             r = httpx.post(f"{api}/v1/search", json={"workspace_id": DEMO_WORKSPACE, "query": q, "k": 3}, timeout=30)
             ms = (time.perf_counter() - t0) * 1000
             r.raise_for_status()
-            console.print(_hits_table(f"{q}  ({ms:.0f} ms over HTTP)", r.json()["hits"]))
+            console.print(HitsTable(f"{q}  ({ms:.0f} ms over HTTP)", r.json()["hits"]))
         if keep:
             console.print("stack left running; 'palace stack stop' stops the servers")
             sup.children.clear()

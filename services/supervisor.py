@@ -52,6 +52,7 @@ class Supervisor:
 
     settings: Settings
     services: list[str] = field(default_factory=lambda: list(ALL_SERVICES))
+    replicas: int = 1  # processes per consuming service (api and maintain always run once)
     log_dir: Path | None = None
     metrics_base_port: int = 9101
     stack: DevStack | None = None
@@ -75,9 +76,13 @@ class Supervisor:
             log.info("migrations_applied", applied=applied)
 
     def port_of(self, name: str) -> int:
-        """The health/metrics port of a service: the api's own port, else one per worker in
-        ``ALL_SERVICES`` order from ``metrics_base_port`` (ingest 9101, embed 9102, ...)."""
-        return self.settings.api_port if name == "api" else self.metrics_base_port + ALL_SERVICES.index(name)
+        """The health/metrics port of a service process: the api's own port, else one per worker in
+        ``ALL_SERVICES`` order from ``metrics_base_port`` (ingest 9101, embed 9102, ...); replica k of a
+        service (named ``embed-2``, ...) adds 10 × (k - 1)."""
+        service, _, k = name.partition("-")
+        if service == "api":
+            return self.settings.api_port
+        return self.metrics_base_port + ALL_SERVICES.index(service) + 10 * (int(k or 1) - 1)
 
     def endpoints(self) -> dict[str, dict[str, object]]:
         """Where each running service answers: its pid, health (readiness) and metrics URLs."""
@@ -97,13 +102,14 @@ class Supervisor:
         return env
 
     def spawn(self, name: str) -> None:
-        index = ALL_SERVICES.index(name)
+        service = name.partition("-")[0]
+        index = ALL_SERVICES.index(service)
         out: int | object = subprocess.DEVNULL
         if self.log_dir is not None:
             self.log_dir.mkdir(parents=True, exist_ok=True)
             out = open(self.log_dir / f"{name}.log", "ab")  # noqa: SIM115 - owned by the child
         proc = subprocess.Popen(
-            [sys.executable, "-m", f"services.{name}"], env=self._env(name, index),
+            [sys.executable, "-m", f"services.{service}"], env=self._env(name, index),
             stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,  # type: ignore[arg-type]
             preexec_fn=_die_with_parent,
         )
@@ -119,6 +125,9 @@ class Supervisor:
     def start_services(self) -> None:
         for name in self.services:
             self.spawn(name)
+            if name not in ("api", "maintain"):
+                for k in range(2, self.replicas + 1):
+                    self.spawn(f"{name}-{k}")
 
     def poll(self) -> list[str]:
         """Restart services that exited, with exponential backoff. Returns names restarted."""

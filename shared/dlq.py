@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import nats
 from nats.js.errors import NotFoundError
@@ -11,7 +11,7 @@ from shared.bus import dead_letter_info
 from shared.config import Settings
 from shared.events import DeadLetterInfo
 
-__all__ = ["DeadLetter", "list_dead_letters", "redrive"]
+__all__ = ["DeadLetter", "get_dead_letter", "list_dead_letters", "redrive"]
 
 
 @dataclass
@@ -19,6 +19,7 @@ class DeadLetter:
     seq: int
     info: DeadLetterInfo
     data: bytes
+    headers: dict[str, str] = field(default_factory=dict)
 
 
 async def _connect(nats_url: str) -> nats.NATS:
@@ -26,8 +27,8 @@ async def _connect(nats_url: str) -> nats.NATS:
 
 
 async def list_dead_letters(settings: Settings, nats_url: str, *, subject: str | None = None,
-                            limit: int = 1000) -> list[DeadLetter]:
-    """Dead letters in stream order (optionally only those from ``subject``)."""
+                            workspace: str | None = None, limit: int = 1000) -> list[DeadLetter]:
+    """Dead letters in stream order (optionally only those from ``subject`` or of ``workspace``)."""
     nc = await _connect(nats_url)
     try:
         js = nc.jetstream()
@@ -44,12 +45,26 @@ async def list_dead_letters(settings: Settings, nats_url: str, *, subject: str |
             except NotFoundError:
                 continue
             info = dead_letter_info(m.headers).model_copy(update={"stream_seq": seq})
-            if subject and info.subject != subject:
+            if (subject and info.subject != subject) or (workspace and info.workspace_id != workspace):
                 continue
-            out.append(DeadLetter(seq, info, m.data or b""))
+            out.append(DeadLetter(seq, info, m.data or b"", dict(m.headers or {})))
             if len(out) >= limit:
                 break
         return out
+    finally:
+        await nc.close()
+
+
+async def get_dead_letter(settings: Settings, nats_url: str, seq: int) -> DeadLetter | None:
+    """One dead letter by its sequence in the dead-letter stream, headers and payload included."""
+    nc = await _connect(nats_url)
+    try:
+        try:
+            m = await nc.jetstream().get_msg(settings.dlq_stream_name, seq)
+        except NotFoundError:
+            return None
+        info = dead_letter_info(m.headers).model_copy(update={"stream_seq": seq})
+        return DeadLetter(seq, info, m.data or b"", {str(k): str(v) for k, v in (m.headers or {}).items()})
     finally:
         await nc.close()
 

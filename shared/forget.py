@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import nats
-from nats.js.errors import NotFoundError
+from nats.js.errors import BadRequestError, NotFoundError
 from psycopg_pool import AsyncConnectionPool
 
 from shared.config import Settings
@@ -37,6 +37,7 @@ from shared.db import forget as sql
 from shared.db.drawers import as_array
 from shared.db.search import SearchParams, candidates
 from shared.db.tenancy import workspace_tx
+from shared.db.vector_indexes import vector_index_ready
 from shared.ids import content_hash, stable_id
 from shared.logging import get_logger
 from shared.memory.filing import SessionPlan, embedding_text
@@ -46,6 +47,7 @@ __all__ = ["ForgetResult", "Scope", "Targets", "drop_forgotten_drawers", "forget
 log = get_logger("palace.forget")
 Progress = Callable[[str, int], None]
 PROBES = 10
+_SEQUENCE_NOT_FOUND = 10043  # JetStream's JSSequenceNotFoundErr
 
 
 @dataclass(frozen=True)
@@ -150,9 +152,15 @@ async def _purge_streams(settings: Settings, js: Any, scope: Scope, t: Targets) 
         for seq, body in await _scan(js, stream, match):
             if body.get("session_id"):
                 sessions.add(str(body["session_id"]))
-            with contextlib.suppress(NotFoundError):  # acked and gone meanwhile
+            try:
                 await js.delete_msg(stream, seq)
                 deleted += 1
+            except NotFoundError:
+                pass
+            except BadRequestError as e:
+                if e.err_code != _SEQUENCE_NOT_FOUND:
+                    raise
+                # Acked by every consumer (interest retention removed it) between the scan and now.
     return deleted, sessions
 
 
@@ -335,13 +343,14 @@ async def verify(pool: AsyncConnectionPool, settings: Settings, nats_url: str, s
             row = await cur.fetchone()
             out[place] = int(row[0]) if row else 0
         exact = hnsw = 0
+        indexed = await vector_index_ready(conn, ws)
         for content, emb in t.probes:
             # The search paths themselves (shared.db.search.candidates): nearest neighbours by exact
-            # scan and through the HNSW index, full text through the GIN index, probed with the
-            # forgotten texts and vectors.
+            # scan and through the workspace's HNSW index when it has one, full text through the GIN
+            # index, probed with the forgotten texts and vectors.
             for size, key in ((1, "exact"), (None, "hnsw")):
                 _, cands, _ = await candidates(conn, ws, content, as_array(emb), [], SearchParams(),
-                                               workspace_size=size)
+                                               workspace_size=size, vector_index=indexed and key == "hnsw")
                 found = sum(1 for c in cands if c.id in t.drawer_ids)
                 if key == "exact":
                     exact += found

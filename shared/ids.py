@@ -10,8 +10,9 @@ from __future__ import annotations
 import hashlib
 import re
 import unicodedata
+from collections.abc import Iterable
 
-__all__ = ["content_hash", "drawer_id", "event_id_for", "normalize_content", "stable_id"]
+__all__ = ["content_hash", "drawer_id", "event_id_for", "normalize_content", "session_event_id", "stable_id"]
 
 _WS = re.compile(r"\s+")
 
@@ -44,3 +45,12 @@ def drawer_id(workspace_id: str, chash: str) -> str:
 def event_id_for(kind: str, *parts: str) -> str:
     """Deterministic event id for derived events (doubles as the JetStream Nats-Msg-Id)."""
     return stable_id("event", kind, *parts)
+
+
+def session_event_id(workspace_id: str, session_id: str, turns: Iterable[tuple[str, str]]) -> str:
+    """Id of a ``session.completed`` published without one: workspace, session and the (role, content)
+    turns, so re-publishing the same session is recognised as a repeat. The one derivation: ingest
+    (through the event model) and dead-lettering both call it, so a producer finds its rejected
+    event under the id Palace would have given it."""
+    digest = content_hash("\x1e".join(f"{role}\x1f{content}" for role, content in turns))
+    return event_id_for("session.completed", workspace_id, session_id, digest)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from prometheus_client import Counter, Gauge, Histogram
 
 __all__ = [
+    "ACCESS_UPDATES",
     "CONSUMER_ACK_PENDING",
     "CONSUMER_PENDING",
     "DEAD_LETTERED",
@@ -56,3 +57,8 @@ DRAWERS = Counter("palace_drawers_total", "Drawer transitions.", ["service", "ou
 EMBED_TEXTS = Counter("palace_embedded_texts_total", "Texts embedded (cache misses).", ["model"])
 EMBED_SECONDS = Histogram("palace_embed_seconds", "Embedding call latency.", ["model"], buckets=_BUCKETS)
 SEARCH_SECONDS = Histogram("palace_search_seconds", "Search latency.", ["stage"], buckets=_BUCKETS)
+ACCESS_UPDATES = Counter(
+    "palace_access_updates_total",
+    "Drawer access bumps by outcome: written, dropped (buffer full), retried (row locked or pool busy).",
+    ["outcome"],
+)

@@ -17,17 +17,21 @@ from pydantic import BaseModel, Field
 
 from services._runtime import QuietServer
 from services.api.routes_forget import router as forget_router
+from services.api.routes_memory import router as memory_router
+from services.mcp.server import McpHttpEndpoint
 from shared.bus import build_broker, ensure_streams, publish_event
 from shared.config import Settings
 from shared.db.apikeys import workspace_for_key
 from shared.db.migrate import apply_migrations
 from shared.db.pool import open_pool
-from shared.db.search import SearchHit
+from shared.db.search import SearchHit, SearchParams
 from shared.db.tenancy import key_lookup_tx, workspace_tx
 from shared.endpoints import resolve_urls
 from shared.events import SessionCompleted
 from shared.events.models import WorkspaceId
 from shared.logging import configure_logging, get_logger
+from shared.palace_graph import PalaceGraph
+from shared.palace_ops import PalaceOps
 from shared.recall import Recaller
 from shared.security import key_id_of
 
@@ -45,8 +49,9 @@ class SearchRequest(BaseModel):
 class SearchResponse(BaseModel):
     workspace_id: str
     query: str
-    hits: list[SearchHit] = Field(description="Best first. `dense` and `text` are the two signals, each "
-                                  "min-max normalised over the candidates; `score` is the fused rank.")
+    hits: list[SearchHit] = Field(description="Best first by `score`, a 0–1 relevance on the same scale in every "
+                                  "workspace; `citation` is wing/room/short id; `explanation` is each signal's "
+                                  "share of the score.")
 
 
 class Accepted(BaseModel):
@@ -85,6 +90,7 @@ async def _authorize(request: Request, workspace_id: str) -> None:
 def create_app(settings: Settings) -> FastAPI:
     """Build the API; servers are connected in the lifespan, once."""
     state: dict[str, Any] = {}
+    mcp_endpoint = McpHttpEndpoint(settings, lambda: state["pool"])
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -101,10 +107,15 @@ def create_app(settings: Settings) -> FastAPI:
         broker = build_broker(settings, "api", nats_url)
         await broker.connect()
         await ensure_streams(broker, settings)
-        state.update(pool=pool, broker=broker, recaller=Recaller(pool, embedder))
+        recaller = Recaller(pool, embedder, SearchParams.from_settings(settings),
+                            vector_index_min=settings.vector_index_min_drawers)
+        state.update(pool=pool, broker=broker, recaller=recaller)
         app.state.recaller = state["recaller"]
         app.state.pool = pool
-        yield
+        mcp = mcp_endpoint.attach(PalaceOps(settings=settings, pool=pool, recaller=state["recaller"], broker=broker,
+                                            graph=PalaceGraph(pool)))
+        async with mcp.session_manager.run():
+            yield
         await state["recaller"].drain()
         await broker.stop()
         await pool.close()
@@ -116,7 +127,10 @@ def create_app(settings: Settings) -> FastAPI:
     )
     app.state.settings = settings
     app.mount("/metrics", make_asgi_app())
+    app.include_router(memory_router)
     app.include_router(forget_router)
+    # MCP over streamable HTTP; each request is bound to its bearer key's workspace (services/mcp).
+    app.router.add_route("/mcp", mcp_endpoint, methods=["GET", "POST", "DELETE"], include_in_schema=False)
 
     @app.middleware("http")
     async def limit_body(request: Request, call_next: Any) -> Any:

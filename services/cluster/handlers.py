@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+
 from nats.aio.msg import Msg
 
 from services._runtime import Deps
 from shared.bus import decode_event
-from shared.db.drawers import drawers_by_id, older_twins, record_history
-from shared.db.tenancy import workspace_tx
+from shared.db.drawers import drawers_by_id, drawers_missing_bands, older_twins, record_history, set_dedup_bands
+from shared.db.tenancy import maintenance_tx, workspace_tx
 from shared.events import DrawerClassified, EntityUpserted
-from shared.memory.dedup import decide
+from shared.memory.dedup import decide, wording_bands
 from shared.metrics import DRAWERS
 
-__all__ = ["DURABLE", "DURABLE_ENTITIES", "register"]
+__all__ = ["DURABLE", "DURABLE_ENTITIES", "backfill_bands", "register"]
 
 DURABLE = "cluster"
 DURABLE_ENTITIES = "cluster-entities"
@@ -31,7 +34,9 @@ def register(deps: Deps) -> None:
             for r in rows:
                 if r.state != "processed" or r.embedding is None:
                     continue
-                twins = await older_twins(conn, ev.workspace_id, r.id, r.embedding)
+                # Ingest stored the bands with the row (the backfill below covers older drawers).
+                twins = await older_twins(conn, ev.workspace_id, r.id, r.embedding,
+                                          wording_bands(ev.workspace_id, r.content))
                 d = decide(r.content, twins, s.dedup_threshold)
                 if d.action == "MERGE":
                     decisions.append((r.id, d))
@@ -62,3 +67,22 @@ def register(deps: Deps) -> None:
                     WHERE e.workspace_id = %(ws)s AND e.id = m.entity_id""",
                 {"ws": ev.workspace_id, "ids": ev.entity_ids},
             )
+
+
+async def backfill_bands(deps: Deps, stop: asyncio.Event) -> None:
+    """Give drawers processed before wording bands existed their bands, in small batches, so the
+    near-duplicate check finds them too. Idempotent: replicas racing on a batch write the same values."""
+    while not stop.is_set():
+        done = 0
+        with contextlib.suppress(Exception):  # retried next round; a failure here never stops the service
+            async with maintenance_tx(deps.pool) as conn:
+                rows = await drawers_missing_bands(conn, 500)
+                by_ws: dict[str, list[tuple[str, list[int]]]] = {}
+                for ws, did, content in rows:
+                    by_ws.setdefault(ws, []).append((did, wording_bands(ws, content)))
+                for ws, items in by_ws.items():
+                    await set_dedup_bands(conn, ws, items)
+                done = len(rows)
+        if done < 500:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), 60.0)

@@ -34,11 +34,8 @@ def register(deps: Deps) -> None:
             from shared.bus import Poison
 
             raise Poison(f"session has {len(event.messages)} messages; the limit is {s.max_messages_per_session}")
-        too_long = [i for i, m in enumerate(event.messages) if len(m.content) > s.max_message_chars]
-        if too_long:
-            from shared.bus import Poison
-
-            raise Poison(f"messages {too_long[:5]} exceed {s.max_message_chars} characters")
+        # No per-message length limit: a long message is chunked like any other (decode_event already
+        # bounded the whole event by max_event_bytes).
         plan = plan_session(event, chunk_chars=s.chunk_chars, chunk_overlap=s.chunk_overlap, min_chars=s.min_chars)
         async with workspace_tx(deps.pool, event.workspace_id) as conn:
             # Forgotten (this session, its user or agent, the workspace)? An event still in flight,

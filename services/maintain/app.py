@@ -8,6 +8,7 @@ import os
 import socket
 
 from services._runtime import Deps, WorkerSpec, run_worker
+from services.maintain.indexes import vector_index_loop
 from shared.lifecycle import JOBS, run_job
 from shared.logging import get_logger
 
@@ -46,7 +47,7 @@ async def maintenance_loop(deps: Deps, stop: asyncio.Event) -> None:
             await asyncio.wait_for(stop.wait(), deps.settings.maintain_interval_s)
 
 
-SPEC = WorkerSpec(name="maintain", register=lambda deps: None, background=[maintenance_loop])
+SPEC = WorkerSpec(name="maintain", register=lambda deps: None, background=[maintenance_loop, vector_index_loop])
 
 
 def main() -> None:

@@ -10,7 +10,12 @@ __all__ = ["build_embedder"]
 
 def build_embedder(settings: Settings) -> Embedder:
     """The embedder the configuration asks for: a remote OpenAI-compatible one when
-    ``PALACE_EMBED_BASE_URL`` is set (or provider is 'openai'), else the bundled local model."""
+    ``PALACE_EMBED_BASE_URL`` is set (or provider is 'openai'), the lexical hashing embedder for
+    'hash' (benchmarks of the pipeline itself), else the bundled local model."""
+    if settings.embed_provider == "hash":
+        from shared.adapters.hash_embedder import HashEmbedder
+
+        return HashEmbedder(settings.embed_dim)
     if settings.embed_base_url or settings.embed_provider == "openai":
         from shared.adapters.openai_embedder import OpenAIEmbedder, OpenAIEmbedderConfig
 

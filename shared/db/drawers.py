@@ -14,15 +14,18 @@ from psycopg.types.json import Jsonb
 from shared.ids import stable_id
 
 __all__ = [
+    "OLDER_TWINS_SQL",
     "DrawerRow",
     "as_array",
     "cached_embeddings",
     "drawers_by_id",
+    "drawers_missing_bands",
     "note_failure",
     "older_twins",
     "record_history",
     "save_classifications",
     "save_embeddings",
+    "set_dedup_bands",
 ]
 
 
@@ -173,24 +176,49 @@ async def record_history(
     )
 
 
+# Candidates from the wording index (palace_wording_candidates, migration 0017: capped, this workspace
+# only), then the live, older ones by embedding distance.
+OLDER_TWINS_SQL = """
+    WITH me AS (SELECT filed_at FROM drawers WHERE workspace_id = %(ws)s AND id = %(id)s)
+    SELECT d.id, 1 - (d.embedding <=> %(emb)s) AS sim, d.content
+      FROM palace_wording_candidates(%(ws)s, %(bands)s::bigint[], 200) c
+      JOIN drawers d ON d.workspace_id = %(ws)s AND d.id = c.id, me
+     WHERE d.id <> %(id)s AND d.state = 'processed' AND d.deleted_at IS NULL AND d.embedding IS NOT NULL
+       AND (d.filed_at, d.id) < (me.filed_at, %(id)s)
+     ORDER BY d.embedding <=> %(emb)s LIMIT %(n)s
+"""
+
+
 async def older_twins(
-    conn: AsyncConnection[Any], workspace_id: str, drawer_id: str, embedding: np.ndarray, limit: int = 5
+    conn: AsyncConnection[Any], workspace_id: str, drawer_id: str, embedding: np.ndarray, bands: list[int],
+    limit: int = 5,
 ) -> list[tuple[str, float, str]]:
-    """Nearest live, processed drawers filed before this one: (id, cosine, content), nearest first.
+    """Live, processed drawers filed before this one that share a wording band with it (same workspace:
+    the bands are keyed by it), nearest in embedding first: (id, cosine, content).
 
     Only older drawers qualify, so two near-duplicates classified at the same moment can never
     merge into each other (the newer one merges into the older one; the older one finds no twin).
     """
     async with conn.cursor(row_factory=dict_row) as cur:
-        await cur.execute(
-            """
-            WITH me AS (SELECT filed_at FROM drawers WHERE workspace_id = %(ws)s AND id = %(id)s)
-            SELECT d.id, 1 - (d.embedding <=> %(emb)s) AS sim, d.content FROM drawers d, me
-             WHERE d.workspace_id = %(ws)s AND d.id <> %(id)s AND d.state = 'processed' AND d.deleted_at IS NULL
-               AND d.embedding IS NOT NULL AND (d.filed_at, d.id) < (me.filed_at, %(id)s)
-             ORDER BY (d.embedding <=> %(emb)s) + 0 LIMIT %(n)s
-            """,
-            {"ws": workspace_id, "id": drawer_id, "emb": embedding, "n": limit},
-        )
+        await cur.execute(OLDER_TWINS_SQL, {"ws": workspace_id, "id": drawer_id, "emb": embedding, "bands": bands,
+                                            "n": limit})
         rows = await cur.fetchall()
     return [(r["id"], float(r["sim"]), r["content"]) for r in rows]
+
+
+async def set_dedup_bands(conn: AsyncConnection[Any], workspace_id: str, rows: list[tuple[str, list[int]]]) -> None:
+    """Record drawers' wording bands, so later drawers find them as candidates."""
+    for drawer_id, bands in rows:
+        await conn.execute("UPDATE drawers SET dedup_bands = %s::bigint[] WHERE workspace_id = %s AND id = %s",
+                           (bands, workspace_id, drawer_id))
+
+
+async def drawers_missing_bands(conn: AsyncConnection[Any], limit: int) -> list[tuple[str, str, str]]:
+    """(workspace_id, id, content) of processed drawers filed before wording bands existed."""
+    cur = await conn.execute(
+        """SELECT workspace_id, id, content FROM drawers
+            WHERE dedup_bands IS NULL AND state = 'processed' AND deleted_at IS NULL
+            ORDER BY filed_at LIMIT %s""",
+        (limit,),
+    )
+    return [(r[0], r[1], r[2]) for r in await cur.fetchall()]

@@ -149,6 +149,11 @@ async def delete_drawers(conn: AsyncConnection[Any], workspace_id: str, ids: lis
         return {}
     p = {"ws": workspace_id, "ids": ids}
     out: dict[str, int] = {}
+    # The drawers go first: the delete waits for a stage still updating one (classify, cluster) and
+    # takes its row, so whatever that stage wrote beside it (a history row) is committed, and seen by
+    # the statements below; a stage arriving later finds no drawer and writes nothing.
+    cur = await conn.execute("DELETE FROM drawers WHERE workspace_id = %(ws)s AND id = ANY(%(ids)s)", p)
+    out["drawers"] = cur.rowcount
     cur = await conn.execute(
         """UPDATE drawers SET state = 'processed', cluster_id = NULL, updated_at = now()
             WHERE workspace_id = %(ws)s AND cluster_id = ANY(%(ids)s) AND state = 'merged'
@@ -183,8 +188,6 @@ async def delete_drawers(conn: AsyncConnection[Any], workspace_id: str, ids: lis
             WHERE workspace_id = %(ws)s AND drawer_id = ANY(%(ids)s)
               AND (reason IS NOT NULL OR old_value IS NOT NULL OR new_value IS NOT NULL)""", p)
     out["history_scrubbed"] = cur.rowcount
-    cur = await conn.execute("DELETE FROM drawers WHERE workspace_id = %(ws)s AND id = ANY(%(ids)s)", p)
-    out["drawers"] = cur.rowcount
     return out
 
 

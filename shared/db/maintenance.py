@@ -34,7 +34,7 @@ async def stuck_drawers(conn: AsyncConnection[Any], older_than_s: float, max_ret
              FROM (SELECT workspace_id, id FROM drawers
                     WHERE state = 'raw' AND deleted_at IS NULL AND retry_count < %s
                       AND updated_at < now() - make_interval(secs => %s)
-                    ORDER BY updated_at LIMIT %s FOR UPDATE SKIP LOCKED) s
+                    ORDER BY filed_at LIMIT %s FOR UPDATE SKIP LOCKED) s
             WHERE d.workspace_id = s.workspace_id AND d.id = s.id
         RETURNING d.workspace_id, d.id, d.retry_count""",
         (max_retries, older_than_s, limit),
@@ -42,16 +42,21 @@ async def stuck_drawers(conn: AsyncConnection[Any], older_than_s: float, max_ret
     return [(r[0], r[1], r[2]) for r in await cur.fetchall()]
 
 
-async def fail_exhausted(conn: AsyncConnection[Any], older_than_s: float, max_retries: int) -> int:
+async def fail_exhausted(conn: AsyncConnection[Any], older_than_s: float, max_retries: int,
+                         limit: int = 1000) -> int:
     """Drawers still raw after every re-drive are marked failed, with the reason (and the last
-    error a stage recorded, e.g. the embedding endpoint's answer); never deleted."""
+    error a stage recorded, e.g. the embedding endpoint's answer); never deleted. At most ``limit``
+    a round, found through the idle-raw index (migration 0018)."""
     cur = await conn.execute(
-        """UPDATE drawers SET state = 'failed', updated_at = now(),
-                  failure_reason = 'still raw after ' || retry_count || ' re-drives'
-                                   || coalesce('; last error: ' || failure_reason, '')
-            WHERE state = 'raw' AND deleted_at IS NULL AND retry_count >= %s
-              AND updated_at < now() - make_interval(secs => %s)""",
-        (max_retries, older_than_s),
+        """UPDATE drawers d SET state = 'failed', updated_at = now(),
+                  failure_reason = 'still raw after ' || d.retry_count || ' re-drives'
+                                   || coalesce('; last error: ' || d.failure_reason, '')
+             FROM (SELECT workspace_id, id FROM drawers
+                    WHERE state = 'raw' AND deleted_at IS NULL AND retry_count >= %s
+                      AND updated_at < now() - make_interval(secs => %s)
+                    ORDER BY filed_at LIMIT %s FOR UPDATE SKIP LOCKED) s
+            WHERE d.workspace_id = s.workspace_id AND d.id = s.id""",
+        (max_retries, older_than_s, limit),
     )
     return cur.rowcount
 

@@ -16,7 +16,7 @@ from importlib import resources
 import psycopg
 from psycopg import sql
 
-__all__ = ["Migration", "apply_migrations", "load_migrations"]
+__all__ = ["Migration", "apply_migrations", "load_migrations", "pending_migrations"]
 
 _LOCK_KEY = 0x5A1ACE  # arbitrary, constant advisory-lock key
 _NAME = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
@@ -97,3 +97,16 @@ def apply_migrations(database_url: str, embed_dim: int) -> list[str]:
         finally:
             conn.execute("SELECT pg_advisory_unlock(%s)", (_LOCK_KEY,))
     return applied
+
+
+def pending_migrations(database_url: str) -> list[str]:
+    """Names of the shipped migrations this database has not applied yet, without changing anything.
+
+    Read-only, so a container that must not run DDL (a Kubernetes initContainer waiting for the
+    migration Job) can poll it until the schema is current.
+    """
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        row = conn.execute("SELECT to_regclass('schema_migrations') IS NOT NULL").fetchone()
+        done = {v for (v,) in conn.execute("SELECT version FROM schema_migrations").fetchall()} if row and row[0] \
+            else set()
+    return [f"{m.version:04d}_{m.name}" for m in load_migrations() if m.version not in done]

@@ -8,11 +8,12 @@
    for two of the query's lexemes together (an OR of pairs): a plain OR matched 27% of a 100k-drawer
    workspace and ranking every match cost ~170 ms (bench/search.py); and at most ``fts_scan_max``
    matching rows are ranked, which bounds the tail. It goes through the migration-0003 function, so
-   the GIN index serves it under row-level security. The HNSW index is shared by all workspaces and
-   pgvector 0.6 filters *after* the graph walk, so a small workspace in a big table would get only a
-   handful of its own neighbours; workspaces under ``exact_max`` drawers therefore get an exact scan
-   (``+ 0`` keeps the planner off the index), larger ones the HNSW index with a raised
-   ``hnsw.ef_search``. The exact scan is cheap only because embeddings stay inline in the heap
+   the GIN index serves it under row-level security. Nearest neighbours come from the workspace's own
+   HNSW index once it has one (``shared/db/vector_indexes.py``, migration 0019: pgvector 0.6 filters a
+   shared index only after its walk, so a tenant in a big table would get a handful of its own
+   neighbours), else from an exact scan of the workspace (``+ 0`` keeps the planner off any index). The
+   statement runs unprepared, so it is planned with the workspace as a value and the partial index's
+   predicate matches. The exact scan is cheap only because embeddings stay inline in the heap
    (migration 0004): TOASTed, each distance paid a TOAST fetch and 679 of them took 3.8 ms, 0.8 inline.
 2. Features: per candidate its cosine, its ``tsv`` (content and speaker lexemes), session position,
    importance, age, whether it lies in a window, and the columns a hit shows, all in the same round
@@ -32,10 +33,12 @@ from typing import Any
 import numpy as np
 from psycopg import AsyncConnection
 
-from shared.memory.ranking import Candidate, Ranked, RankParams, rank, tsvector_terms
+from shared.config import Settings
+from shared.memory.citations import cite
+from shared.memory.ranking import Candidate, Explanation, Ranked, RankParams, rank, tsvector_terms
 from shared.memory.timeexpr import date_windows
 
-__all__ = ["SearchHit", "SearchParams", "candidates", "hybrid_search", "touch_access", "workspace_size"]
+__all__ = ["SearchHit", "SearchParams", "candidates", "hybrid_search", "workspace_size"]
 
 
 @dataclass(frozen=True)
@@ -46,16 +49,28 @@ class SearchParams:
     date_candidates: int = 50
     exact_max: int = 5_000
     fts_scan_max: int = 2_000
+    max_terms: int = 16
     rank: RankParams = field(default_factory=RankParams)
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> SearchParams:
+        """The defaults, with the embedding model's cosine band from the settings."""
+        return cls(rank=RankParams(cos_floor=settings.recall_cos_floor, cos_ceiling=settings.recall_cos_ceiling))
 
 
 @dataclass(frozen=True)
 class SearchHit:
+    """One recalled drawer. ``score`` is its 0–1 relevance (the same scale in every workspace; hits come
+    best first by it); ``dense`` and ``text`` are the vector and full-text signals on 0–1; ``citation``
+    (wing/room/short id) is what to cite instead of quoting; ``explanation`` says what each signal added."""
+
     id: str
     content: str
     score: float
     dense: float
     text: float
+    citation: str
+    explanation: Explanation
     memory_type: str | None
     importance: float
     wing: str
@@ -69,10 +84,12 @@ class SearchHit:
 
 _SQL = """
 WITH lex AS (
-    SELECT DISTINCT unnest(tsvector_to_array(to_tsvector('english', %(text)s))) AS l
+    -- The query's first max_terms distinct lexemes: a long query must not become an OR over every pair
+    -- of its words (a cost any caller could otherwise choose).
+    SELECT t.lexeme AS l FROM unnest(to_tsvector('english', %(text)s)) t ORDER BY t.positions[1] LIMIT %(max_terms)s
 ), q AS (
     SELECT CASE WHEN %(exact)s OR (SELECT count(*) FROM lex) < 2
-                THEN replace(plainto_tsquery('english', %(text)s)::text, ' & ', ' | ')
+                THEN (SELECT string_agg(format('%%L', l), ' | ') FROM lex)
                 ELSE (SELECT string_agg(format('(%%L & %%L)', a.l, b.l), ' | ') FROM lex a JOIN lex b ON a.l < b.l)
            END::tsquery AS tsq
 ), fts AS (
@@ -82,14 +99,14 @@ WITH lex AS (
 ), ann_exact AS (
     SELECT d.id
       FROM drawers d
-     WHERE %(use_ann)s AND %(exact)s AND d.workspace_id = %(ws)s AND d.embedding IS NOT NULL
+     WHERE %(use_ann)s AND NOT %(hnsw)s AND d.workspace_id = %(ws)s AND d.embedding IS NOT NULL
        AND d.deleted_at IS NULL AND d.state <> 'merged'
      ORDER BY (d.embedding <=> %(emb)s::vector) + 0
      LIMIT %(n_ann)s
 ), ann_hnsw AS (
     SELECT d.id
       FROM drawers d
-     WHERE %(use_ann)s AND NOT %(exact)s AND d.workspace_id = %(ws)s AND d.embedding IS NOT NULL
+     WHERE %(use_ann)s AND %(hnsw)s AND d.workspace_id = %(ws)s AND d.embedding IS NOT NULL
        AND d.deleted_at IS NULL AND d.state <> 'merged'
      ORDER BY d.embedding <=> %(emb)s::vector
      LIMIT %(n_ann)s
@@ -121,6 +138,7 @@ SELECT d.id, d.session_id, d.seq,
 async def candidates(
     conn: AsyncConnection[Any], workspace_id: str, query: str, embedding: np.ndarray | None,
     windows: list[tuple[datetime, datetime]], params: SearchParams, *, workspace_size: int | None = None,
+    vector_index: bool = False,
 ) -> tuple[list[str], list[Candidate], dict[str, tuple[Any, ...]]]:
     """The query's lexemes, every candidate with the numbers ``rank`` needs, and each candidate's row
     from ``content`` on, to show if it is picked (one round trip: fetching the top k afterwards cost
@@ -128,11 +146,12 @@ async def candidates(
     cur = await conn.execute(_SQL, {
         "text": query, "emb": embedding, "use_ann": embedding is not None, "ws": workspace_id,
         "exact": workspace_size is not None and workspace_size <= params.exact_max,
+        "hnsw": vector_index, "max_terms": params.max_terms,
         "n_ann": params.ann_candidates, "n_fts": params.fts_candidates, "fts_scan": params.fts_scan_max,
         "n_date": params.date_candidates if windows else 0,
         "lo": [w[0] for w in windows], "hi": [w[1] for w in windows],
         "lo_min": min((w[0] for w in windows), default=None), "hi_max": max((w[1] for w in windows), default=None),
-    })
+    }, prepare=False)  # planned with the workspace as a value: the partial vector index can match
     fetched = await cur.fetchall()
     lexemes: list[str] = next((list(r[3]) for r in fetched if r[3]), [])
     cands, rows = [], {}
@@ -151,7 +170,8 @@ def _hits(ranked: list[Ranked], rows: dict[str, tuple[Any, ...]]) -> list[Search
         _, session_id, _, _, _, _, importance, _, _, content, memory_type, wing, room, speaker, role, occurred_at, \
             metadata = rows[r.id]
         out.append(SearchHit(
-            id=r.id, content=content, score=r.score, dense=r.dense, text=r.text, memory_type=memory_type,
+            id=r.id, content=content, score=r.score, dense=r.dense, text=r.text, citation=cite(wing, room, r.id),
+            explanation=r.explanation, memory_type=memory_type,
             importance=float(importance), wing=wing, room=room, session_id=session_id, speaker=speaker, role=role,
             occurred_at=occurred_at, metadata=json.loads(metadata) if metadata else {},
         ))
@@ -161,6 +181,7 @@ def _hits(ranked: list[Ranked], rows: dict[str, tuple[Any, ...]]) -> list[Search
 async def hybrid_search(
     conn: AsyncConnection[Any], workspace_id: str, query: str, embedding: np.ndarray | None,
     params: SearchParams = SearchParams(), *, workspace_size: int | None = None, now: datetime | None = None,
+    vector_index: bool = False,
 ) -> list[SearchHit]:
     """Top-k drawers of one workspace for a query.
 
@@ -170,12 +191,13 @@ async def hybrid_search(
         query: the query text (full text, the speaker signal and time windows).
         embedding: the query's embedding, or None to search without it (embedder down).
         params: candidate counts and fusion weights.
-        workspace_size: live drawers in the workspace, if known: at most ``params.exact_max`` selects the
-            exact nearest-neighbour scan (None: HNSW).
+        workspace_size: live drawers in the workspace, if known: over ``params.exact_max`` the full-text
+            candidates need two of the query's lexemes together.
+        vector_index: the workspace's own HNSW index is ready (else an exact nearest-neighbour scan).
         now: the reference time of relative expressions ("yesterday"); default the current time.
     """
     lexemes, cands, rows = await candidates(conn, workspace_id, query, embedding, date_windows(query, now), params,
-                                            workspace_size=workspace_size)
+                                            workspace_size=workspace_size, vector_index=vector_index)
     return _hits(rank(cands, lexemes, params.rank, params.k), rows)
 
 
@@ -185,13 +207,3 @@ async def workspace_size(conn: AsyncConnection[Any], workspace_id: str) -> int:
         "SELECT count(*) FROM drawers WHERE workspace_id = %s AND deleted_at IS NULL", (workspace_id,))
     row = await cur.fetchone()
     return int(row[0]) if row else 0
-
-
-async def touch_access(conn: AsyncConnection[Any], workspace_id: str, ids: list[str]) -> None:
-    """Recall keeps memories alive: bump access stats of what was returned."""
-    if ids:
-        await conn.execute(
-            "UPDATE drawers SET access_count = access_count + 1, last_accessed_at = now()"
-            " WHERE workspace_id = %s AND id = ANY(%s)",
-            (workspace_id, ids),
-        )

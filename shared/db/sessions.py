@@ -7,6 +7,7 @@ from typing import Any
 from psycopg import AsyncConnection
 from psycopg.types.json import Jsonb
 
+from shared.memory.dedup import wording_bands
 from shared.memory.filing import SessionPlan
 
 __all__ = ["store_session", "unembedded_drawer_ids"]
@@ -51,13 +52,16 @@ async def store_session(conn: AsyncConnection[Any], plan: SessionPlan) -> list[s
             await cur.executemany(
                 """
                 INSERT INTO drawers (workspace_id, id, content, content_hash, wing, room, hall, session_id,
-                                     seq, context, agent_id, user_id, role, speaker, occurred_at, metadata)
-                VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
+                                     seq, context, agent_id, user_id, role, speaker, occurred_at, metadata, dedup_bands)
+                VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
                 ON CONFLICT (workspace_id, id) DO NOTHING
                 RETURNING id
                 """,
                 [(ws, d.id, d.content, d.content_hash, d.wing, d.room or "general", d.hall, e.session_id,
-                  d.seq, d.context, e.agent_id, e.user_id, d.role, d.speaker, d.occurred_at, Jsonb(d.metadata))
+                  d.seq, d.context, e.agent_id, e.user_id, d.role, d.speaker, d.occurred_at, Jsonb(d.metadata),
+                  # Wording bands now, with the row: a later UPDATE of an indexed column would re-insert the
+                  # row into every index (the vector one included).
+                  wording_bands(ws, d.content))
                  for d in plan.drawers],
                 returning=True,
             )

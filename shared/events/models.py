@@ -14,12 +14,11 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
-from shared.ids import content_hash, event_id_for
+from shared.ids import session_event_id
 
 __all__ = [
     "EVENT_MODELS",
     "MAX_MESSAGES",
-    "MAX_MESSAGE_CHARS",
     "SCHEMA_VERSION",
     "DeadLetterInfo",
     "DrawerBatchEvent",
@@ -32,11 +31,11 @@ __all__ = [
     "Message",
     "SessionCompleted",
     "SessionStored",
+    "payload_ids",
 ]
 
 SCHEMA_VERSION = "1"
 MAX_MESSAGES = 10_000
-MAX_MESSAGE_CHARS = 100_000
 
 WorkspaceId = Annotated[
     str,
@@ -107,7 +106,10 @@ class Message(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     role: Literal["user", "assistant", "system", "tool"] = Field(description="Who produced the turn.")
-    content: str = Field(max_length=MAX_MESSAGE_CHARS, description="Verbatim text of the turn.")
+    content: str = Field(
+        description="Verbatim text of the turn, any length: a long turn is chunked at sentence boundaries like "
+        "any other content; the whole event is bounded by PALACE_MAX_EVENT_BYTES."
+    )
     created_at: datetime | None = Field(None, description="When the turn was said (ISO 8601).")
     name: Annotated[str, StringConstraints(max_length=200)] | None = Field(
         None, description="Speaker's display name, when the platform knows it."
@@ -143,11 +145,32 @@ class SessionCompleted(Event):
     @model_validator(mode="after")
     def _derive_event_id(self) -> SessionCompleted:
         if self.event_id is None:
-            digest = content_hash("\x1e".join(f"{m.role}\x1f{m.content}" for m in self.messages))
-            object.__setattr__(
-                self, "event_id", event_id_for("session.completed", self.workspace_id, self.session_id, digest)
-            )
+            object.__setattr__(self, "event_id", session_event_id(
+                self.workspace_id, self.session_id, ((m.role, m.content) for m in self.messages)))
         return self
+
+
+def payload_ids(payload: Any) -> tuple[str | None, str | None]:
+    """(event id, session id) of a raw event payload that may be invalid, for its dead letter.
+
+    The event id is the payload's own, else the one ``SessionCompleted`` derives, computed whenever
+    the fields it is derived from are there with the right types (even if something else in the
+    payload is wrong). Either is None when the payload does not hold it.
+    """
+    if not isinstance(payload, dict):
+        return None, None
+    sid = payload.get("session_id")
+    session_id = str(sid) if isinstance(sid, str | int | float) and not isinstance(sid, bool) else None
+    eid = payload.get("event_id")
+    if isinstance(eid, str | int) and not isinstance(eid, bool) and str(eid):
+        return str(eid), session_id
+    ws, msgs = payload.get("workspace_id"), payload.get("messages")
+    if not (isinstance(ws, str) and isinstance(sid, str) and isinstance(msgs, list) and msgs):
+        return None, session_id
+    turns = [(m.get("role"), m.get("content")) for m in msgs if isinstance(m, dict)]
+    if len(turns) != len(msgs) or not all(isinstance(r, str) and isinstance(c, str) for r, c in turns):
+        return None, session_id
+    return session_event_id(ws, sid, turns), session_id
 
 
 class SessionStored(Event):
@@ -223,8 +246,12 @@ class DeadLetterInfo(BaseModel):
     error_type: str = Field(description="'invalid' (poison input) or the exception class name.")
     deliveries: int = Field(description="Delivery attempts made.")
     failed_at: datetime
-    event_id: str | None = Field(None, description="Event id, when the payload could be parsed that far.")
-    workspace_id: str | None = None
+    event_id: str | None = Field(
+        None, description="Event id: the payload's own, or for a session.completed without one the id ingest "
+        "derives (workspace, session and content); absent only when the payload holds neither.",
+    )
+    workspace_id: str | None = Field(None, description="Workspace, when the payload names one.")
+    session_id: str | None = Field(None, description="Producer's session id, when the payload names one.")
     size: int = Field(description="Payload size in bytes.")
     stream_seq: int | None = Field(None, description="Sequence in the dead-letter stream (when listed).")
 

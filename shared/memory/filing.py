@@ -90,7 +90,7 @@ def _label(value: object, default: str) -> str:
 
 
 def plan_session(
-    event: SessionCompleted, *, chunk_chars: int = 800, chunk_overlap: int = 100, min_chars: int = 12
+    event: SessionCompleted, *, chunk_chars: int = 800, chunk_overlap: int = 100, min_chars: int = 4
 ) -> SessionPlan:
     """Plan every row ingest writes for one ``session.completed`` event.
 

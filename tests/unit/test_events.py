@@ -96,3 +96,13 @@ def test_nul_is_rejected_in_every_event(model: str, payload: dict[str, object]) 
     """Any string field may reach SQL as a parameter, and PostgreSQL refuses NUL on every attempt."""
     with pytest.raises(Poison, match="NUL"):
         decode_event(EVENT_MODELS[model], json.dumps(payload).encode(), Settings())  # type: ignore[arg-type]
+
+
+def test_a_long_message_is_valid_within_the_event_byte_limit() -> None:
+    """No per-message character limit: a long turn is chunked; the event's byte limit bounds it."""
+    s = Settings()
+    ev = {"workspace_id": "w", "session_id": "s", "messages": [{"role": "user", "content": "long. " * 40_000}]}
+    assert len(decode_event(SessionCompleted, json.dumps(ev).encode(), s).messages[0].content) == 240_000
+    too_big = {**ev, "messages": [{"role": "user", "content": "y" * s.max_event_bytes}]}
+    with pytest.raises(Poison, match="exceeds"):
+        decode_event(SessionCompleted, json.dumps(too_big).encode(), s)

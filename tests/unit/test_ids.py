@@ -21,3 +21,19 @@ def test_drawer_id_is_workspace_scoped_and_stable() -> None:
 
 def test_stable_id_is_unambiguous() -> None:
     assert stable_id("a", "bc") != stable_id("ab", "c")
+
+
+def test_a_dead_letter_gets_the_event_id_ingest_derives() -> None:
+    """One derivation: the model (ingest) and a dead letter of a payload without an id agree."""
+    from shared.events import SessionCompleted, payload_ids
+
+    ev = {"workspace_id": "acme", "session_id": "chat-42",
+          "messages": [{"role": "user", "content": "We chose Postgres."}, {"role": "assistant", "content": "Noted."}]}
+    derived = SessionCompleted.model_validate(ev).event_id
+    assert payload_ids(ev) == (derived, "chat-42")
+    assert payload_ids({**ev, "surprise": 1}) == (derived, "chat-42"), "other faults do not change the id"
+    assert payload_ids({**ev, "event_id": "mine"}) == ("mine", "chat-42")
+    assert payload_ids({**ev, "messages": [{"role": "user", "content": 5}]}) == (None, "chat-42")
+    assert payload_ids({**ev, "session_id": 17}) == (None, "17")
+    assert payload_ids({**ev, "session_id": True}) == (None, None)
+    assert payload_ids([ev]) == (None, None)

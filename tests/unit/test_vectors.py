@@ -16,3 +16,15 @@ def test_as_array_converts_pgvector_vector() -> None:
 def test_as_array_passes_arrays_and_lists_through() -> None:
     assert as_array(np.array([1.0, 2.0])).dtype == np.float32
     assert as_array([3.0]).tolist() == [3.0]
+
+
+async def test_hash_embedder_is_deterministic_unit_length_and_lexical() -> None:
+    from shared.adapters.hash_embedder import HashEmbedder
+
+    e = HashEmbedder(384)
+    docs = await e.embed_documents(["We moved the database to Postgres.", "we MOVED the database to postgres",
+                                    "Bananas are yellow."])
+    assert docs.shape == (3, 384) and docs.dtype == np.float32
+    assert np.allclose(np.linalg.norm(docs, axis=1), 1.0, atol=1e-5)
+    assert float(docs[0] @ docs[1]) > 0.99 and abs(float(docs[0] @ docs[2])) < 0.5
+    assert np.array_equal(await e.embed_query("Bananas are yellow."), docs[2])

@@ -1,0 +1,147 @@
+"""Pipeline throughput with the model taken out: how many conversation messages a second the bus, the
+database and the services carry, per stage and end to end, with one and with two replicas per service.
+
+Embedding is the hashing embedder (``PALACE_EMBED_PROVIDER=hash``: real lexical vectors at almost no
+cost), so what is measured is Palace itself. Every consuming service runs (ingest, embed, classify,
+cluster, enrich). Sessions are published as fast as JetStream acks them; a stage's rate is the run's
+messages over the time from the first publish until that stage had handled all of them, and end to
+end is published → every drawer processed. Both configurations run on one stack in one process,
+one after the other, each on a fresh workspace.
+
+The last line is ``end_to_end_msg_per_s=N replicas=R`` for the better configuration.
+
+    .venv/bin/python bench/pipeline.py [--sessions 1000] [--messages-per-session 10]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import random
+import time
+import uuid
+from typing import Any
+
+from _common import (
+    BENCH_STACK,
+    bench_lock,
+    bench_settings,
+    console,
+    free_port_block,
+    load_locomo,
+    machine_info,
+    prepare_process,
+    settle_drawers,
+    start_servers,
+    warn_if_busy,
+    write_results,
+)
+from ingest import build_workload, cleanup_workspace, cpu_seconds, run_pipeline
+from rich.table import Table
+
+SERVICES = ["ingest", "embed", "classify", "cluster", "enrich"]
+
+
+def run_config(settings: Any, turns: list[Any], args: argparse.Namespace, replicas: int) -> dict[str, Any]:
+    """One configuration on its own stack start: services up, publish, wait, measure, stop."""
+    from services.supervisor import Supervisor
+
+    workspace = f"bench-pipeline-{uuid.uuid4().hex[:8]}"
+    work = build_workload(turns, settings, args.sessions, args.messages_per_session, args.seed, workspace)
+    sup = Supervisor(settings, services=list(SERVICES), replicas=replicas, log_dir=BENCH_STACK / "logs",
+                     metrics_base_port=free_port_block(40), env={"PALACE_EMBED_PROVIDER": "hash"})
+    try:
+        with console.status("starting PostgreSQL and NATS ..."):
+            start_servers(sup)
+        settle_drawers(sup.database_url, owned=settings.database_url is None)
+        sup.start_services()
+        with console.status(f"{replicas} replica(s) of {', '.join(SERVICES)}: waiting for them to be ready ..."):
+            sup.wait_healthy()
+
+        def dead() -> list[str]:
+            return [n for n, c in sup.children.items() if c.proc.poll() is not None]
+
+        cpu0, wall0 = cpu_seconds(sup), time.perf_counter()
+        result = asyncio.run(run_pipeline(settings, sup.nats_url, sup.database_url, work, args.timeout,
+                                          args.publish_concurrency, dead))
+        cpu1, wall1 = cpu_seconds(sup), time.perf_counter()
+        result["cpu_seconds"] = {k: cpu1[k] - cpu0[k] for k in cpu1 if k in cpu0}
+        result["cpu_wall_s"] = wall1 - wall0
+        asyncio.run(cleanup_workspace(sup.database_url, workspace))
+    finally:
+        with console.status("stopping services ..."):
+            sup.stop()
+
+    def rate(seconds: float | None) -> float:
+        return work.messages / seconds if seconds else 0.0
+
+    return {
+        "replicas": replicas, "messages": work.messages, "drawers": result["expected_drawers"],
+        "completed": result["completed"],
+        "rates_msg_per_s": {
+            "publish": rate(result["publish_s"]),
+            "ingest (all filed)": rate(result["all_filed_s"]),
+            "embed (all embedded)": rate(result["all_embedded_s"]),
+            "classify (all processed)": rate(result["end_to_end_s"] if result["completed"] else None),
+        },
+        "end_to_end_msg_per_s": rate(result["end_to_end_s"]) if result["completed"] else 0.0,
+        "pipeline": result,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sessions", type=int, default=1000, help="session.completed events per configuration")
+    ap.add_argument("--messages-per-session", type=int, default=10, help="turns per session")
+    ap.add_argument("--seed", type=int, default=0, help="picks where in LoCoMo the turns start")
+    ap.add_argument("--replicas", default="1,2", help="configurations to measure, e.g. 1,2")
+    ap.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for every drawer")
+    ap.add_argument("--publish-concurrency", type=int, default=64, help="JetStream publishes in flight")
+    args = ap.parse_args()
+    prepare_process()
+    with bench_lock():
+        _run(args)
+
+
+def _run(args: argparse.Namespace) -> None:
+    load_at_start = warn_if_busy()
+    settings = bench_settings(embed_provider="hash")
+    turns, _ = load_locomo()
+    random.seed(args.seed)
+    configs = [int(r) for r in args.replicas.split(",") if r.strip()]
+    console.print(f"[bold]bench/pipeline[/bold]: {args.sessions} sessions × {args.messages_per_session} messages "
+                  f"per configuration, replicas {configs}, hashing embedder")
+    runs = [run_config(settings, turns, args, r) for r in configs]
+    best = max(runs, key=lambda r: r["end_to_end_msg_per_s"])
+    out = {"bench": "pipeline", "config": vars(args), "runs": runs, "best_replicas": best["replicas"],
+           "machine": {**machine_info(), "loadavg_1m_at_start": load_at_start}}
+    path = write_results("pipeline", out)
+
+    t = Table(title=f"pipeline throughput, messages/s ({out['machine']['cpus']} cores, hashing embedder)")
+    t.add_column("stage")
+    for r in runs:
+        t.add_column(f"{r['replicas']} replica(s)", justify="right")
+    for stage in runs[0]["rates_msg_per_s"]:
+        t.add_row(stage, *(f"{r['rates_msg_per_s'][stage]:,.0f}" for r in runs))
+    t.add_row("[bold]end to end (published → processed)",
+              *(f"[bold]{r['end_to_end_msg_per_s']:,.0f}" + ("" if r["completed"] else " [red]INCOMPLETE")
+                for r in runs))
+    console.print(t)
+    c = Table(title="CPU seconds per process group during each run")
+    c.add_column("process")
+    for r in runs:
+        c.add_column(f"{r['replicas']} replica(s)", justify="right")
+    def group(process: str) -> str:  # "embed-2" is a replica of embed; nats-server stays itself
+        return process if process == "nats-server" else process.partition("-")[0]
+
+    names = sorted({group(n) for r in runs for n in r["pipeline"]["cpu_seconds"]})
+    for name in names:
+        c.add_row(name, *(f"{sum(v for k, v in r['pipeline']['cpu_seconds'].items() if group(k) == name):.1f}"
+                          for r in runs))
+    console.print(c)
+    console.print(f"results: {path.relative_to(path.parents[2])}")
+    print(f"end_to_end_msg_per_s={best['end_to_end_msg_per_s']:.0f} replicas={best['replicas']}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,55 @@
+"""maintain's index builder: the per-workspace HNSW indexes that search asked for, one at a time, under
+a lease (one replica builds; a build of a large workspace takes minutes and must not run twice)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import socket
+
+from services._runtime import Deps
+from shared.db.maintenance import take_lease
+from shared.db.tenancy import maintenance_tx
+from shared.db.vector_indexes import build_vector_index, wanted_vector_indexes
+from shared.endpoints import resolve_urls
+from shared.logging import get_logger
+
+__all__ = ["vector_index_loop"]
+
+log = get_logger("palace.maintain")
+_LEASE_S = 6 * 3600.0  # longer than any build; a crashed builder's lease expires and another takes over
+
+
+async def build_wanted(deps: Deps, holder: str) -> int:
+    """Build every wanted index if this replica holds the lease; returns how many were built."""
+    async with maintenance_tx(deps.pool) as conn:
+        if not await take_lease(conn, "vector_indexes", holder, _LEASE_S, 0.0):
+            return 0
+        wanted = await wanted_vector_indexes(conn)
+    built = 0
+    try:
+        db_url, _ = resolve_urls(deps.settings)
+        for ws, name in wanted:
+            log.info("vector_index_building", workspace_id=ws, index=name)
+            try:
+                await build_vector_index(db_url, ws, name)
+            except Exception as e:
+                log.warning("vector_index_failed", workspace_id=ws, index=name, error=repr(e)[:300], exc_info=e)
+                continue
+            built += 1
+            log.info("vector_index_ready", workspace_id=ws, index=name)
+    finally:
+        async with maintenance_tx(deps.pool) as conn:  # release: the next round may start at once
+            await conn.execute("UPDATE job_leases SET expires_at = now() WHERE workspace_id = '*' AND job = %s"
+                               " AND holder = %s", ("vector_indexes", holder))
+    return built
+
+
+async def vector_index_loop(deps: Deps, stop: asyncio.Event) -> None:
+    holder = f"{socket.gethostname()}:{os.getpid()}"
+    while not stop.is_set():
+        with contextlib.suppress(Exception):  # retried next round; never kills the service
+            await build_wanted(deps, holder)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), deps.settings.maintain_interval_s)

@@ -1,0 +1,314 @@
+"""The MCP tools: MemPalace's names and meanings, each a thin call into shared.palace_ops / palace_graph.
+
+A tool never takes a workspace: the connection is bound to one (an API key over HTTP, configuration
+over stdio) and ``bound(ctx)`` is the only way a tool learns it. Adding a tool is one decorated
+function here: its docstring is the description an LLM reads, its annotated parameters (pydantic
+``Field`` descriptions and bounds) the input schema, its return annotation the output schema.
+For a tool over another library module (the knowledge graph, the layers), take the pool from the
+binding and the workspace from ``bound``, e.g.::
+
+    @tool(READ)
+    async def memory_kg_stats(ctx: Context) -> KgStatsOut:
+        # docstring: "Entity and triple counts of the knowledge graph, and its relationship types."
+        ops, ws = bound(ctx)
+        async with workspace_tx(ops.pool, ws) as conn:
+            return KgStatsOut.model_validate(await kg.stats(conn, ws))
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Awaitable, Callable
+from typing import Annotated, Any, ParamSpec, TypeVar
+
+from mcp.server.mcpserver import Context
+from mcp.server.mcpserver.exceptions import ToolError
+from mcp.types import ToolAnnotations
+from pydantic import BaseModel, Field
+
+from shared.palace_graph import GraphStats, RoomVisit, Tunnel
+from shared.palace_ops import (
+    Accepted,
+    Deleted,
+    DrawerOut,
+    Duplicate,
+    Hit,
+    IdentityOut,
+    OperationError,
+    PalaceOps,
+    Status,
+)
+
+__all__ = ["TOOLS", "Binding", "ToolSpec", "bound"]
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+class Binding:
+    """What a connection may use: the process's operations and the one workspace it is bound to."""
+
+    def __init__(self, ops: PalaceOps, workspace: Callable[[Context], str]) -> None:
+        self.ops = ops
+        self._workspace = workspace
+
+    def workspace(self, ctx: Context) -> str:
+        return self._workspace(ctx)
+
+
+def bound(ctx: Context) -> tuple[PalaceOps, str]:
+    """The operations and the workspace of the connection this call came in on."""
+    binding: Binding = ctx.mcp_server.palace_binding  # type: ignore[attr-defined]
+    return binding.ops, binding.workspace(ctx)
+
+
+class ToolSpec:
+    def __init__(self, fn: Callable[..., Awaitable[Any]], annotations: ToolAnnotations) -> None:
+        self.fn = fn
+        self.name = fn.__name__
+        self.annotations = annotations
+
+
+TOOLS: list[ToolSpec] = []
+
+READ = ToolAnnotations(read_only_hint=True, destructive_hint=False, idempotent_hint=True, open_world_hint=False)
+WRITE = ToolAnnotations(read_only_hint=False, destructive_hint=False, idempotent_hint=True, open_world_hint=False)
+
+
+def tool(annotations: ToolAnnotations) -> Callable[[Callable[P, Awaitable[R]]], Callable[P, Awaitable[R]]]:
+    """Register a tool; refusals the palace explains (OperationError) reach the model as tool errors."""
+
+    def wrap(fn: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
+        @functools.wraps(fn)
+        async def run(*args: P.args, **kwargs: P.kwargs) -> R:
+            try:
+                return await fn(*args, **kwargs)
+            except OperationError as e:
+                raise ToolError(str(e)) from e
+
+        TOOLS.append(ToolSpec(run, annotations))
+        return run
+
+    return wrap
+
+
+# ------------------------------------------------------------------------------------- argument types
+Name = Annotated[str, Field(min_length=1, max_length=100, pattern=r"^[^\x00-\x1f]+$")]
+WingArg = Annotated[Name, Field(description="Wing name (a person, project or agent; see memory_list_wings).")]
+RoomArg = Annotated[Name, Field(description="Room name (a topic; see memory_list_rooms).")]
+AgentArg = Annotated[Name, Field(description="The agent whose diary this is (its name or id).")]
+Content = Annotated[str, Field(min_length=1, max_length=10_000, description="The memory, verbatim.")]
+
+
+class WingCount(BaseModel):
+    wing: str
+    drawers: int
+
+
+class RoomCount(BaseModel):
+    room: str
+    drawers: int
+
+
+class Wings(BaseModel):
+    wings: list[WingCount]
+
+
+class Rooms(BaseModel):
+    wing: str | None = Field(description="The wing listed, or None for rooms across all wings.")
+    rooms: list[RoomCount]
+
+
+class TaxonomyOut(BaseModel):
+    total_drawers: int
+    wings: dict[str, dict[str, int]] = Field(description="wing → room → drawer count.")
+
+
+class SearchOut(BaseModel):
+    query: str
+    hits: list[Hit] = Field(description="Best first.")
+
+
+class DuplicatesOut(BaseModel):
+    threshold: float
+    is_duplicate: bool
+    matches: list[Duplicate]
+
+
+class TraverseOut(BaseModel):
+    start_room: str
+    found: bool
+    rooms: list[RoomVisit] = Field(description="Breadth-first: the start room (hop 0), then rooms sharing a wing.")
+
+
+class TunnelsOut(BaseModel):
+    tunnels: list[Tunnel]
+
+
+class DiaryOut(BaseModel):
+    agent: str
+    entries: list[DrawerOut] = Field(description="Newest first.")
+
+
+# ------------------------------------------------------------------------------------- read tools
+@tool(READ)
+async def memory_status(ctx: Context) -> Status:
+    """Overview of this memory palace: how many drawers (memories), wings and rooms it holds, how many
+    rooms bridge wings, and the identity text. Call it first to orient yourself."""
+    ops, ws = bound(ctx)
+    return await ops.status(ws)
+
+
+@tool(READ)
+async def memory_list_wings(ctx: Context) -> Wings:
+    """List all wings (top-level areas: people, projects, agents) with their drawer counts."""
+    ops, ws = bound(ctx)
+    tax = await ops.graph.taxonomy(ws)
+    return Wings(wings=[WingCount(wing=w, drawers=n) for w, n in tax.wing_counts().items()])
+
+
+@tool(READ)
+async def memory_list_rooms(
+    ctx: Context, wing: Annotated[Name | None, Field(description="Only rooms of this wing; omit for all.")] = None,
+) -> Rooms:
+    """List rooms (topics inside wings) with their drawer counts, optionally only those of one wing."""
+    ops, ws = bound(ctx)
+    tax = await ops.graph.taxonomy(ws)
+    return Rooms(wing=wing, rooms=[RoomCount(room=r, drawers=n) for r, n in tax.rooms(wing).items()])
+
+
+@tool(READ)
+async def memory_get_taxonomy(ctx: Context) -> TaxonomyOut:
+    """The full wing → room hierarchy with drawer counts: the map of everything remembered."""
+    ops, ws = bound(ctx)
+    tax = await ops.graph.taxonomy(ws)
+    return TaxonomyOut(total_drawers=tax.total, wings=tax.wings)
+
+
+@tool(READ)
+async def memory_search(
+    ctx: Context,
+    query: Annotated[str, Field(min_length=1, max_length=4000,
+                                description="What to recall, in natural language (a question or keywords).")],
+    limit: Annotated[int, Field(ge=1, le=50, description="How many memories to return.")] = 5,
+) -> SearchOut:
+    """Search memories by meaning and wording (hybrid semantic + full-text recall). Returns the best
+    drawers first, each with a citation (wing/room/drawer_id) you can cite instead of quoting."""
+    ops, ws = bound(ctx)
+    return SearchOut(query=query, hits=await ops.search(ws, query, limit))
+
+
+@tool(READ)
+async def memory_check_duplicate(
+    ctx: Context,
+    content: Content,
+    threshold: Annotated[float, Field(ge=0.5, le=1.0, description="Minimum cosine similarity to count as a "
+                                      "duplicate.")] = 0.9,
+    limit: Annotated[int, Field(ge=1, le=20, description="Most matches to return.")] = 5,
+) -> DuplicatesOut:
+    """Check whether a text is already remembered before adding it: drawers at or above the similarity
+    threshold (0.9 by default), the exact same text first."""
+    ops, ws = bound(ctx)
+    matches = await ops.check_duplicate(ws, content, threshold, limit)
+    return DuplicatesOut(threshold=threshold, is_duplicate=bool(matches), matches=matches)
+
+
+@tool(READ)
+async def memory_traverse(
+    ctx: Context,
+    start_room: RoomArg,
+    max_hops: Annotated[int, Field(ge=1, le=5, description="How many wing crossings to follow.")] = 2,
+) -> TraverseOut:
+    """Explore related topics: breadth-first from a room through the wings that share it to their other
+    rooms, up to max_hops away. Use it to find what else is connected to a topic."""
+    ops, ws = bound(ctx)
+    rooms = await ops.graph.traverse(ws, start_room, max_hops)
+    return TraverseOut(start_room=start_room, found=bool(rooms), rooms=rooms)
+
+
+@tool(READ)
+async def memory_find_tunnels(
+    ctx: Context,
+    wing_a: Annotated[Name | None, Field(description="Only rooms that are in this wing.")] = None,
+    wing_b: Annotated[Name | None, Field(description="...and also in this wing.")] = None,
+) -> TunnelsOut:
+    """Find tunnels: rooms (topics) filed under more than one wing, i.e. what connects two people or
+    projects. Give wing_a and wing_b to see only the rooms bridging those two."""
+    ops, ws = bound(ctx)
+    return TunnelsOut(tunnels=await ops.graph.tunnels(ws, wing_a, wing_b))
+
+
+@tool(READ)
+async def memory_graph_stats(ctx: Context) -> GraphStats:
+    """Palace graph overview: wings, rooms, tunnels, edges (pairs of rooms sharing a wing) and rooms per
+    wing."""
+    ops, ws = bound(ctx)
+    return await ops.graph.stats(ws)
+
+
+@tool(READ)
+async def memory_diary_read(
+    ctx: Context,
+    agent: AgentArg,
+    last_n: Annotated[int, Field(ge=1, le=100, description="How many recent entries.")] = 10,
+) -> DiaryOut:
+    """Read an agent's recent diary entries, newest first."""
+    ops, ws = bound(ctx)
+    return DiaryOut(agent=agent, entries=await ops.diary_read(ws, agent, last_n))
+
+
+# ------------------------------------------------------------------------------------- write tools
+@tool(WRITE)
+async def memory_add_drawer(
+    ctx: Context,
+    content: Content,
+    wing: Annotated[Name | None, Field(description="Wing to file it under (a person, project or agent); "
+                                       "default: the agent's wing or 'general'.")] = None,
+    room: Annotated[Name | None, Field(description="Room (topic); default: filed by its classified memory type "
+                                       "(decision, preference, fact, ...).")] = None,
+    hall: Annotated[Name | None, Field(description="Optional finer grouping inside the room.")] = None,
+    agent: Annotated[Name | None, Field(description="The agent storing it (provenance).")] = None,
+) -> Accepted:
+    """Store a new memory verbatim. It is durably queued at once, then filed, embedded and classified by
+    the pipeline within seconds (use memory_check_duplicate first to avoid repeats; the same text is
+    stored once)."""
+    ops, ws = bound(ctx)
+    return await ops.add_drawer(ws, content, wing=wing, room=room, hall=hall, agent=agent)
+
+
+@tool(ToolAnnotations(read_only_hint=False, destructive_hint=True, idempotent_hint=True, open_world_hint=False))
+async def memory_delete_drawer(
+    ctx: Context,
+    drawer_id: Annotated[str, Field(pattern=r"^[0-9a-f]{32}$", description="The drawer's id (from search or a "
+                                    "citation).")],
+    reason: Annotated[str | None, Field(max_length=500, description="Why it should be forgotten (audited).")] = None,
+) -> Deleted:
+    """Remove a memory by drawer id. It stops appearing in search and listings; the deletion is recorded
+    in the audit history and can be undone by an operator."""
+    ops, ws = bound(ctx)
+    return await ops.delete_drawer(ws, drawer_id, reason)
+
+
+@tool(WRITE)
+async def memory_set_identity(
+    ctx: Context,
+    text: Annotated[str, Field(min_length=1, max_length=400, description="Who/what this memory belongs to and "
+                               "how to behave: at most 400 characters, shown at the start of every conversation.")],
+) -> IdentityOut:
+    """Set or replace the identity text (layer L0): the short description loaded at the start of every
+    conversation. The previous text is kept in the audit history."""
+    ops, ws = bound(ctx)
+    return await ops.set_identity(ws, text)
+
+
+@tool(WRITE)
+async def memory_diary_write(
+    ctx: Context,
+    agent: AgentArg,
+    entry: Content,
+    topic: Annotated[Name | None, Field(description="Room of the diary to file it in; default 'journal'.")] = None,
+) -> Accepted:
+    """Write an entry in an agent's own diary (wing 'diary', hall = the agent): notes, reflections, what
+    happened in a session. Stored like any memory and readable with memory_diary_read."""
+    ops, ws = bound(ctx)
+    return await ops.diary_write(ws, agent, entry, topic)

@@ -1,0 +1,83 @@
+"""Per-workspace HNSW indexes (migration 0019): requested by search when a workspace outgrows exact
+scans, built concurrently by maintain, used by search once ready.
+
+Why per workspace: pgvector 0.6 applies the ``workspace_id`` filter after its graph walk, so a shared
+index returns mostly other tenants' neighbours. A partial index (``WHERE workspace_id = '…'``) walks one
+tenant's graph only; search plans it with the workspace as a literal (an unnamed, one-shot statement),
+which is what lets PostgreSQL match the partial index's predicate.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+import psycopg
+from psycopg import AsyncConnection, sql
+
+__all__ = ["build_vector_index", "index_name_for", "request_vector_index", "vector_index_ready",
+           "wanted_vector_indexes"]
+
+
+def index_name_for(workspace_id: str) -> str:
+    """A stable, valid identifier for the workspace's index (workspace ids may hold ``.:@-``)."""
+    return "drawers_hnsw_" + hashlib.sha256(workspace_id.encode()).hexdigest()[:20]
+
+
+async def vector_index_ready(conn: AsyncConnection[Any], workspace_id: str) -> bool:
+    cur = await conn.execute("SELECT state = 'ready' FROM vector_indexes WHERE workspace_id = %s", (workspace_id,))
+    row = await cur.fetchone()
+    return bool(row and row[0])
+
+
+async def request_vector_index(conn: AsyncConnection[Any], workspace_id: str, drawers: int) -> None:
+    """Ask maintain for the workspace's index (once; a failed build is asked for again)."""
+    await conn.execute(
+        """INSERT INTO vector_indexes (workspace_id, index_name, drawers) VALUES (%s, %s, %s)
+           ON CONFLICT (workspace_id) DO UPDATE SET state = 'wanted', drawers = EXCLUDED.drawers,
+                                                    requested_at = now(), error = NULL
+            WHERE vector_indexes.state = 'failed'""",
+        (workspace_id, index_name_for(workspace_id), drawers),
+    )
+
+
+async def wanted_vector_indexes(conn: AsyncConnection[Any], limit: int = 10) -> list[tuple[str, str]]:
+    """(workspace_id, index_name) waiting for a build, oldest request first (maintenance role)."""
+    cur = await conn.execute(
+        "SELECT workspace_id, index_name FROM vector_indexes WHERE state = 'wanted' ORDER BY requested_at LIMIT %s",
+        (limit,),
+    )
+    return [(r[0], r[1]) for r in await cur.fetchall()]
+
+
+async def build_vector_index(database_url: str, workspace_id: str, index_name: str, *, m: int = 16,
+                             ef_construction: int = 64) -> None:
+    """Build the workspace's partial HNSW index without blocking writes (``CONCURRENTLY``: its own
+    autocommit connection, as the login role that owns the table), then mark it ready. A build that
+    fails leaves no invalid index behind and is recorded as failed, to be asked for again."""
+    async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as conn:
+        await conn.execute("SET ROLE palace_maintenance")
+        await conn.execute("UPDATE vector_indexes SET state = 'building' WHERE workspace_id = %s", (workspace_id,))
+        await conn.execute("RESET ROLE")
+        ddl = sql.SQL(
+            "CREATE INDEX CONCURRENTLY IF NOT EXISTS {name} ON drawers USING hnsw (embedding vector_cosine_ops) "
+            "WITH (m = {m}, ef_construction = {ef}) WHERE workspace_id = {ws}"
+        ).format(name=sql.Identifier(index_name), m=sql.Literal(m), ef=sql.Literal(ef_construction),
+                 ws=sql.Literal(workspace_id))
+        try:
+            await conn.execute("SET maintenance_work_mem = '256MB'")
+            await conn.execute(ddl)
+            cur = await conn.execute("SELECT indisvalid FROM pg_index WHERE indexrelid = to_regclass(%s)",
+                                     (index_name,))
+            row = await cur.fetchone()
+            if not (row and row[0]):
+                raise RuntimeError(f"index {index_name} was not built valid")
+        except Exception as e:
+            await conn.execute(sql.SQL("DROP INDEX CONCURRENTLY IF EXISTS {}").format(sql.Identifier(index_name)))
+            await conn.execute("SET ROLE palace_maintenance")
+            await conn.execute("UPDATE vector_indexes SET state = 'failed', error = %s WHERE workspace_id = %s",
+                               (repr(e)[:500], workspace_id))
+            raise
+        await conn.execute("SET ROLE palace_maintenance")
+        await conn.execute("UPDATE vector_indexes SET state = 'ready', ready_at = now() WHERE workspace_id = %s",
+                           (workspace_id,))

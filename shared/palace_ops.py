@@ -1,0 +1,226 @@
+"""What an agent interface can do to one workspace's palace: the operations behind the MCP tools
+(and any other interface that wants the same meanings).
+
+Every method takes the workspace explicitly and runs in a workspace-scoped transaction, so the
+caller's binding (an API key, a configured workspace) is the only thing that decides whose memory
+is reached. Writes of new memory go the pipeline's raw-first way: a ``session.completed`` event is
+published to JetStream (acknowledged durably before we answer), and ingest stores the raw message
+and files the drawer exactly as it does for any producer. Deletion is a soft delete, audited in
+memory_history and reversible.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from faststream.nats import NatsBroker
+from psycopg_pool import AsyncConnectionPool
+from pydantic import BaseModel, Field
+
+from shared.bus import publish_event
+from shared.config import Settings
+from shared.db.drawer_admin import DrawerSummary, diary_entries, restore_drawer, similar_drawers, soft_delete_drawer
+from shared.db.drawers import drawers_by_id
+from shared.db.identity import get_identity, set_identity
+from shared.db.tenancy import workspace_tx
+from shared.events import Message, SessionCompleted
+from shared.ids import content_hash, drawer_id, stable_id
+from shared.memory.filing import plan_session
+from shared.palace_graph import PalaceGraph
+from shared.recall import Recaller
+
+__all__ = [
+    "IDENTITY_MAX_CHARS",
+    "Accepted",
+    "Deleted",
+    "DrawerOut",
+    "Duplicate",
+    "Hit",
+    "IdentityOut",
+    "OperationError",
+    "PalaceOps",
+    "Status",
+]
+
+IDENTITY_MAX_CHARS = 400  # L0's budget, never truncated: longer text is refused, not cut
+DIARY_WING = "diary"
+
+
+class OperationError(ValueError):
+    """A request the palace refuses, with a reason the caller can act on."""
+
+
+class Status(BaseModel):
+    drawers: int = Field(description="Live drawers (not deleted, not merged).")
+    wings: int
+    rooms: int
+    tunnels: int = Field(description="Rooms filed under more than one wing.")
+    identity: str | None = Field(description="The L0 identity text, if set.")
+
+
+class Hit(BaseModel):
+    drawer_id: str
+    citation: str = Field(description="wing/room/drawer_id: cite this instead of quoting.")
+    score: float
+    content: str
+    wing: str
+    room: str
+    memory_type: str | None
+    speaker: str | None
+    occurred_at: datetime | None
+    session_id: str | None
+
+
+class Duplicate(BaseModel):
+    drawer_id: str
+    similarity: float = Field(description="Cosine similarity, 1.0 for the exact same text.")
+    content: str
+    wing: str | None
+    room: str
+
+
+class Accepted(BaseModel):
+    status: str = Field(description="'accepted': durably queued; ingest files it within seconds, then it is "
+                        "embedded and classified.")
+    drawer_ids: list[str] = Field(description="Ids the new drawer(s) get (deterministic from the content).")
+    event_id: str
+    session_id: str
+    wing: str
+    room: str | None = Field(description="None: classification files it in the room of its memory type.")
+    hall: str | None
+
+
+class Deleted(BaseModel):
+    drawer_id: str
+    deleted: bool = Field(description="False when no live drawer has this id (unknown or already deleted).")
+    history_event_id: str
+
+
+class IdentityOut(BaseModel):
+    identity: str
+    previous: str | None
+
+
+class DrawerOut(BaseModel):
+    drawer_id: str
+    content: str
+    wing: str
+    room: str
+    hall: str | None
+    memory_type: str | None
+    written_at: datetime | None = Field(description="When it was said or written.")
+    filed_at: datetime
+
+    @classmethod
+    def of(cls, d: DrawerSummary) -> DrawerOut:
+        return cls(drawer_id=d.id, content=d.content, wing=d.wing, room=d.room, hall=d.hall,
+                   memory_type=d.memory_type, written_at=d.occurred_at, filed_at=d.filed_at)
+
+
+@dataclass
+class PalaceOps:
+    """The shared servers a process holds (pool, embedder via the recaller, bus) and the graph cache."""
+
+    settings: Settings
+    pool: AsyncConnectionPool
+    recaller: Recaller
+    broker: NatsBroker
+    graph: PalaceGraph
+    actor: str = "mcp"
+
+    # ----------------------------------------------------------------------------- reads
+    async def status(self, ws: str) -> Status:
+        tax = await self.graph.taxonomy(ws)
+        stats = await self.graph.stats(ws)
+        async with workspace_tx(self.pool, ws) as conn:
+            identity = await get_identity(conn, ws)
+        return Status(drawers=tax.total, wings=stats.wings, rooms=stats.rooms, tunnels=stats.tunnels,
+                      identity=identity)
+
+    async def search(self, ws: str, query: str, limit: int) -> list[Hit]:
+        hits = await self.recaller.search(ws, query, limit)
+        return [Hit(drawer_id=h.id, citation=f"{h.wing}/{h.room}/{h.id}", score=round(h.score, 4), content=h.content,
+                    wing=h.wing, room=h.room, memory_type=h.memory_type, speaker=h.speaker,
+                    occurred_at=h.occurred_at, session_id=h.session_id) for h in hits]
+
+    async def check_duplicate(self, ws: str, content: str, threshold: float, limit: int) -> list[Duplicate]:
+        """Drawers holding this text: near-duplicates by embedding, nearest first, and the exact same
+        text (same drawer id) even before it has been embedded."""
+        exact_id = drawer_id(ws, content_hash(content))
+        near: list[DrawerSummary] = []
+        if self.recaller.embedder is not None:
+            vec = (await self.recaller.embedder.embed_documents([content]))[0]
+            small = (await self.graph.taxonomy(ws)).total <= self.recaller.params.exact_max
+            async with workspace_tx(self.pool, ws) as conn:
+                near = await similar_drawers(conn, ws, vec, threshold=threshold, limit=limit, exact=small)
+        out = [Duplicate(drawer_id=d.id, similarity=1.0 if d.id == exact_id else round(d.similarity or 0.0, 4),
+                         content=d.content, wing=d.wing, room=d.room) for d in near]
+        if all(d.id != exact_id for d in near):
+            async with workspace_tx(self.pool, ws) as conn:
+                out[:0] = [Duplicate(drawer_id=d.id, similarity=1.0, content=d.content, wing=None, room=d.room)
+                           for d in await drawers_by_id(conn, ws, [exact_id])]
+        return sorted(out, key=lambda d: -d.similarity)[:limit]
+
+    async def diary_read(self, ws: str, agent: str, limit: int) -> list[DrawerOut]:
+        async with workspace_tx(self.pool, ws) as conn:
+            return [DrawerOut.of(d) for d in await diary_entries(conn, ws, agent, limit)]
+
+    # ----------------------------------------------------------------------------- writes
+    async def add_drawer(
+        self, ws: str, content: str, *, wing: str | None = None, room: str | None = None, hall: str | None = None,
+        agent: str | None = None, kind: str = "drawer",
+    ) -> Accepted:
+        """Publish the memory as a one-message ``session.completed`` (raw first, like any producer).
+
+        The session id derives from the content and where it is filed, so retrying the same call is
+        recognised by JetStream's de-duplication and by ingest's upserts: no second drawer.
+        """
+        metadata: dict[str, Any] = {"source": self.actor, "kind": kind}
+        metadata.update({k: v for k, v in (("wing", wing), ("room", room), ("hall", hall)) if v})
+        digest = stable_id(kind, content_hash(content), wing or "", room or "", hall or "")
+        session_id = f"{self.actor}:{kind}:{digest}"
+        now = datetime.now(UTC)
+        event = SessionCompleted(
+            workspace_id=ws, session_id=session_id, agent_id=agent,
+            messages=[Message(role="user", content=content, created_at=now)],
+            started_at=now, completed_at=now, metadata=metadata,
+        )
+        s = self.settings
+        plan = plan_session(event, chunk_chars=s.chunk_chars, chunk_overlap=s.chunk_overlap, min_chars=s.min_chars)
+        if not plan.drawers:
+            raise OperationError(f"nothing to file: the text is empty or noise (under {s.min_chars} characters "
+                                 "or only filler)")
+        await publish_event(self.broker, s, event)
+        first = plan.drawers[0]
+        return Accepted(status="accepted", drawer_ids=[d.id for d in plan.drawers], event_id=event.event_id or "",
+                        session_id=session_id, wing=first.wing, room=first.room or None, hall=first.hall)
+
+    async def delete_drawer(self, ws: str, drawer_id_: str, reason: str | None = None) -> Deleted:
+        event_id = f"{self.actor}-delete:{uuid.uuid4().hex}"
+        async with workspace_tx(self.pool, ws) as conn:
+            done = await soft_delete_drawer(conn, ws, drawer_id_, actor=self.actor, event_id=event_id, reason=reason)
+        return Deleted(drawer_id=drawer_id_, deleted=done, history_event_id=event_id)
+
+    async def restore_drawer(self, ws: str, drawer_id_: str) -> bool:
+        async with workspace_tx(self.pool, ws) as conn:
+            return await restore_drawer(conn, ws, drawer_id_, actor=self.actor,
+                                        event_id=f"{self.actor}-restore:{uuid.uuid4().hex}")
+
+    async def set_identity(self, ws: str, text: str) -> IdentityOut:
+        text = text.strip()
+        if not text:
+            raise OperationError("identity text is empty")
+        if len(text) > IDENTITY_MAX_CHARS:
+            raise OperationError(f"identity is {len(text)} characters; L0 holds at most {IDENTITY_MAX_CHARS} and "
+                                 "is never truncated: shorten it")
+        async with workspace_tx(self.pool, ws) as conn:
+            previous = await set_identity(conn, ws, text, actor=self.actor,
+                                          event_id=f"{self.actor}-identity:{uuid.uuid4().hex}")
+        return IdentityOut(identity=text, previous=previous)
+
+    async def diary_write(self, ws: str, agent: str, entry: str, topic: str | None = None) -> Accepted:
+        return await self.add_drawer(ws, entry, wing=DIARY_WING, room=topic or "journal", hall=agent, agent=agent,
+                                     kind="diary")

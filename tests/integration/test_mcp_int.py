@@ -1,0 +1,266 @@
+"""The MCP server against the real stack: an MCP client session over stdio (``palace mcp`` as a
+subprocess) and over streamable HTTP (the api's /mcp) lists the tools and calls every one of them;
+a key of one workspace never reaches another's drawers."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import httpx2
+from mcp import ClientSession
+from mcp.client.stdio import StdioServerParameters, stdio_client
+from mcp.client.streamable_http import streamable_http_client
+
+from tests.integration.helpers import Stack, api_key_for, ws
+
+EXPECTED_TOOLS = {
+    "memory_status", "memory_list_wings", "memory_list_rooms", "memory_get_taxonomy", "memory_search",
+    "memory_check_duplicate", "memory_traverse", "memory_find_tunnels", "memory_graph_stats", "memory_add_drawer",
+    "memory_delete_drawer", "memory_set_identity", "memory_diary_write", "memory_diary_read",
+}
+
+# (content, wing, room): alice/{music, hiking}, bob/{music, cooking}; music is the tunnel.
+MEMORIES = [
+    ("Alice takes violin lessons every Tuesday evening at the conservatory.", "alice", "music"),
+    ("Alice hiked the whole Kungsleden trail in Lapland last August.", "alice", "hiking"),
+    ("Bob plays bass guitar in a jazz trio on Friday nights.", "bob", "music"),
+    ("Bob bakes sourdough bread with a starter he calls Gerald.", "bob", "cooking"),
+]
+
+
+async def call(session: ClientSession, name: str, **args: Any) -> dict[str, Any]:
+    result = await session.call_tool(name, args)
+    assert not result.is_error, f"{name}: {result.content}"
+    assert result.structured_content is not None, name
+    return result.structured_content
+
+
+async def call_error(session: ClientSession, name: str, **args: Any) -> str:
+    result = await session.call_tool(name, args)
+    assert result.is_error, f"{name} should have failed: {result.structured_content}"
+    return " ".join(getattr(c, "text", "") for c in result.content)
+
+
+def _live_drawers(stack: Stack, w: str) -> int:
+    return stack.sql("SELECT count(*) FROM drawers WHERE workspace_id = %s AND deleted_at IS NULL", (w,))[0][0]
+
+
+async def exercise_every_tool(session: ClientSession, stack: Stack, w: str) -> dict[str, str]:
+    """Call all tools in a fresh workspace ``w`` and check what they return. Returns content → drawer id."""
+    tools = await session.list_tools()
+    assert {t.name for t in tools.tools} == EXPECTED_TOOLS
+    for t in tools.tools:
+        assert t.description and len(t.description) > 40, t.name
+        assert "workspace" not in t.input_schema.get("properties", {}), f"{t.name} must not take a workspace"
+
+    empty = await call(session, "memory_status")
+    assert empty["drawers"] == 0 and empty["identity"] is None
+
+    # Writes go raw-first through the bus; ingest, embed and classify file them.
+    ids: dict[str, str] = {}
+    for content, wing, room in MEMORIES:
+        acc = await call(session, "memory_add_drawer", content=content, wing=wing, room=room, agent="tester")
+        assert acc["status"] == "accepted" and acc["wing"] == wing and acc["room"] == room
+        assert len(acc["drawer_ids"]) == 1
+        ids[content] = acc["drawer_ids"][0]
+    again = await call(session, "memory_add_drawer", content=MEMORIES[0][0], wing="alice", room="music")
+    assert again["drawer_ids"] == [ids[MEMORIES[0][0]]], "the same text is the same drawer"
+    await asyncio.to_thread(stack.wait_processed, w, len(MEMORIES))
+    assert stack.sql("SELECT count(*) FROM messages WHERE workspace_id = %s", (w,))[0][0] == len(MEMORIES)
+    assert "noise" in await call_error(session, "memory_add_drawer", content="ok")
+
+    status = await call(session, "memory_status")
+    assert (status["drawers"], status["wings"], status["rooms"], status["tunnels"]) == (4, 2, 3, 1)
+    wings = await call(session, "memory_list_wings")
+    assert wings["wings"] == [{"wing": "alice", "drawers": 2}, {"wing": "bob", "drawers": 2}]
+    rooms = await call(session, "memory_list_rooms", wing="bob")
+    assert rooms["rooms"] == [{"room": "cooking", "drawers": 1}, {"room": "music", "drawers": 1}]
+    all_rooms = await call(session, "memory_list_rooms")
+    assert {r["room"]: r["drawers"] for r in all_rooms["rooms"]} == {"cooking": 1, "hiking": 1, "music": 2}
+    tax = await call(session, "memory_get_taxonomy")
+    assert tax == {"total_drawers": 4, "wings": {"alice": {"hiking": 1, "music": 1}, "bob": {"cooking": 1, "music": 1}}}
+
+    near = await call(session, "memory_traverse", start_room="cooking", max_hops=1)
+    assert [(r["room"], r["hop"], r["via_wing"]) for r in near["rooms"]] == [("cooking", 0, None), ("music", 1, "bob")]
+    far = await call(session, "memory_traverse", start_room="cooking", max_hops=2)
+    assert [(r["room"], r["hop"]) for r in far["rooms"]] == [("cooking", 0), ("music", 1), ("hiking", 2)]
+    assert (await call(session, "memory_traverse", start_room="nowhere"))["found"] is False
+
+    tunnels = await call(session, "memory_find_tunnels")
+    assert tunnels["tunnels"] == [{"room": "music", "wings": ["alice", "bob"], "drawers": 2}]
+    assert len((await call(session, "memory_find_tunnels", wing_a="alice", wing_b="bob"))["tunnels"]) == 1
+    assert (await call(session, "memory_find_tunnels", wing_a="alice", wing_b="carol"))["tunnels"] == []
+    gstats = await call(session, "memory_graph_stats")
+    assert (gstats["wings"], gstats["rooms"], gstats["tunnels"], gstats["edges"]) == (2, 3, 1, 2)
+
+    found = await call(session, "memory_search", query="When are Alice's violin lessons?", limit=3)
+    top = found["hits"][0]
+    assert top["content"] == MEMORIES[0][0]
+    assert top["citation"] == f"alice/music/{ids[MEMORIES[0][0]]}"
+    scores = [h["score"] for h in found["hits"]]
+    assert scores == sorted(scores, reverse=True)
+    assert "limit" in await call_error(session, "memory_search", query="x", limit=500)
+
+    dup = await call(session, "memory_check_duplicate", content=MEMORIES[3][0])
+    assert dup["is_duplicate"] and dup["matches"][0]["drawer_id"] == ids[MEMORIES[3][0]]
+    assert dup["matches"][0]["similarity"] >= 0.99
+    fresh = await call(session, "memory_check_duplicate", content="The quarterly VAT return is due on the 7th.")
+    assert fresh == {"threshold": 0.9, "is_duplicate": False, "matches": []}
+
+    first = await call(session, "memory_set_identity", text="I am Atlas, the household's scheduling assistant.")
+    assert first["previous"] is None
+    second = await call(session, "memory_set_identity", text="I am Atlas; I keep the family calendar.")
+    assert second["previous"] == "I am Atlas, the household's scheduling assistant."
+    assert (await call(session, "memory_status"))["identity"] == "I am Atlas; I keep the family calendar."
+    await call_error(session, "memory_set_identity", text="x" * 401)
+
+    # Soft delete: gone from search and the graph (the cached taxonomy is invalidated), audited, reversible.
+    hiking = ids[MEMORIES[1][0]]
+    gone = await call(session, "memory_delete_drawer", drawer_id=hiking, reason="asked to forget")
+    assert gone["deleted"] is True
+    assert (await call(session, "memory_get_taxonomy"))["wings"]["alice"] == {"music": 1}
+    hits = (await call(session, "memory_search", query="Kungsleden trail Lapland hike", limit=10))["hits"]
+    assert hiking not in {h["drawer_id"] for h in hits}
+    assert (await call(session, "memory_delete_drawer", drawer_id=hiking))["deleted"] is False
+    audit = stack.sql("SELECT action, actor, reason FROM memory_history WHERE workspace_id = %s AND drawer_id = %s"
+                      " AND action = 'DELETE'", (w, hiking))
+    assert audit == [("DELETE", "mcp", "asked to forget")]
+    assert stack.sql("SELECT deleted_at IS NOT NULL FROM drawers WHERE workspace_id = %s AND id = %s",
+                     (w, hiking)) == [(True,)], "the row stays: soft delete"
+    await _restore(stack, w, hiking)
+    assert (await call(session, "memory_get_taxonomy"))["wings"]["alice"] == {"hiking": 1, "music": 1}
+
+    # The diary: wing 'diary', hall = the agent, newest first.
+    for entry in ("Helped plan the Saturday market trip and the grocery list.",
+                  "Rescheduled the dentist appointment to next Thursday morning."):
+        acc = await call(session, "memory_diary_write", agent="atlas", entry=entry)
+        assert (acc["wing"], acc["hall"], acc["room"]) == ("diary", "atlas", "journal")
+        ids[entry] = acc["drawer_ids"][0]
+        await asyncio.sleep(0.05)  # distinct filing times
+    await asyncio.to_thread(stack.wait_processed, w, len(MEMORIES) + 2)
+    diary = await call(session, "memory_diary_read", agent="atlas", last_n=5)
+    assert [e["content"] for e in diary["entries"]] == [
+        "Rescheduled the dentist appointment to next Thursday morning.",
+        "Helped plan the Saturday market trip and the grocery list."]
+    assert (await call(session, "memory_diary_read", agent="someone-else"))["entries"] == []
+    assert (await call(session, "memory_list_wings"))["wings"][-1] == {"wing": "diary", "drawers": 2}
+    return ids
+
+
+async def _restore(stack: Stack, w: str, drawer_id: str) -> None:
+    from shared.db.drawer_admin import restore_drawer
+    from shared.db.pool import open_pool
+    from shared.db.tenancy import workspace_tx
+
+    pool = await open_pool(stack.database_url, name="test-restore", max_size=1)
+    try:
+        async with workspace_tx(pool, w) as conn:
+            assert await restore_drawer(conn, w, drawer_id, actor="operator", event_id="test-restore")
+    finally:
+        await pool.close()
+
+
+def _stdio_params(stack: Stack, w: str) -> StdioServerParameters:
+    env = {k: v for k, v in os.environ.items() if k.startswith("PALACE_")}
+    env.update(PALACE_DATABASE_URL=stack.database_url, PALACE_NATS_URL=stack.nats_url, PALACE_MCP_WORKSPACE=w)
+    return StdioServerParameters(command=str(Path(sys.executable).parent / "palace"), args=["mcp"], env=env,
+                                 cwd=os.getcwd())
+
+
+@asynccontextmanager
+async def http_session(stack: Stack, key: str | None) -> AsyncIterator[ClientSession]:
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    async with (httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(60, read=300)) as client,
+                streamable_http_client(f"{stack.api_url}/mcp", http_client=client) as (read, write),
+                ClientSession(read, write) as session):
+        await session.initialize()
+        yield session
+
+
+async def test_stdio_session_calls_every_tool(stack: Stack) -> None:
+    w = ws()
+    with (Path(stack.settings.devstack_dir) / "mcp-stdio.log").open("w") as errlog:
+        async with (stdio_client(_stdio_params(stack, w), errlog=errlog) as (read, write),
+                    ClientSession(read, write) as session):
+            init = await session.initialize()
+            assert init.server_info.name == "palace"
+            await exercise_every_tool(session, stack, w)
+
+
+async def test_stdio_needs_a_workspace(stack: Stack) -> None:
+    env = {**os.environ, "PALACE_DATABASE_URL": stack.database_url, "PALACE_NATS_URL": stack.nats_url}
+    env.pop("PALACE_MCP_WORKSPACE", None)
+    proc = await asyncio.create_subprocess_exec(
+        str(Path(sys.executable).parent / "palace"), "mcp", env=env,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, stdin=asyncio.subprocess.DEVNULL)
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 2 and out == b"" and b"workspace" in err
+
+
+async def test_http_session_calls_every_tool_and_is_bound_to_its_key(stack: Stack) -> None:
+    a, b = ws(), ws()
+    key_a, key_b = await asyncio.to_thread(api_key_for, stack, a), await asyncio.to_thread(api_key_for, stack, b)
+    async with http_session(stack, key_a) as session:
+        ids = await exercise_every_tool(session, stack, a)
+    violin = ids[MEMORIES[0][0]]
+
+    async with http_session(stack, key_b) as other:
+        # Workspace B sees none of A's memory through any tool, and cannot delete it.
+        assert (await call(other, "memory_status"))["drawers"] == 0
+        assert (await call(other, "memory_get_taxonomy"))["wings"] == {}
+        assert (await call(other, "memory_search", query="Alice violin lessons Tuesday", limit=10))["hits"] == []
+        assert (await call(other, "memory_check_duplicate", content=MEMORIES[0][0]))["matches"] == []
+        assert (await call(other, "memory_diary_read", agent="atlas"))["entries"] == []
+        assert (await call(other, "memory_delete_drawer", drawer_id=violin))["deleted"] is False
+        assert (await call(other, "memory_find_tunnels"))["tunnels"] == []
+        assert (await call(other, "memory_status"))["identity"] is None
+    assert _live_drawers(stack, a) == len(MEMORIES) + 2, "A's drawers are untouched"
+
+    # No key, a malformed key or a revoked one: 401 before any MCP handling.
+    async with httpx.AsyncClient(timeout=30) as client:
+        body = {"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {}}
+        hdrs = {"Accept": "application/json, text/event-stream"}
+        assert (await client.post(f"{stack.api_url}/mcp", json=body, headers=hdrs)).status_code == 401
+        bad = {**hdrs, "Authorization": "Bearer pk_000000000000_" + "x" * 40}
+        assert (await client.post(f"{stack.api_url}/mcp", json=body, headers=bad)).status_code == 401
+    stack.sql("UPDATE api_keys SET revoked_at = now() WHERE workspace_id = %s RETURNING 1", (b,))
+    async with httpx.AsyncClient(timeout=30) as client:
+        revoked = {**hdrs, "Authorization": f"Bearer {key_b}"}
+        assert (await client.post(f"{stack.api_url}/mcp", json=body, headers=revoked)).status_code == 401
+
+
+async def test_stdio_starts_and_stops_the_embedded_stack_when_none_is_configured(tmp_path: Path) -> None:
+    """No server URLs and no running stack: ``palace mcp`` brings up the embedded servers and the pipeline,
+    serves, and takes everything down when the client ends the session."""
+    import random
+
+    from shared.devstack import DevStack
+
+    stack_dir = tmp_path / "stack"
+    env = {k: v for k, v in os.environ.items() if k.startswith("PALACE_") and k not in (
+        "PALACE_DATABASE_URL", "PALACE_NATS_URL")}
+    env.update(PALACE_DEVSTACK_DIR=str(stack_dir), PALACE_MCP_WORKSPACE="embedded",
+               PALACE_METRICS_PORT=str(random.randint(40000, 50000)))  # services' health ports follow it
+    params = StdioServerParameters(command=str(Path(sys.executable).parent / "palace"), args=["mcp"], env=env,
+                                   cwd=os.getcwd())
+    with (tmp_path / "err.log").open("w") as errlog:
+        async with (stdio_client(params, errlog=errlog) as (read, write), ClientSession(read, write) as session):
+            await session.initialize()
+            assert DevStack(stack_dir).info() is not None
+            await call(session, "memory_add_drawer", content="The embedded stack files this sentence.", wing="w",
+                       room="r")
+            for _ in range(120):
+                if (await call(session, "memory_status"))["drawers"] == 1:
+                    break
+                await asyncio.sleep(0.5)
+            hits = (await call(session, "memory_search", query="embedded stack sentence"))["hits"]
+            assert hits and hits[0]["citation"].startswith("w/r/")
+    st = DevStack(stack_dir)
+    assert not st.pg_alive() and not st.nats_alive(), "servers stopped with the session"
