@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import nats
-from nats.js.errors import BadRequestError, NotFoundError
+from nats.js.errors import APIError, NotFoundError
 from psycopg_pool import AsyncConnectionPool
 
 from shared.config import Settings
@@ -47,7 +47,9 @@ __all__ = ["ForgetResult", "Scope", "Targets", "drop_forgotten_drawers", "forget
 log = get_logger("palace.forget")
 Progress = Callable[[str, int], None]
 PROBES = 10
-_SEQUENCE_NOT_FOUND = 10043  # JetStream's JSSequenceNotFoundErr
+# JetStream's answers when a message went away between reading and deleting it: "sequence not found"
+# (JSSequenceNotFoundErr) and "no message found" (the delete found nothing to remove).
+_ALREADY_GONE = {10043, 10057}
 
 
 @dataclass(frozen=True)
@@ -157,8 +159,8 @@ async def _purge_streams(settings: Settings, js: Any, scope: Scope, t: Targets) 
                 deleted += 1
             except NotFoundError:
                 pass
-            except BadRequestError as e:
-                if e.err_code != _SEQUENCE_NOT_FOUND:
+            except APIError as e:
+                if e.err_code not in _ALREADY_GONE:
                     raise
                 # Acked by every consumer (interest retention removed it) between the scan and now.
     return deleted, sessions

@@ -1,22 +1,20 @@
 """POST /v1/forget: forget a drawer, session, user, agent or whole workspace, with optional proof.
 
-Its own router so the API's app module only includes it. The work is ``shared.forget``: tombstones
-first (nothing in flight can bring the data back), then batches of short transactions and the
-JetStream streams; the answer carries the audit id and counts per store, never content.
+Its own router, listed in the API's ``ROUTERS``; the bearer-key check is the API's (services.api.deps).
+The work is ``shared.forget``: tombstones first (nothing in flight can bring the data back), then
+batches of short transactions and the JetStream streams; the answer carries the audit id and counts
+per store, never content.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
 from fastapi import APIRouter, HTTPException, Request
 from pydantic import BaseModel, Field, model_validator
 
-from shared.config import Settings
+from services.api.deps import CallerDep, PoolDep, SettingsDep
 from shared.endpoints import resolve_urls
 from shared.events.models import WorkspaceId
 from shared.forget import Scope, forget, verify
-from shared.security import key_id_of
 
 __all__ = ["router"]
 
@@ -55,24 +53,17 @@ class ForgetResponse(BaseModel):
                                              "nothing remains).")
 
 
-def _requester(request: Request) -> str:
-    scheme, _, key = request.headers.get("authorization", "").partition(" ")
-    kid = key_id_of(key.strip()) if scheme.lower() == "bearer" and key else None
-    return f"api-key:{kid}" if kid else f"api:{request.client.host if request.client else 'unknown'}"
-
-
 @router.post("/v1/forget", response_model=ForgetResponse)
-async def post_forget(req: ForgetRequest, request: Request) -> ForgetResponse:
+async def post_forget(req: ForgetRequest, request: Request, caller: CallerDep, pool: PoolDep,
+                      settings: SettingsDep) -> ForgetResponse:
     """Forget everywhere (idempotent; safe while the pipeline runs)."""
-    from services.api.app import _authorize  # the app module includes this router
-
-    await _authorize(request, req.workspace_id)
-    settings: Settings = request.app.state.settings
-    pool: Any = request.app.state.pool
+    caller.authorize(req.workspace_id)
+    requested_by = (f"api-key:{caller.key_id}" if caller.key_id
+                    else f"api:{request.client.host if request.client else 'unknown'}")
     _, nats_url = resolve_urls(settings)
     scope = req.scope()
     try:
-        result = await forget(pool, settings, nats_url, scope, requested_by=_requester(request))
+        result = await forget(pool, settings, nats_url, scope, requested_by=requested_by)
     except ValueError as e:
         raise HTTPException(422, str(e)) from None
     remaining = await verify(pool, settings, nats_url, scope, result.targets) if req.verify else None
