@@ -553,6 +553,15 @@ def bench_locomo(
                          console=console), s)
 
 
+def _register_lifecycle() -> None:
+    from services.cli_lifecycle import register
+
+    register(app, _settings, _urls, console)
+
+
+_register_lifecycle()
+
+
 def main() -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     try:
