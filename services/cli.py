@@ -222,8 +222,8 @@ def migrate(check: Annotated[bool, typer.Option(
 @app.command()
 def schemas(check: Annotated[bool, typer.Option(help="Fail if schemas/ differs from the models.")] = False,
             out: Path = Path("schemas"),
-            readme: Annotated[Path, typer.Option(help="README whose producer reference is kept in step.")] = Path(
-                "README.md")) -> None:
+            readme: Annotated[Path, typer.Option(help="The page whose producer reference is kept in step.")] = Path(
+                "docs/integrate.md")) -> None:
     """Regenerate the JSON Schemas of every event, the configuration reference and the README's producer
     reference from the models."""
     from shared.config_doc import CONFIG_DOC, render_configuration
