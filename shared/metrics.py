@@ -15,7 +15,12 @@ __all__ = [
     "EMBED_TEXTS",
     "FAILED",
     "HANDLER_SECONDS",
+    "HTTP_REQUESTS",
+    "HTTP_REQUEST_SECONDS",
     "IN_FLIGHT",
+    "LLM_CALLS",
+    "LLM_SECONDS",
+    "LLM_TOKENS",
     "PROCESSED",
     "SEARCH_SECONDS",
 ]
@@ -62,3 +67,20 @@ ACCESS_UPDATES = Counter(
     "Drawer access bumps by outcome: written, dropped (buffer full), retried (row locked or pool busy).",
     ["outcome"],
 )
+
+# HTTP API. `route` is the route template (/v1/workspaces/{workspace_id}/stats), never the raw path, so
+# the number of series stays bounded whatever callers send; unmatched paths share one label.
+HTTP_REQUESTS = Counter(
+    "palace_http_requests_total", "HTTP requests answered by the API.", ["method", "route", "status"]
+)
+HTTP_REQUEST_SECONDS = Histogram(
+    "palace_http_request_seconds", "HTTP request latency, first byte received to response sent.",
+    ["method", "route"], buckets=_BUCKETS,
+)
+LLM_CALLS = Counter(
+    "palace_llm_calls_total", "LLM calls (each attempt) by purpose and outcome.", ["purpose", "outcome"]
+)
+LLM_TOKENS = Counter(
+    "palace_llm_tokens_total", "LLM tokens by purpose and direction (in/out).", ["purpose", "direction"]
+)
+LLM_SECONDS = Histogram("palace_llm_seconds", "LLM call latency.", ["purpose"], buckets=_BUCKETS)
