@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Awaitable, Callable
+from datetime import datetime
 from typing import Annotated, Any, ParamSpec, TypeVar
 
 from mcp.server.mcpserver import Context
@@ -26,6 +27,8 @@ from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import ToolAnnotations
 from pydantic import BaseModel, Field
 
+from shared.inject import DEFAULT_THRESHOLD, DEFAULT_TOKEN_BUDGET, inject
+from shared.layers import L1_BUDGET, LayerDrawer, wake_up
 from shared.palace_graph import GraphStats, RoomVisit, Tunnel
 from shared.palace_ops import (
     Accepted,
@@ -150,6 +153,42 @@ class DiaryOut(BaseModel):
     entries: list[DrawerOut] = Field(description="Newest first.")
 
 
+class LayerDrawerOut(BaseModel):
+    drawer_id: str
+    citation: str = Field(description="wing/room/short id: cite this instead of quoting.")
+    wing: str
+    room: str
+    snippet: str
+    importance: float
+    memory_type: str | None
+    occurred_at: datetime | None
+
+    @classmethod
+    def of(cls, d: LayerDrawer) -> LayerDrawerOut:
+        return cls(drawer_id=d.id, citation=d.citation, wing=d.wing, room=d.room, snippet=d.snippet,
+                   importance=d.importance, memory_type=d.memory_type, occurred_at=d.occurred_at)
+
+
+class WakeUpOut(BaseModel):
+    text: str = Field(description="L0 identity then L1 essential story: put this at the start of your context.")
+    identity: str | None = Field(description="L0, or None when no identity was set.")
+    essential: str = Field(description=f"L1: the most important memories grouped by room, at most {L1_BUDGET} "
+                           "characters.")
+    drawers: list[LayerDrawerOut] = Field(description="The drawers L1 shows, in its order.")
+    truncated: bool = Field(description="More was important than fits; use memory_search for the rest.")
+
+
+class InjectOut(BaseModel):
+    block: str = Field(description="'<memory_context>…</memory_context>' to put before your answer, or empty.")
+    tokens: int
+    match_count: int = Field(description="Memories at or above the threshold.")
+    injected_count: int = Field(description="Memories in the block.")
+    top_score: float = Field(description="The best memory's 0–1 relevance (0 when none was found).")
+    skipped: str | None = Field(description="Why nothing was injected: 'trivial' (too few meaningful words), "
+                                "'no_match' (nothing relevant enough) or 'budget' (not even one fits).")
+    citations: list[str] = Field(description="wing/room/short id of each injected memory, in block order.")
+
+
 # ------------------------------------------------------------------------------------- read tools
 @tool(READ)
 async def memory_status(ctx: Context) -> Status:
@@ -255,6 +294,44 @@ async def memory_diary_read(
     """Read an agent's recent diary entries, newest first."""
     ops, ws = bound(ctx)
     return DiaryOut(agent=agent, entries=await ops.diary_read(ws, agent, last_n))
+
+
+@tool(READ)
+async def memory_wake_up(
+    ctx: Context,
+    wing: Annotated[Name | None, Field(description="Only this wing's memories in the essential story (e.g. "
+                                       "the project or person the conversation is about); omit for all.")] = None,
+) -> WakeUpOut:
+    """Load what to know at the start of a conversation: the identity (L0, who you are here) and the
+    essential story (L1, the most important memories grouped by room, a short snippet each, about 2,000
+    characters at most). Call it once when a session begins; use memory_search for anything specific."""
+    ops, ws = bound(ctx)
+    w = await wake_up(ops.pool, ws, wing)
+    return WakeUpOut(text=w.text, identity=w.identity, essential=w.essential,
+                     drawers=[LayerDrawerOut.of(d) for d in w.drawers], truncated=w.truncated)
+
+
+@tool(READ)
+async def memory_inject(
+    ctx: Context,
+    message: Annotated[str, Field(min_length=1, max_length=4000, description="The user's latest message, "
+                                  "verbatim.")],
+    token_budget: Annotated[int, Field(ge=16, le=8000, description="Most tokens the block may take, tags "
+                                       "included.")] = DEFAULT_TOKEN_BUDGET,
+    threshold: Annotated[float, Field(ge=0.0, le=1.0, description="Least 0–1 relevance a memory needs to be "
+                                      "injected.")] = DEFAULT_THRESHOLD,
+) -> InjectOut:
+    """Auto-inject before a turn: given the user's message, return the memories relevant to it as a
+    <memory_context> block within a token budget, or an empty block when the message is trivial ('ok
+    thanks') or nothing is relevant enough. Cheaper and more selective than memory_search when you only
+    want context for the next answer."""
+    ops, ws = bound(ctx)
+    try:
+        i = await inject(ops.recaller, ws, message, token_budget=token_budget, threshold=threshold)
+    except ValueError as e:
+        raise OperationError(str(e)) from e
+    return InjectOut(block=i.block, tokens=i.tokens, match_count=i.match_count, injected_count=i.injected_count,
+                     top_score=round(i.top_score, 4), skipped=i.skipped, citations=list(i.citations))
 
 
 # ------------------------------------------------------------------------------------- write tools

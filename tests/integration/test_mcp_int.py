@@ -23,7 +23,8 @@ from tests.integration.helpers import Stack, api_key_for, ws
 EXPECTED_TOOLS = {
     "memory_status", "memory_list_wings", "memory_list_rooms", "memory_get_taxonomy", "memory_search",
     "memory_check_duplicate", "memory_traverse", "memory_find_tunnels", "memory_graph_stats", "memory_add_drawer",
-    "memory_delete_drawer", "memory_set_identity", "memory_diary_write", "memory_diary_read",
+    "memory_delete_drawer", "memory_set_identity", "memory_diary_write", "memory_diary_read", "memory_wake_up",
+    "memory_inject",
 }
 
 # (content, wing, room): alice/{music, hiking}, bob/{music, cooking}; music is the tunnel.
@@ -120,6 +121,31 @@ async def exercise_every_tool(session: ClientSession, stack: Stack, w: str) -> d
     assert second["previous"] == "I am Atlas, the household's scheduling assistant."
     assert (await call(session, "memory_status"))["identity"] == "I am Atlas; I keep the family calendar."
     await call_error(session, "memory_set_identity", text="x" * 401)
+
+    # Wake-up: L0 then L1 (every drawer here, grouped by room), within L1's budget; one wing on request.
+    woke = await call(session, "memory_wake_up")
+    assert woke["identity"] == "I am Atlas; I keep the family calendar."
+    assert woke["text"].startswith(woke["identity"] + "\n\n") and woke["text"].endswith(woke["essential"])
+    assert {d["drawer_id"] for d in woke["drawers"]} == set(ids.values()) and not woke["truncated"]
+    assert len(woke["essential"]) <= 2000
+    for d in woke["drawers"]:
+        assert f"[{d['wing']}/{d['room']}]" in woke["essential"] and d["snippet"] in woke["essential"]
+    bob = await call(session, "memory_wake_up", wing="bob")
+    assert {d["wing"] for d in bob["drawers"]} == {"bob"} and len(bob["drawers"]) == 2
+
+    # Inject: nothing for a trivial message; the violin lessons for a question about them, within budget.
+    trivial = await call(session, "memory_inject", message="ok thanks!")
+    assert (trivial["block"], trivial["skipped"], trivial["match_count"]) == ("", "trivial", 0)
+    asked = await call(session, "memory_inject", message="When does Alice take her violin lessons?")
+    assert asked["skipped"] is None and asked["block"].startswith("<memory_context>")
+    assert asked["citations"][0].startswith("alice/music/") and "violin" in asked["block"]
+    assert asked["injected_count"] == len(asked["citations"]) <= asked["match_count"]
+    assert 0.3 <= asked["top_score"] <= 1 and asked["tokens"] <= 200
+    small = await call(session, "memory_inject", message="When does Alice take her violin lessons?", token_budget=40)
+    assert small["tokens"] <= 40 and small["injected_count"] <= 1
+    strict = await call(session, "memory_inject", message="When does Alice take her violin lessons?", threshold=1.0)
+    assert strict["block"] == "" and strict["skipped"] == "no_match" and strict["top_score"] < 1.0
+    assert "token_budget" in await call_error(session, "memory_inject", message="violin lessons", token_budget=1)
 
     # Soft delete: gone from search and the graph (the cached taxonomy is invalidated), audited, reversible.
     hiking = ids[MEMORIES[1][0]]
