@@ -472,6 +472,14 @@ def apikey_create(workspace: Annotated[str, typer.Option("--workspace", "-w", he
     console.print(asyncio.run(go()))
 
 
+@apikey_app.command("generate")
+def apikey_generate() -> None:
+    """Print a new well-formed key without storing it, for PALACE_API_BOOTSTRAP_KEYS (workspace_id=key)."""
+    from shared.security import generate_key
+
+    print(generate_key()[1])
+
+
 @app.command()
 def demo(keep: Annotated[bool, typer.Option(help="Leave the stack running afterwards.")] = False) -> None:
     """Start everything, publish a sample conversation, and show what recall returns."""

@@ -15,6 +15,8 @@ __all__ = [
     "EMBED_TEXTS",
     "FAILED",
     "HANDLER_SECONDS",
+    "HTTP_REQUESTS",
+    "HTTP_REQUEST_SECONDS",
     "IN_FLIGHT",
     "PROCESSED",
     "SEARCH_SECONDS",
@@ -61,4 +63,14 @@ ACCESS_UPDATES = Counter(
     "palace_access_updates_total",
     "Drawer access bumps by outcome: written, dropped (buffer full), retried (row locked or pool busy).",
     ["outcome"],
+)
+
+# HTTP API. `route` is the route template (/v1/workspaces/{workspace_id}/stats), never the raw path, so
+# the number of series stays bounded whatever callers send; unmatched paths share one label.
+HTTP_REQUESTS = Counter(
+    "palace_http_requests_total", "HTTP requests answered by the API.", ["method", "route", "status"]
+)
+HTTP_REQUEST_SECONDS = Histogram(
+    "palace_http_request_seconds", "HTTP request latency, first byte received to response sent.",
+    ["method", "route"], buckets=_BUCKETS,
 )

@@ -9,10 +9,10 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, HTTPException, Path, Request
-from psycopg_pool import AsyncConnectionPool
+from fastapi import APIRouter, HTTPException, Path, Request
 from pydantic import BaseModel, Field
 
+from services.api.deps import PoolDep, RecallerDep, _caller
 from shared.events.models import WorkspaceId
 from shared.inject import DEFAULT_THRESHOLD, DEFAULT_TOKEN_BUDGET, inject
 from shared.layers import (
@@ -24,7 +24,6 @@ from shared.layers import (
     set_workspace_identity,
     wake_up,
 )
-from shared.recall import Recaller
 
 __all__ = ["router"]
 
@@ -34,21 +33,11 @@ _NAME = r"^[^\n\r]{1,200}$"
 
 
 async def _authorize(request: Request, workspace_id: str) -> None:
-    from services.api.app import _authorize as check  # the app's bearer-key check (imported late: app imports us)
-
-    await check(request, workspace_id)
-
-
-def _pool(request: Request) -> AsyncConnectionPool:
-    return request.app.state.pool  # type: ignore[no-any-return]
+    """The bearer-key check every /v1 route uses (services.api.deps): 401 without a valid key, 403 on
+    another workspace."""
+    (await _caller(request, request.app.state.settings)).authorize(workspace_id)
 
 
-def _recaller(request: Request) -> Recaller:
-    return request.app.state.recaller  # type: ignore[no-any-return]
-
-
-PoolDep = Annotated[AsyncConnectionPool, Depends(_pool)]
-RecallerDep = Annotated[Recaller, Depends(_recaller)]
 WorkspacePath = Annotated[str, Path(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}$")]
 
 
