@@ -111,6 +111,11 @@ class Settings(BaseSettings):
     dedup_threshold: float = Field(
         0.9, description="Cosine from which an older drawer is a twin candidate (merging also needs same wording)."
     )
+    episode_wait_s: float = Field(
+        600.0, description="How long an episode waits for its session's drawers to be embedded before it is built "
+        "from those that are.",
+    )
+    episode_ttl_days: float = Field(90.0, description="Episodes expire this many days after they are built.")
     llm_base_url: str | None = Field(None, description="OpenAI-compatible chat endpoint (optional).")
     llm_api_key: str | None = Field(None, description="API key for the LLM endpoint.")
     llm_model: str = Field("gpt-4o-mini", description="Chat model used when llm_base_url is set.")

@@ -2,21 +2,32 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from nats.aio.msg import Msg
 
 from services._runtime import Deps
 from shared.bus import decode_event, publish_event
+from shared.db.kg import link_drawers
 from shared.db.sessions import store_session, unembedded_drawer_ids
 from shared.db.tenancy import workspace_tx
 from shared.events import DrawerCreated, SessionCompleted, SessionStored
 from shared.ids import event_id_for
-from shared.memory.filing import plan_session
+from shared.memory.filing import DrawerPlan, plan_session
 from shared.metrics import DRAWERS
 
 __all__ = ["DURABLE", "register"]
 
 DURABLE = "ingest"
 _ANNOUNCE_CHUNK = 256
+
+
+async def _link(deps: Deps, workspace_id: str, drawers: Sequence[DrawerPlan]) -> None:
+    """Inline linker: the session's drawers → the workspace's existing entities they name (no LLM,
+    never a new entity). After the raw rows are committed; idempotent, so a redelivery completes it."""
+    if drawers:
+        async with workspace_tx(deps.pool, workspace_id) as conn:
+            await link_drawers(conn, workspace_id, [(d.id, d.content) for d in drawers])
 
 
 def register(deps: Deps) -> None:
@@ -36,6 +47,7 @@ def register(deps: Deps) -> None:
         async with workspace_tx(deps.pool, event.workspace_id) as conn:
             created = await store_session(conn, plan)
         DRAWERS.labels(deps.service, "created").inc(len(created))
+        await _link(deps, event.workspace_id, plan.drawers)
         all_ids = [d.id for d in plan.drawers]
         # Announce every drawer of the session still raw, not only the new ones: if an earlier
         # attempt committed and then died before publishing, this redelivery finishes its job.
