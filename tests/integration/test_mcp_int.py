@@ -24,7 +24,8 @@ EXPECTED_TOOLS = {
     "memory_status", "memory_list_wings", "memory_list_rooms", "memory_get_taxonomy", "memory_search",
     "memory_check_duplicate", "memory_traverse", "memory_find_tunnels", "memory_graph_stats", "memory_add_drawer",
     "memory_delete_drawer", "memory_set_identity", "memory_diary_write", "memory_diary_read", "memory_wake_up",
-    "memory_inject",
+    "memory_inject", "memory_kg_query", "memory_kg_add", "memory_kg_invalidate", "memory_kg_timeline",
+    "memory_kg_stats",
 }
 
 # (content, wing, room): alice/{music, hiking}, bob/{music, cooking}; music is the tunnel.
@@ -147,6 +148,36 @@ async def exercise_every_tool(session: ClientSession, stack: Stack, w: str) -> d
     assert strict["block"] == "" and strict["skipped"] == "no_match" and strict["top_score"] < 1.0
     assert "token_budget" in await call_error(session, "memory_inject", message="violin lessons", token_budget=1)
 
+    # Knowledge graph (MemPalace's example): a fact ends, a new one begins; the past stays answerable.
+    bass = ids[MEMORIES[2][0]]
+    mongo = await call(session, "memory_kg_add", subject="Orion", predicate="uses", object="MongoDB",
+                       valid_from="2024-06-01", source_drawer_id=bass)
+    assert mongo["created"] and mongo["fact"]["current"] and mongo["fact"]["source_drawer"] == bass
+    assert not (await call(session, "memory_kg_add", subject="orion", predicate="Uses", object="mongodb",
+                           valid_from="2024-08-01"))["created"], "the same fact, already holding"
+    await call(session, "memory_kg_add", subject="Orion", predicate="uses", object="PostgreSQL",
+               valid_from="2025-01-15")
+    ended = await call(session, "memory_kg_invalidate", subject="Orion", predicate="uses", object="MongoDB",
+                       ended="2025-01-14")
+    assert ended["invalidated"] == 1 and ended["facts"][0]["valid_to"].startswith("2025-01-14")
+    assert (await call(session, "memory_kg_invalidate", subject="Orion", predicate="uses",
+                       object="MongoDB"))["invalidated"] == 0
+    then = await call(session, "memory_kg_query", entity="Orion", as_of="2024-12-01")
+    assert [(f["predicate"], f["object"], f["current"]) for f in then["facts"]] == [("uses", "MongoDB", False)]
+    now = await call(session, "memory_kg_query", entity="Orion", as_of="2025-06-01", direction="outgoing")
+    assert [f["object"] for f in now["facts"]] == ["PostgreSQL"]
+    into = await call(session, "memory_kg_query", entity="PostgreSQL", direction="incoming")
+    assert [(f["subject"], f["direction"]) for f in into["facts"]] == [("Orion", "incoming")]
+    story = await call(session, "memory_kg_timeline", entity="Orion")
+    assert [(f["object"], f["current"]) for f in story["facts"]] == [("MongoDB", False), ("PostgreSQL", True)]
+    assert len((await call(session, "memory_kg_timeline"))["facts"]) == 2
+    kstats = await call(session, "memory_kg_stats")
+    assert (kstats["triples"], kstats["current_facts"], kstats["expired_facts"]) == (2, 1, 1)
+    assert kstats["relationship_types"] == {"uses": 2} and kstats["entities"] >= 3
+    assert "ISO 8601" in await call_error(session, "memory_kg_query", entity="Orion", as_of="last spring")
+    assert "before" in await call_error(session, "memory_kg_add", subject="A", predicate="knows", object="B",
+                                        valid_from="2025-02-01", valid_to="2025-01-01")
+
     # Soft delete: gone from search and the graph (the cached taxonomy is invalidated), audited, reversible.
     hiking = ids[MEMORIES[1][0]]
     gone = await call(session, "memory_delete_drawer", drawer_id=hiking, reason="asked to forget")
@@ -247,6 +278,10 @@ async def test_http_session_calls_every_tool_and_is_bound_to_its_key(stack: Stac
         assert (await call(other, "memory_delete_drawer", drawer_id=violin))["deleted"] is False
         assert (await call(other, "memory_find_tunnels"))["tunnels"] == []
         assert (await call(other, "memory_status"))["identity"] is None
+        assert (await call(other, "memory_kg_query", entity="Orion"))["facts"] == []
+        assert (await call(other, "memory_kg_stats"))["triples"] == 0
+        assert (await call(other, "memory_kg_invalidate", subject="Orion", predicate="uses",
+                           object="PostgreSQL"))["invalidated"] == 0
     assert _live_drawers(stack, a) == len(MEMORIES) + 2, "A's drawers are untouched"
 
     # No key, a malformed key or a revoked one: 401 before any MCP handling.

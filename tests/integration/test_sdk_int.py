@@ -5,7 +5,9 @@ reaches its own workspace; the README's SDK example runs as written."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -28,7 +30,7 @@ from palace_sdk import (
     Unauthorized,
 )
 from tests.integration.helpers import Stack, api_key_for, session, wait_for, ws
-from tests.integration.test_producer_int import run_snippet
+from tests.integration.test_producer_int import palace, run_snippet
 
 ORION = ["We decided to use PostgreSQL with pgvector as Orion's database.",
          "Noted: Orion stores its embeddings in PostgreSQL, not in a separate vector store."]
@@ -205,3 +207,44 @@ def test_readme_sdk_example(stack: Stack) -> None:
     out = run_snippet(stack, "sdk").splitlines()
     assert out[0].startswith("stored: stream PALACE, sequence ")
     assert "Orion uses PostgreSQL since 2025-01-15" in out
+
+
+def test_cli_covers_the_sdk_operations_at_80_columns(stack: Stack) -> None:
+    """``palace`` with stdout piped (80 columns, as Rich assumes then), against the stack's API."""
+    w = ws()
+    added = palace(stack, "add", "Orion's backups run nightly at two o'clock to the Frankfurt bucket.", "-w", w,
+                   "--wing", "orion", "--room", "ops")
+    drawer = re.search(r"accepted: drawer ([0-9a-f]{32}) in orion/ops", added)
+    assert drawer, added
+    stack.wait_processed(w, 1)
+    assert palace(stack, "identity", "-w", w, "--set", "I am Atlas, Orion's assistant.").strip() == \
+        "I am Atlas, Orion's assistant."
+    outputs = [woke := palace(stack, "wake-up", "-w", w)]
+    assert "identity (L0): I am Atlas, Orion's assistant." in woke and "orion/ops" in woke and drawer[1][:12] in woke
+    outputs.append(l2 := palace(stack, "recall", "-w", w, "--wing", "orion"))
+    assert "recall (L2) of orion: 1 drawers" in l2 and "backups" in l2
+    outputs.append(inj := palace(stack, "inject", "When do the Orion backups run each night?", "-w", w))
+    assert "<memory_context>" in inj and "Frankfurt" in inj and "1 of 1 matching" in inj
+    assert "nothing injected: the message is trivial" in palace(stack, "inject", "ok thanks!", "-w", w)
+
+    outputs.append(palace(stack, "kg", "add", "Orion", "uses", "MongoDB", "-w", w, "--from", "2024-06-01"))
+    assert "added" in outputs[-1] and "MongoDB" in outputs[-1]
+    palace(stack, "kg", "add", "Orion", "uses", "PostgreSQL", "-w", w, "--from", "2025-01-15")
+    outputs.append(palace(stack, "kg", "invalidate", "Orion", "uses", "MongoDB", "-w", w, "--ended", "2025-01-14"))
+    assert "2025-01-14" in outputs[-1]
+    outputs.append(then := palace(stack, "kg", "query", "Orion", "-w", w, "--as-of", "2024-12-01"))
+    assert "MongoDB" in then and "PostgreSQL" not in then and "1 facts" in then
+    outputs.append(story := palace(stack, "kg", "timeline", "Orion", "-w", w))
+    assert story.index("MongoDB") < story.index("PostgreSQL") and "now" in story
+    outputs.append(st := palace(stack, "kg", "stats", "-w", w))
+    assert "2 facts (1 current, 1 ended)" in st and "uses" in st
+    facts = json.loads(palace(stack, "kg", "query", "Orion", "-w", w, "--json"))["facts"]
+    assert sorted(f["object"] for f in facts) == ["MongoDB", "PostgreSQL"]
+    for out in outputs:
+        assert max(len(line) for line in out.splitlines()) <= 80, out
+
+    assert "forgotten" in palace(stack, "forget", drawer[1], "-w", w)
+    again = subprocess.run([sys.executable, "-m", "services.cli", "forget", drawer[1], "-w", w],
+                           env={**os.environ, "PALACE_API": stack.api_url}, capture_output=True, text=True,
+                           timeout=120, stdin=subprocess.DEVNULL)
+    assert again.returncode == 1 and "refused: 404" in again.stdout and "Traceback" not in again.stderr
