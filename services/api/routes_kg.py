@@ -10,7 +10,7 @@ that is not ISO 8601, an end before the start) is a 422 with the reason.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, HTTPException, Query, Response
 from pydantic import BaseModel, Field
@@ -61,7 +61,8 @@ class Ended(BaseModel):
     ended: list[Fact] = Field(description="The facts this call ended (with their new valid_to).")
 
 
-_BAD = {422: {"description": "Invalid input: an empty name, a time that is not ISO 8601, an end before the start."}}
+_BAD: dict[int | str, dict[str, Any]] = {
+    422: {"description": "Invalid input: an empty name, a time that is not ISO 8601, an end before the start."}}
 
 
 @router.get("/workspaces/{workspace_id}/kg/facts", response_model=Facts, responses=_BAD)
@@ -94,7 +95,7 @@ async def timeline(
             facts = await kg.entity_timeline(conn, workspace_id, entity, limit=limit)
     except KgError as e:
         raise HTTPException(422, str(e)) from None
-    return Facts(workspace_id=workspace_id, entity=entity, facts=facts)
+    return Facts(workspace_id=workspace_id, entity=entity, as_of=None, facts=facts)
 
 
 @router.get("/workspaces/{workspace_id}/kg/stats", response_model=KgStats)
