@@ -203,11 +203,13 @@ class LayerTable:
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
         t = Table(title=self.title, title_justify="left", expand=True, box=box.SIMPLE_HEAD, pad_edge=False,
                   caption=None if self.drawers else "no drawers")
-        t.add_column("wing/room", max_width=24 if options.max_width >= 100 else 16, overflow="fold")
+        wide = options.max_width >= 100
+        t.add_column("wing/room", max_width=24 if wide else 16, overflow="fold")
         t.add_column("memory", ratio=1, overflow="fold")
         t.add_column("imp.", justify="right", no_wrap=True, width=4)
         t.add_column("drawer", no_wrap=True, width=12)
         for d in self.drawers:
-            t.add_row(Text(f"{_field(d, 'wing')}/{_field(d, 'room')}"), Text(str(_field(d, "snippet"))),
+            where = f"{_field(d, 'wing')}/{'' if wide else chr(10)}{_field(d, 'room')}"  # narrow: room on its own line
+            t.add_row(Text(where), Text(str(_field(d, "snippet"))),
                       Text(f"{float(_field(d, 'importance') or 0):.1f}"), Text(str(_field(d, "id"))[:12]))
         yield t

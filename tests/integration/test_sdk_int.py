@@ -220,7 +220,8 @@ def test_cli_covers_the_sdk_operations_at_80_columns(stack: Stack) -> None:
     assert palace(stack, "identity", "-w", w, "--set", "I am Atlas, Orion's assistant.").strip() == \
         "I am Atlas, Orion's assistant."
     outputs = [woke := palace(stack, "wake-up", "-w", w)]
-    assert "identity (L0): I am Atlas, Orion's assistant." in woke and "orion/ops" in woke and drawer[1][:12] in woke
+    assert "identity (L0): I am Atlas, Orion's assistant." in woke and re.search(r"orion/[^\n]*\n\s+ops\b", woke)
+    assert drawer[1][:12] in woke
     outputs.append(l2 := palace(stack, "recall", "-w", w, "--wing", "orion"))
     assert "recall (L2) of orion: 1 drawers" in l2 and "backups" in l2
     outputs.append(inj := palace(stack, "inject", "When do the Orion backups run each night?", "-w", w))
