@@ -18,10 +18,15 @@ from rich.syntax import Syntax
 from rich.table import Table
 from rich.text import Text
 
+from services.cli_history import history, revert
+from services.cli_quality import quality
 from services.cli_render import DeadLetterTable, HitsTable
 from shared.config import Settings
 
 app = typer.Typer(help="Palace: long-term memory for AI agents.", no_args_is_help=True, add_completion=False)
+app.command()(quality)
+app.command()(history)
+app.command()(revert)
 stack_app = typer.Typer(help="The embedded PostgreSQL + NATS stack.", no_args_is_help=True)
 dlq_app = typer.Typer(help="Dead letters: list and re-drive.", no_args_is_help=True)
 app.add_typer(stack_app, name="stack")
@@ -420,8 +425,7 @@ def mcp(workspace: Annotated[str | None, typer.Option(
             raise
         from services.supervisor import ALL_SERVICES, Supervisor
 
-        sup = Supervisor(s, services=[n for n in ALL_SERVICES if n != "api"], log_dir=s.devstack_dir / "logs",
-                         metrics_base_port=s.metrics_port + 1)
+        sup = Supervisor(s, services=[n for n in ALL_SERVICES if n != "api"], log_dir=s.devstack_dir / "logs")
         sup.start_servers()
         sup.start_services()
         sup.wait_healthy()

@@ -7,6 +7,7 @@ reads the environment at import time, so tests can build settings with overrides
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -108,6 +109,10 @@ class Settings(BaseSettings):
         5_000, description="A workspace with more live drawers than this gets an HNSW index of its own (built by "
         "maintain, used by search once ready); smaller ones are searched exactly.",
     )
+    centroid_min_cosine: float = Field(
+        0.85, description="Cosine to the nearest type centroid from which the centroid phase decides."
+    )
+    centroid_min_samples: int = Field(50, description="LLM-labelled drawers a type centroid needs to have a say.")
     dedup_threshold: float = Field(
         0.9, description="Cosine from which an older drawer is a twin candidate (merging also needs same wording)."
     )
@@ -116,9 +121,24 @@ class Settings(BaseSettings):
         "from those that are.",
     )
     episode_ttl_days: float = Field(90.0, description="Episodes expire this many days after they are built.")
+    contradiction_low: float = Field(
+        0.75, description="Cosine from which an older drawer is checked for contradiction by a newer one (unless "
+        "the newer one merged into it as a near-duplicate)."
+    )
+    decisions_mode: Literal["shadow", "controlled-write", "full"] = Field(
+        "controlled-write", description="Write decisions on similar memories: 'shadow' proposes and audits only, "
+        "'controlled-write' applies ADD and holds UPDATE/DELETE for review, 'full' applies all four.",
+    )
+    decisions_gate: float = Field(0.7, description="Confidence under which a proposed decision is dropped.")
     llm_base_url: str | None = Field(None, description="OpenAI-compatible chat endpoint (optional).")
     llm_api_key: str | None = Field(None, description="API key for the LLM endpoint.")
     llm_model: str = Field("gpt-4o-mini", description="Chat model used when llm_base_url is set.")
+    llm_timeout_s: float = Field(60.0, description="Timeout of one LLM call.")
+    llm_batch: int = Field(16, description="Drawers per LLM classification call (one workspace per call).")
+    llm_attempts: int = Field(
+        3, description="Tries of one LLM call on transient errors (timeouts, 429, 5xx), with exponential backoff."
+    )
+    llm_max_failures: int = Field(3, description="Failed LLM attempts after which a drawer is marked failed.")
 
     # --- maintenance ---------------------------------------------------------------------------
     maintain_interval_s: float = Field(60.0, description="Seconds between maintenance sweeps.")

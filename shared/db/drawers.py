@@ -21,6 +21,7 @@ __all__ = [
     "drawers_by_id",
     "drawers_missing_bands",
     "note_failure",
+    "older_neighbours",
     "older_twins",
     "record_history",
     "save_classifications",
@@ -51,6 +52,7 @@ class DrawerRow:
     embedding: np.ndarray | None = None
     speaker: str | None = None
     context: str | None = None
+    failure_reason: str | None = None
 
 
 async def drawers_by_id(
@@ -59,11 +61,11 @@ async def drawers_by_id(
     """The live (not deleted) drawers among ``ids``."""
     cur = await conn.execute(
         """SELECT id, content, content_hash, state, room, embedding IS NOT NULL,
-                  CASE WHEN %s THEN embedding END, speaker, context
+                  CASE WHEN %s THEN embedding END, speaker, context, failure_reason
              FROM drawers WHERE workspace_id = %s AND id = ANY(%s) AND deleted_at IS NULL""",
         (with_embedding, workspace_id, ids),
     )
-    return [DrawerRow(r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7], r[8]) for r in await cur.fetchall()]
+    return [DrawerRow(*r) for r in await cur.fetchall()]
 
 
 async def cached_embeddings(
@@ -189,6 +191,28 @@ async def older_twins(
     async with conn.cursor(row_factory=dict_row) as cur:
         await cur.execute(OLDER_TWINS_SQL, {"ws": workspace_id, "id": drawer_id, "emb": embedding, "bands": bands,
                                             "n": limit})
+        rows = await cur.fetchall()
+    return [(r["id"], float(r["sim"]), r["content"]) for r in rows]
+
+
+async def older_neighbours(
+    conn: AsyncConnection[Any], workspace_id: str, drawer_id: str, embedding: np.ndarray, limit: int = 5,
+) -> list[tuple[str, float, str]]:
+    """Nearest live, processed drawers filed before this one by embedding, whatever their wording:
+    (id, cosine, content), nearest first. Planned unprepared, so the workspace's own HNSW index serves it
+    when it has one (migration 0019), and an exact scan of the workspace when it does not."""
+    async with conn.cursor(row_factory=dict_row) as cur:
+        await cur.execute(
+            """
+            WITH me AS (SELECT filed_at FROM drawers WHERE workspace_id = %(ws)s AND id = %(id)s)
+            SELECT d.id, 1 - (d.embedding <=> %(emb)s) AS sim, d.content FROM drawers d, me
+             WHERE d.workspace_id = %(ws)s AND d.id <> %(id)s AND d.state = 'processed' AND d.deleted_at IS NULL
+               AND d.embedding IS NOT NULL AND (d.filed_at, d.id) < (me.filed_at, %(id)s)
+             ORDER BY d.embedding <=> %(emb)s LIMIT %(n)s
+            """,
+            {"ws": workspace_id, "id": drawer_id, "emb": embedding, "n": limit},
+            prepare=False,
+        )
         rows = await cur.fetchall()
     return [(r["id"], float(r["sim"]), r["content"]) for r in rows]
 
