@@ -67,7 +67,7 @@ from shared.memory.filing import plan_session
 from shared.ports import Embedder
 
 WS_PREFIX = "bench-search-"
-METHODS = ("full", "sql", "bare")
+METHODS = ("full", "sql", "bare", "wake_up", "inject")
 FTS_COUNT_SQL = (
     "SELECT count(*) FROM drawers WHERE workspace_id = %s"
     " AND tsv @@ replace(plainto_tsquery('english', %s)::text, ' & ', ' | ')::tsquery"
@@ -446,7 +446,9 @@ async def diagnostics(database_url: str, workspace: str, qs: list[tuple[str, np.
 
 async def measure(pool: Any, embedder: Embedder, vectors: dict[str, np.ndarray], workspace: str, k: int,
                   warm: list[str], timed: list[str]) -> dict[str, list[float]]:
-    """Per-query latency of full / sql / bare, interleaved with a rotating order."""
+    """Per-query latency of full / sql / bare / wake_up / inject, interleaved with a rotating order."""
+    from shared.inject import inject
+    from shared.layers import wake_up
     from shared.recall import Recaller
 
     # cache_size=0: every query pays its embedding, as a new question does; touch=False: no writes.
@@ -465,7 +467,16 @@ async def measure(pool: Any, embedder: Embedder, vectors: dict[str, np.ndarray],
             cur = await conn.execute(bare_sql(k), (workspace, vectors[q]), prepare=False)
             return len(await cur.fetchall())
 
-    fns: dict[str, Callable[[str], Awaitable[int]]] = {"full": full, "sql": sql_only, "bare": bare}
+    async def wake(q: str) -> int:
+        # L0 + L1: what an agent loads at the start of a session (no query).
+        return len((await wake_up(pool, workspace)).text)
+
+    async def inject_(q: str) -> int:
+        # Before a turn: the question as the user's message, embedding included (like "full").
+        return (await inject(full_r, workspace, q)).match_count
+
+    fns: dict[str, Callable[[str], Awaitable[int]]] = {"full": full, "sql": sql_only, "bare": bare,
+                                                        "wake_up": wake, "inject": inject_}
     for q in warm:
         for fn in fns.values():
             await fn(q)
@@ -473,7 +484,7 @@ async def measure(pool: Any, embedder: Embedder, vectors: dict[str, np.ndarray],
     with _progress() as bar:
         task = bar.add_task(f"{len(timed)} queries × {len(METHODS)} paths on {workspace}", total=len(timed))
         for i, q in enumerate(timed):
-            for m in METHODS[i % 3 :] + METHODS[: i % 3]:
+            for m in METHODS[i % len(METHODS) :] + METHODS[: i % len(METHODS)]:
                 t0 = time.perf_counter()
                 await fns[m](q)
                 times[m].append((time.perf_counter() - t0) * 1000)
@@ -583,8 +594,10 @@ async def run(args: argparse.Namespace, settings: Settings, database_url: str) -
                 sizes[str(size)] = {
                     "workspace": ws, "calibration": calib, "load": load, "explain": plans, "diagnostics": diag,
                     "latency_ms": stats,
-                    "ratios": {f"{m}_over_bare_{p}": stats[m][p] / stats["bare"][p]
-                               for m in ("full", "sql") for p in ("p50", "p95", "p99")},
+                    "ratios": {**{f"{m}_over_bare_{p}": stats[m][p] / stats["bare"][p]
+                                  for m in ("full", "sql", "wake_up") for p in ("p50", "p95", "p99")},
+                               **{f"inject_over_full_{p}": stats["inject"][p] / stats["full"][p]
+                                  for p in ("p50", "p99")}},
                 }
             if not args.keep:
                 with psycopg.connect(database_url, autocommit=True) as conn:
@@ -674,14 +687,20 @@ def _run(args: argparse.Namespace) -> None:
                     f"{settings.embed_model}, {out['machine']['cpus']} cores")
     for col in ("drawers", "path", "p50", "p95", "p99", "÷ bare p50", "÷ bare p95", "÷ bare p99"):
         t.add_column(col, justify="left" if col == "path" else "right")
-    labels = {"full": "full (embed + hybrid SQL)", "sql": "hybrid SQL only", "bare": "bare HNSW"}
+    labels = {"full": "full (embed + hybrid SQL)", "sql": "hybrid SQL only", "bare": "bare HNSW",
+              "wake_up": "wake_up (L0 + L1)", "inject": "inject (embed + search + block)"}
     for size, r in res["sizes"].items():
         lat = r["latency_ms"]
         for m in METHODS:
             ratios = [f"{lat[m][p] / lat['bare'][p]:.2f}" for p in ("p50", "p95", "p99")]
             t.add_row(f"{int(size):,}" if m == "full" else "", labels[m],
-                      *(f"{lat[m][p]:.1f}" for p in ("p50", "p95", "p99")), *ratios, end_section=m == "bare")
+                      *(f"{lat[m][p]:.1f}" for p in ("p50", "p95", "p99")), *ratios, end_section=m == METHODS[-1])
     console.print(t)
+    for size, r in res["sizes"].items():
+        ra = r["ratios"]
+        console.print(f"{int(size):,} drawers: wake_up ÷ bare HNSW p50 {ra['wake_up_over_bare_p50']:.2f} (aim ≤ 3), "
+                      f"inject ÷ search p50 {ra['inject_over_full_p50']:.2f} / p99 {ra['inject_over_full_p99']:.2f} "
+                      "(aim ≤ 1.2)")
     d = Table(title="context (untimed)")
     for col in ("drawers", "load s (mode)", "HNSW rows / asked", "rows matching OR of lexemes (mean / max)",
                 "bare recall@k vs exact", "search SQL uses HNSW"):

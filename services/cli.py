@@ -222,8 +222,8 @@ def migrate(check: Annotated[bool, typer.Option(
 @app.command()
 def schemas(check: Annotated[bool, typer.Option(help="Fail if schemas/ differs from the models.")] = False,
             out: Path = Path("schemas"),
-            readme: Annotated[Path, typer.Option(help="README whose producer reference is kept in step.")] = Path(
-                "README.md")) -> None:
+            readme: Annotated[Path, typer.Option(help="The page whose producer reference is kept in step.")] = Path(
+                "docs/integrate.md")) -> None:
     """Regenerate the JSON Schemas of every event, the configuration reference and the README's producer
     reference from the models."""
     from shared.config_doc import CONFIG_DOC, render_configuration
@@ -594,14 +594,15 @@ def add_cmd(content: Annotated[str, typer.Argument(help="The memory, verbatim.")
     return None
 
 
-@app.command("forget")
-def forget_cmd(drawer_id: Annotated[str, typer.Argument(help="The drawer's id.")], workspace: WorkspaceOpt,
+@app.command("delete")
+def delete_cmd(drawer_id: Annotated[str, typer.Argument(help="The drawer's id.")], workspace: WorkspaceOpt,
                reason: Annotated[str | None, typer.Option(help="Why (kept in the audit history).")] = None,
                api: ApiOpt = None, key: KeyOpt = None) -> None:
-    """Delete a memory: a soft delete, audited and reversible."""
+    """Delete one drawer by id: a soft delete, audited and reversible (``palace forget`` forgets a user,
+    agent or session)."""
     with _client(workspace, api, key) as c:
         d = _sdk(lambda: c.delete(drawer_id, reason=reason))
-    console.print(f"forgotten: {d.drawer_id} (audit {d.history_event_id})")
+    console.print(f"deleted: {d.drawer_id} (audit {d.history_event_id})")
 
 
 @app.command("identity")
@@ -763,6 +764,15 @@ def bench_locomo(
         raise typer.Exit(2)
     run_locomo(LocomoRun(data=data, json_out=json_out, peers=list(peer or []), reuse=reuse, limit=limit,
                          console=console), s)
+
+
+def _register_lifecycle() -> None:
+    from services.cli_lifecycle import register
+
+    register(app, _settings, _urls, console)
+
+
+_register_lifecycle()
 
 
 def main() -> None:

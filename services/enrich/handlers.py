@@ -14,6 +14,7 @@ from shared.bus import Poison, decode_event, publish_event
 from shared.db.episodes import (
     discard_pending_episode,
     episode_progress,
+    existing_drawers,
     mark_announced,
     mark_episode_pending,
     overdue_episodes,
@@ -23,6 +24,7 @@ from shared.db.episodes import (
     unannounced_episode,
     upsert_entities,
 )
+from shared.db.forget import forgotten
 from shared.db.maintenance import take_lease
 from shared.db.tenancy import maintenance_tx, workspace_tx
 from shared.events import DrawerEmbedded, EntityUpserted, EpisodicCreated, SessionStored
@@ -65,6 +67,8 @@ async def complete_episode(deps: Deps, workspace_id: str, session_id: str) -> st
         draft = summarize_session([(t["speaker"], t["content"]) for t in turns])
         vector = episode_embedding([t["embedding"] for t in turns if t["embedding"] is not None])
         async with workspace_tx(deps.pool, workspace_id) as conn:
+            if await forgotten(conn, workspace_id, session_id=session_id):
+                return "forgotten"  # forgotten while it was summarised: nothing may be written back
             await save_episode(conn, workspace_id, episode_id=episode_id, source_hash=progress.source_hash,
                                summary=draft.summary, abstract=draft.abstract, topics=draft.topics,
                                embedding=vector, ttl_days=s.episode_ttl_days)
@@ -154,7 +158,15 @@ def register(deps: Deps) -> None:
         if not entities:
             return
         async with workspace_tx(deps.pool, ev.workspace_id) as conn:
-            await upsert_entities(conn, ev.workspace_id, list(entities.values()), sorted(mentions))
+            if await forgotten(conn, ev.workspace_id, session_id=ev.session_id):
+                return
+            # Only drawers that still exist (one forgotten meanwhile must not gain a mention).
+            alive = await existing_drawers(conn, ev.workspace_id, sorted({d for _, d in mentions}))
+            live_mentions = sorted(m for m in mentions if m[1] in alive)
+            if not live_mentions:
+                return
+            used = {e for e, _ in live_mentions}
+            await upsert_entities(conn, ev.workspace_id, [entities[e] for e in sorted(used)], live_mentions)
         ids = sorted(entities)
         await publish_event(deps.broker, s, EntityUpserted(
             event_id=event_id_for("entity.upserted", ev.event_id), workspace_id=ev.workspace_id,

@@ -92,18 +92,31 @@ async def save_embeddings(
 
     rows: (drawer_id, hash of the embedded text, vector).
     """
+    if not rows:
+        return 0
+    updated: set[str] = set()
     async with conn.cursor() as cur:
         await cur.executemany(
             "UPDATE drawers SET embedding = %s, embedding_model = %s, failure_reason = NULL,"
             " state = CASE WHEN state = 'failed' THEN 'raw' ELSE state END, updated_at = now()"
-            " WHERE workspace_id = %s AND id = %s AND embedding IS NULL",
+            " WHERE workspace_id = %s AND id = %s AND embedding IS NULL RETURNING id",
             [(vec, model, workspace_id, did) for did, _, vec in rows],
+            returning=True,
         )
-        if cache_new:
+        while True:
+            row = await cur.fetchone()
+            if row:
+                updated.add(row[0])
+            if not cur.nextset():
+                break
+        # Only texts of drawers that still exist are cached: a drawer forgotten while its embedding
+        # was computed leaves no cache entry behind.
+        cacheable = [(workspace_id, model, h, vec) for did, h, vec in rows if did in updated]
+        if cache_new and cacheable:
             await cur.executemany(
                 "INSERT INTO embedding_cache (workspace_id, model, content_hash, embedding) VALUES (%s, %s, %s, %s)"
                 " ON CONFLICT DO NOTHING",
-                [(workspace_id, model, h, vec) for _, h, vec in rows],
+                cacheable,
             )
     return len(rows)
 

@@ -17,6 +17,7 @@ __all__ = [
     "EpisodeProgress",
     "discard_pending_episode",
     "episode_progress",
+    "existing_drawers",
     "mark_announced",
     "mark_episode_pending",
     "overdue_episodes",
@@ -238,3 +239,9 @@ async def upsert_entities(
                WHERE d.workspace_id = %s AND d.id = m.drawer_id""",
             (workspace_id, list({d for _, d in mentions}), workspace_id),
         )
+
+
+async def existing_drawers(conn: AsyncConnection[Any], workspace_id: str, ids: list[str]) -> set[str]:
+    """Which of these drawers exist (archived ones included)."""
+    cur = await conn.execute("SELECT id FROM drawers WHERE workspace_id = %s AND id = ANY(%s)", (workspace_id, ids))
+    return {r[0] for r in await cur.fetchall()}

@@ -150,7 +150,7 @@ async def link_drawers(conn: AsyncConnection[Any], workspace_id: str, drawers: l
 
     One index probe of ``entity_aliases`` by the batch's distinct words (a name's anchor word must be
     among them), then whole-word matching of the few names that come back. Idempotent, so a
-    redelivered batch adds nothing; mention counts and the drawers' entity_count follow new links.
+    redelivered batch adds nothing; the drawers' entity_count follows new links.
     """
     texts = {did: text_words(text) for did, text in drawers}
     probe = sorted({w for t in texts.values() for w in t.words})
@@ -171,20 +171,16 @@ async def link_drawers(conn: AsyncConnection[Any], workspace_id: str, drawers: l
         (workspace_id, [e for e, _ in pairs], [d for _, d in pairs]))
     new = await cur.fetchall()
     if new:
-        # Counted up by the links this call made (a replay makes none), not recounted: constant work
-        # per link however many mentions an entity already has.
-        by_entity = Counter(str(r[0]) for r in new)
+        # Only the batch's own drawers are written. Entity rows are not: a speaker's entity is named
+        # in every session, and bumping its mention_count here made every ingest transaction wait on
+        # that one row; the count is refreshed by the recount on entity.upserted (cluster).
         by_drawer = Counter(str(r[1]) for r in new)
-        await conn.execute(
-            """UPDATE entities e SET mention_count = e.mention_count + n.k, updated_at = now()
-                 FROM unnest(%s::text[], %s::int[]) AS n(id, k)
-                WHERE e.workspace_id = %s AND e.id = n.id""",
-            (list(by_entity), list(by_entity.values()), workspace_id))
+        ids = sorted(by_drawer)
         await conn.execute(
             """UPDATE drawers d SET entity_count = d.entity_count + n.k
                  FROM unnest(%s::text[], %s::int[]) AS n(id, k)
                 WHERE d.workspace_id = %s AND d.id = n.id""",
-            (list(by_drawer), list(by_drawer.values()), workspace_id))
+            (ids, [by_drawer[i] for i in ids], workspace_id))
     return LinkResult(links, len(new))
 
 

@@ -188,7 +188,9 @@ async def test_inline_linker_links_existing_entities_and_creates_none(pool: Asyn
                          drawers[1][0]: {eid["Orion Project"], eid["Caroline"]}}
     assert res.new_mentions == 5
     assert stack.sql("SELECT count(*) FROM entities WHERE workspace_id = %s", (w,))[0][0] == before
-    counts = dict(stack.sql("SELECT name, mention_count FROM entities WHERE workspace_id = %s", (w,)))
+    counts = dict(stack.sql("SELECT e.name, count(m.drawer_id) FROM entities e LEFT JOIN entity_mentions m"
+                            " ON m.workspace_id = e.workspace_id AND m.entity_id = e.id WHERE e.workspace_id = %s"
+                            " GROUP BY e.name", (w,)))
     assert counts["Caroline"] == 2 and counts["Orion Project"] == 1 and counts["dog"] == 0
     assert stack.sql("SELECT entity_count FROM drawers WHERE workspace_id = %s AND id = %s",
                      (w, drawers[0][0]))[0][0] == 3

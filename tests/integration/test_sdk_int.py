@@ -244,8 +244,8 @@ def test_cli_covers_the_sdk_operations_at_80_columns(stack: Stack) -> None:
     for out in outputs:
         assert max(len(line) for line in out.splitlines()) <= 80, out
 
-    assert "forgotten" in palace(stack, "forget", drawer[1], "-w", w)
-    again = subprocess.run([sys.executable, "-m", "services.cli", "forget", drawer[1], "-w", w],
+    assert f"deleted: {drawer[1]}" in palace(stack, "delete", drawer[1], "-w", w)
+    again = subprocess.run([sys.executable, "-m", "services.cli", "delete", drawer[1], "-w", w],
                            env={**os.environ, "PALACE_API": stack.api_url}, capture_output=True, text=True,
                            timeout=120, stdin=subprocess.DEVNULL)
     assert again.returncode == 1 and "refused: 404" in again.stdout and "Traceback" not in again.stderr
