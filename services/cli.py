@@ -484,6 +484,219 @@ def apikey_generate() -> None:
     print(generate_key()[1])
 
 
+# ------------------------------------------------------------------------------------- memory (through the SDK)
+kg_app = typer.Typer(help="The temporal knowledge graph: facts that hold from a time until they end.",
+                     no_args_is_help=True)
+app.add_typer(kg_app, name="kg")
+WorkspaceOpt = Annotated[str, typer.Option("--workspace", "-w", help="The workspace.")]
+ApiOpt = Annotated[str | None, typer.Option("--api", envvar="PALACE_API", show_envvar=False,
+                                            help="The Palace API (default: PALACE_API, else this machine's).")]
+KeyOpt = Annotated[str | None, typer.Option("--key", envvar="PALACE_API_KEY", show_envvar=False,
+                                            help="The workspace's API key (default: PALACE_API_KEY).")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
+
+
+def _client(workspace: str, api: str | None, key: str | None) -> Any:
+    from palace_sdk import PalaceClient
+
+    s = Settings()
+    return PalaceClient(workspace, api or f"http://127.0.0.1:{s.api_port}", api_key=key)
+
+
+def _sdk(fn: Any) -> Any:
+    """Run an SDK call; a refusal or an unreachable API is one red line and exit 1, not a traceback."""
+    import httpx
+
+    from palace_sdk import PalaceError
+
+    try:
+        return fn()
+    except PalaceError as e:
+        console.print(Text(f"refused: {e}", style="red"))
+        raise typer.Exit(1) from None
+    except httpx.TransportError as e:
+        console.print(Text(f"the API is not reachable ({type(e).__name__}): start it with 'palace up' or give "
+                           "--api", style="red"))
+        raise typer.Exit(1) from None
+
+
+def _print_json(model: Any) -> None:
+    console.print_json(model.model_dump_json())
+
+
+@app.command("wake-up")
+def wake_up_cmd(workspace: WorkspaceOpt, wing: Annotated[str | None, typer.Option(
+        help="Only this wing's drawers in L1.")] = None, api: ApiOpt = None, key: KeyOpt = None,
+        as_json: JsonOpt = False) -> None:
+    """L0 identity + L1 essential story: what an agent loads when a session begins."""
+    from services.cli_render import LayerTable
+
+    with _client(workspace, api, key) as c:
+        w = _sdk(lambda: c.wake_up(wing))
+    if as_json:
+        return _print_json(w)
+    console.print(Text.assemble(("identity (L0): ", "bold"), w.identity or "(none set)"))
+    more = " — more in search" if w.truncated else ""
+    console.print(LayerTable(f"essential story (L1){f' of {wing}' if wing else ''}: {len(w.drawers)} drawers{more}",
+                             w.drawers))
+    return None
+
+
+@app.command("recall")
+def recall_cmd(workspace: WorkspaceOpt, wing: Annotated[str | None, typer.Option(help="Wing.")] = None,
+               room: Annotated[str | None, typer.Option(help="Room.")] = None, api: ApiOpt = None,
+               key: KeyOpt = None, as_json: JsonOpt = False) -> None:
+    """L2: the most important drawers of a wing and/or room."""
+    from services.cli_render import LayerTable
+
+    with _client(workspace, api, key) as c:
+        r = _sdk(lambda: c.recall(wing, room))
+    if as_json:
+        return _print_json(r)
+    where = "/".join(x for x in (wing, room) if x) or "all"
+    console.print(LayerTable(f"recall (L2) of {where}: {len(r.drawers)} drawers", r.drawers))
+    return None
+
+
+@app.command("inject")
+def inject_cmd(message: Annotated[str, typer.Argument(help="The user's message.")], workspace: WorkspaceOpt,
+               budget: Annotated[int, typer.Option(help="Most tokens the block may hold.")] = 200,
+               threshold: Annotated[float, typer.Option(help="Least 0–1 relevance injected.")] = 0.3,
+               api: ApiOpt = None, key: KeyOpt = None, as_json: JsonOpt = False) -> None:
+    """Auto-inject: the <memory_context> block an agent would get before answering this message."""
+    with _client(workspace, api, key) as c:
+        i = _sdk(lambda: c.inject(message, token_budget=budget, threshold=threshold))
+    if as_json:
+        return _print_json(i)
+    if not i.block:
+        why = {"trivial": "the message is trivial (fewer than 3 meaningful words)",
+               "no_match": f"nothing reaches the threshold {threshold}",
+               "budget": "not even one memory fits the budget"}
+        console.print(f"nothing injected: {why.get(i.skipped or '', i.skipped)} (top score {i.top_score:.3f})")
+        return None
+    console.print(Text(i.block))
+    console.print(Text(f"{i.injected_count} of {i.match_count} matching memories, {i.tokens} tokens, "
+                       f"top score {i.top_score:.3f}", style="dim"))
+    return None
+
+
+@app.command("add")
+def add_cmd(content: Annotated[str, typer.Argument(help="The memory, verbatim.")], workspace: WorkspaceOpt,
+            wing: Annotated[str | None, typer.Option(help="Wing to file it under.")] = None,
+            room: Annotated[str | None, typer.Option(help="Room to file it in.")] = None,
+            api: ApiOpt = None, key: KeyOpt = None, as_json: JsonOpt = False) -> None:
+    """Store one memory (raw-first: queued durably, filed within seconds)."""
+    with _client(workspace, api, key) as c:
+        a = _sdk(lambda: c.add(content, wing=wing, room=room, agent="cli"))
+    if as_json:
+        return _print_json(a)
+    console.print(f"accepted: drawer {', '.join(a.drawer_ids)} in {a.wing}/{a.room or '(by its type)'}")
+    return None
+
+
+@app.command("delete")
+def delete_cmd(drawer_id: Annotated[str, typer.Argument(help="The drawer's id.")], workspace: WorkspaceOpt,
+               reason: Annotated[str | None, typer.Option(help="Why (kept in the audit history).")] = None,
+               api: ApiOpt = None, key: KeyOpt = None) -> None:
+    """Delete one drawer by id: a soft delete, audited and reversible (``palace forget`` forgets a user,
+    agent or session)."""
+    with _client(workspace, api, key) as c:
+        d = _sdk(lambda: c.delete(drawer_id, reason=reason))
+    console.print(f"deleted: {d.drawer_id} (audit {d.history_event_id})")
+
+
+@app.command("identity")
+def identity_cmd(workspace: WorkspaceOpt, text: Annotated[str | None, typer.Option(
+        "--set", help="Set the identity to this (at most 400 characters).")] = None, api: ApiOpt = None,
+        key: KeyOpt = None) -> None:
+    """Show (or --set) the workspace's L0 identity."""
+    with _client(workspace, api, key) as c:
+        ident = _sdk(lambda: c.set_identity(text) if text is not None else c.get_identity())
+    console.print(Text(ident.text))
+
+
+@kg_app.command("query")
+def kg_query(entity: Annotated[str, typer.Argument(help="The entity's name.")], workspace: WorkspaceOpt,
+             as_of: Annotated[str | None, typer.Option("--as-of", help="Only facts that held then (ISO 8601).")] = None,
+             direction: Annotated[str, typer.Option(help="outgoing, incoming or both.")] = "both",
+             api: ApiOpt = None, key: KeyOpt = None, as_json: JsonOpt = False) -> None:
+    """An entity's relations, optionally as they were at a time."""
+    from services.cli_render import FactsTable
+
+    with _client(workspace, api, key) as c:
+        r = _sdk(lambda: c.kg.query(entity, as_of=as_of, direction=direction))  # type: ignore[arg-type]
+    if as_json:
+        return _print_json(r)
+    console.print(FactsTable(f"{entity}{f' as of {as_of}' if as_of else ''}: {len(r.facts)} facts", r.facts))
+    return None
+
+
+@kg_app.command("timeline")
+def kg_timeline(workspace: WorkspaceOpt,
+                entity: Annotated[str | None, typer.Argument(help="The entity; omit for every fact.")] = None,
+                limit: int = 100, api: ApiOpt = None, key: KeyOpt = None,
+                as_json: JsonOpt = False) -> None:
+    """Every fact (about an entity, or all) in the order they started, ended ones dimmed."""
+    from services.cli_render import FactsTable
+
+    with _client(workspace, api, key) as c:
+        r = _sdk(lambda: c.kg.timeline(entity, limit=limit))
+    if as_json:
+        return _print_json(r)
+    console.print(FactsTable(f"timeline of {entity or 'everything'}: {len(r.facts)} facts", r.facts))
+    return None
+
+
+@kg_app.command("add")
+def kg_add(subject: str, predicate: str, obj: Annotated[str, typer.Argument(metavar="OBJECT")],
+           workspace: WorkspaceOpt,
+           valid_from: Annotated[str | None, typer.Option("--from", help="When it began (ISO 8601).")] = None,
+           api: ApiOpt = None, key: KeyOpt = None, as_json: JsonOpt = False) -> None:
+    """Record SUBJECT PREDICATE OBJECT (e.g. Orion uses PostgreSQL --from 2025-01-15)."""
+    from services.cli_render import FactsTable
+
+    with _client(workspace, api, key) as c:
+        r = _sdk(lambda: c.kg.add(subject, predicate, obj, valid_from=valid_from))
+    if as_json:
+        return _print_json(r)
+    console.print(FactsTable("added" if r.created else "already known", [r.fact]))
+    return None
+
+
+@kg_app.command("invalidate")
+def kg_invalidate(subject: str, predicate: str, obj: Annotated[str, typer.Argument(metavar="OBJECT")],
+                  workspace: WorkspaceOpt,
+                  ended: Annotated[str | None, typer.Option("--ended", help="When it ended (ISO 8601).")] = None,
+                  api: ApiOpt = None, key: KeyOpt = None, as_json: JsonOpt = False) -> None:
+    """End a current fact (kept for questions about the past)."""
+    from services.cli_render import FactsTable
+
+    with _client(workspace, api, key) as c:
+        r = _sdk(lambda: c.kg.invalidate(subject, predicate, obj, ended=ended))
+    if as_json:
+        return _print_json(r)
+    console.print(FactsTable("ended", r.ended))
+    return None
+
+
+@kg_app.command("stats")
+def kg_stats(workspace: WorkspaceOpt, api: ApiOpt = None, key: KeyOpt = None, as_json: JsonOpt = False) -> None:
+    """Entities, facts (current and ended), mentions and the relations in use."""
+    with _client(workspace, api, key) as c:
+        st = _sdk(c.kg.stats)
+    if as_json:
+        return _print_json(st)
+    console.print(f"{st.entities} entities · {st.triples} facts ({st.current_facts} current, {st.expired_facts} "
+                  f"ended) · {st.mentions} mentions")
+    t = Table(box=box.SIMPLE_HEAD, pad_edge=False)
+    t.add_column("relation", overflow="fold")
+    t.add_column("facts", justify="right")
+    for rel, n in st.relationship_types.items():
+        t.add_row(Text(rel), str(n))
+    console.print(t)
+    return None
+
+
 @app.command()
 def demo(keep: Annotated[bool, typer.Option(help="Leave the stack running afterwards.")] = False) -> None:
     """Start everything, publish a sample conversation, and show what recall returns."""

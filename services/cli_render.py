@@ -21,7 +21,8 @@ from rich.text import Text
 
 from shared.events import DeadLetterInfo
 
-__all__ = ["CONTENT_PREVIEW_CHARS", "DeadLetterTable", "HitsTable", "payload_preview", "short_reason"]
+__all__ = ["CONTENT_PREVIEW_CHARS", "DeadLetterTable", "FactsTable", "HitsTable", "LayerTable", "payload_preview",
+           "short_reason"]
 
 CONTENT_PREVIEW_CHARS = 300  # one hit's content in a table; `--json` prints it whole
 _WIDE_HITS = 120  # from here the one-column-per-field layout leaves content at least ~40 columns
@@ -157,3 +158,58 @@ def payload_preview(data: bytes, *, full: bool = False, max_str: int = 500, max_
     if not full and len(text) > max_chars:
         text = f"{text[:max_chars]}\n… (+{len(text) - max_chars:,} characters; --full shows everything)"
     return text, is_json
+
+
+def _day(value: Any) -> str:
+    return value.strftime("%Y-%m-%d") if hasattr(value, "strftime") else (str(value)[:10] if value else "")
+
+
+class FactsTable:
+    """Knowledge-graph facts: subject, relation, object and their validity. Wide, one column each;
+    narrow (80 columns), the fact as one folded "subject —relation→ object" cell beside its dates."""
+
+    def __init__(self, title: str, facts: Sequence[Any]) -> None:
+        self.title = title
+        self.facts = list(facts)
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        wide = options.max_width >= 100
+        t = Table(title=self.title, title_justify="left", expand=True, box=box.SIMPLE_HEAD, pad_edge=False,
+                  caption=None if self.facts else "no facts")
+        if wide:
+            t.add_column("subject", ratio=1, overflow="fold")
+            t.add_column("relation", max_width=24, overflow="fold")
+            t.add_column("object", ratio=1, overflow="fold")
+        else:
+            t.add_column("fact", ratio=1, overflow="fold")
+        t.add_column("from", no_wrap=True, width=10)
+        t.add_column("to", no_wrap=True, width=10)
+        for f in self.facts:
+            to = _day(_field(f, "valid_to")) or ("now" if _field(f, "current") else "")
+            style = "" if _field(f, "current") else "dim"
+            s, p, o = str(_field(f, "subject")), str(_field(f, "predicate")), str(_field(f, "object"))
+            cells = [Text(s), Text(p), Text(o)] if wide else [Text(f"{s} —{p}→ {o}")]
+            t.add_row(*cells, Text(_day(_field(f, "valid_from")) or "-"), Text(to), style=style)
+        yield t
+
+
+class LayerTable:
+    """Drawers of a memory layer (wake-up's L1, recall's L2) in the layer's order: where, what, importance."""
+
+    def __init__(self, title: str, drawers: Sequence[Any]) -> None:
+        self.title = title
+        self.drawers = list(drawers)
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        t = Table(title=self.title, title_justify="left", expand=True, box=box.SIMPLE_HEAD, pad_edge=False,
+                  caption=None if self.drawers else "no drawers")
+        wide = options.max_width >= 100
+        t.add_column("wing/room", max_width=24 if wide else 16, overflow="fold")
+        t.add_column("memory", ratio=1, overflow="fold")
+        t.add_column("imp.", justify="right", no_wrap=True, width=4)
+        t.add_column("drawer", no_wrap=True, width=12)
+        for d in self.drawers:
+            where = f"{_field(d, 'wing')}/{'' if wide else chr(10)}{_field(d, 'room')}"  # narrow: room on its own line
+            t.add_row(Text(where), Text(str(_field(d, "snippet"))),
+                      Text(f"{float(_field(d, 'importance') or 0):.1f}"), Text(str(_field(d, "id"))[:12]))
+        yield t

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import signal
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -20,7 +21,7 @@ from fastapi import APIRouter, FastAPI
 from psycopg_pool import AsyncConnectionPool
 
 from services._runtime import QuietServer
-from services.api import ops, routes_forget, routes_memory, routes_quality, v1
+from services.api import ops, routes_drawers, routes_forget, routes_kg, routes_memory, routes_quality, v1
 from services.api.errors import install_error_handlers
 from services.api.middleware import BodyLimit, RateLimit, RequestMetrics
 from services.api.tracing import TraceMiddleware
@@ -42,7 +43,8 @@ __all__ = ["ROUTERS", "create_app", "main"]
 
 log = get_logger("palace.api")
 
-ROUTERS: list[APIRouter] = [ops.router, v1.router, routes_memory.router, routes_quality.router, routes_forget.router]
+ROUTERS: list[APIRouter] = [ops.router, v1.router, routes_memory.router, routes_quality.router, routes_forget.router,
+                              routes_drawers.router, routes_kg.router]
 
 
 async def bootstrap_keys(settings: Settings, pool: AsyncConnectionPool) -> None:
@@ -88,8 +90,9 @@ async def _connect(app: FastAPI, settings: Settings, closers: Closers) -> None:
     closers.append(("recaller", recaller.drain))
     app.state.recaller = recaller
     # MCP over streamable HTTP (services/mcp): its session manager runs as long as the api does.
-    mcp = app.state.mcp_endpoint.attach(PalaceOps(settings=settings, pool=pool, recaller=recaller, broker=broker,
-                                                  graph=PalaceGraph(pool)))
+    palace_ops = PalaceOps(settings=settings, pool=pool, recaller=recaller, broker=broker, graph=PalaceGraph(pool))
+    mcp = app.state.mcp_endpoint.attach(palace_ops)
+    app.state.ops = dataclasses.replace(palace_ops, actor="api")  # REST writes are audited as the api's
     mcp_run = mcp.session_manager.run()
     await mcp_run.__aenter__()
     closers.append(("mcp", lambda: mcp_run.__aexit__(None, None, None)))

@@ -19,13 +19,19 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Awaitable, Callable
-from typing import Annotated, Any, ParamSpec, TypeVar
+from datetime import datetime
+from typing import Annotated, Any, Literal, ParamSpec, TypeVar
 
 from mcp.server.mcpserver import Context
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import ToolAnnotations
 from pydantic import BaseModel, Field
 
+from shared.db import kg
+from shared.db.tenancy import workspace_tx
+from shared.inject import DEFAULT_THRESHOLD, DEFAULT_TOKEN_BUDGET, inject
+from shared.layers import L1_BUDGET, LayerDrawer, wake_up
+from shared.memory.kg import Fact, KgError, KgStats, TripleAdded
 from shared.palace_graph import GraphStats, RoomVisit, Tunnel
 from shared.palace_ops import (
     Accepted,
@@ -76,14 +82,14 @@ WRITE = ToolAnnotations(read_only_hint=False, destructive_hint=False, idempotent
 
 
 def tool(annotations: ToolAnnotations) -> Callable[[Callable[P, Awaitable[R]]], Callable[P, Awaitable[R]]]:
-    """Register a tool; refusals the palace explains (OperationError) reach the model as tool errors."""
+    """Register a tool; refusals the palace explains (OperationError, KgError) reach the model as tool errors."""
 
     def wrap(fn: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
         @functools.wraps(fn)
         async def run(*args: P.args, **kwargs: P.kwargs) -> R:
             try:
                 return await fn(*args, **kwargs)
-            except OperationError as e:
+            except (OperationError, KgError) as e:
                 raise ToolError(str(e)) from e
 
         TOOLS.append(ToolSpec(run, annotations))
@@ -148,6 +154,42 @@ class TunnelsOut(BaseModel):
 class DiaryOut(BaseModel):
     agent: str
     entries: list[DrawerOut] = Field(description="Newest first.")
+
+
+class LayerDrawerOut(BaseModel):
+    drawer_id: str
+    citation: str = Field(description="wing/room/short id: cite this instead of quoting.")
+    wing: str
+    room: str
+    snippet: str
+    importance: float
+    memory_type: str | None
+    occurred_at: datetime | None
+
+    @classmethod
+    def of(cls, d: LayerDrawer) -> LayerDrawerOut:
+        return cls(drawer_id=d.id, citation=d.citation, wing=d.wing, room=d.room, snippet=d.snippet,
+                   importance=d.importance, memory_type=d.memory_type, occurred_at=d.occurred_at)
+
+
+class WakeUpOut(BaseModel):
+    text: str = Field(description="L0 identity then L1 essential story: put this at the start of your context.")
+    identity: str | None = Field(description="L0, or None when no identity was set.")
+    essential: str = Field(description=f"L1: the most important memories grouped by room, at most {L1_BUDGET} "
+                           "characters.")
+    drawers: list[LayerDrawerOut] = Field(description="The drawers L1 shows, in its order.")
+    truncated: bool = Field(description="More was important than fits; use memory_search for the rest.")
+
+
+class InjectOut(BaseModel):
+    block: str = Field(description="'<memory_context>…</memory_context>' to put before your answer, or empty.")
+    tokens: int
+    match_count: int = Field(description="Memories at or above the threshold.")
+    injected_count: int = Field(description="Memories in the block.")
+    top_score: float = Field(description="The best memory's 0–1 relevance (0 when none was found).")
+    skipped: str | None = Field(description="Why nothing was injected: 'trivial' (too few meaningful words), "
+                                "'no_match' (nothing relevant enough) or 'budget' (not even one fits).")
+    citations: list[str] = Field(description="wing/room/short id of each injected memory, in block order.")
 
 
 # ------------------------------------------------------------------------------------- read tools
@@ -257,6 +299,44 @@ async def memory_diary_read(
     return DiaryOut(agent=agent, entries=await ops.diary_read(ws, agent, last_n))
 
 
+@tool(READ)
+async def memory_wake_up(
+    ctx: Context,
+    wing: Annotated[Name | None, Field(description="Only this wing's memories in the essential story (e.g. "
+                                       "the project or person the conversation is about); omit for all.")] = None,
+) -> WakeUpOut:
+    """Load what to know at the start of a conversation: the identity (L0, who you are here) and the
+    essential story (L1, the most important memories grouped by room, a short snippet each, about 2,000
+    characters at most). Call it once when a session begins; use memory_search for anything specific."""
+    ops, ws = bound(ctx)
+    w = await wake_up(ops.pool, ws, wing)
+    return WakeUpOut(text=w.text, identity=w.identity, essential=w.essential,
+                     drawers=[LayerDrawerOut.of(d) for d in w.drawers], truncated=w.truncated)
+
+
+@tool(READ)
+async def memory_inject(
+    ctx: Context,
+    message: Annotated[str, Field(min_length=1, max_length=4000, description="The user's latest message, "
+                                  "verbatim.")],
+    token_budget: Annotated[int, Field(ge=16, le=8000, description="Most tokens the block may take, tags "
+                                       "included.")] = DEFAULT_TOKEN_BUDGET,
+    threshold: Annotated[float, Field(ge=0.0, le=1.0, description="Least 0–1 relevance a memory needs to be "
+                                      "injected.")] = DEFAULT_THRESHOLD,
+) -> InjectOut:
+    """Auto-inject before a turn: given the user's message, return the memories relevant to it as a
+    <memory_context> block within a token budget, or an empty block when the message is trivial ('ok
+    thanks') or nothing is relevant enough. Cheaper and more selective than memory_search when you only
+    want context for the next answer."""
+    ops, ws = bound(ctx)
+    try:
+        i = await inject(ops.recaller, ws, message, token_budget=token_budget, threshold=threshold)
+    except ValueError as e:
+        raise OperationError(str(e)) from e
+    return InjectOut(block=i.block, tokens=i.tokens, match_count=i.match_count, injected_count=i.injected_count,
+                     top_score=round(i.top_score, 4), skipped=i.skipped, citations=list(i.citations))
+
+
 # ------------------------------------------------------------------------------------- write tools
 @tool(WRITE)
 async def memory_add_drawer(
@@ -312,3 +392,108 @@ async def memory_diary_write(
     happened in a session. Stored like any memory and readable with memory_diary_read."""
     ops, ws = bound(ctx)
     return await ops.diary_write(ws, agent, entry, topic)
+
+
+# ------------------------------------------------------------------------------------- knowledge graph
+EntityArg = Annotated[str, Field(min_length=1, max_length=200, description="An entity's name (a person, project, "
+                                 "tool, place ...), e.g. 'Orion' or 'Maria'; aliases work too.")]
+PredicateArg = Annotated[str, Field(min_length=1, max_length=100, description="The relation, e.g. 'uses', "
+                                    "'works_at', 'owns' (compared as words: 'Works At' = 'works_at').")]
+WhenArg = Annotated[str | None, Field(max_length=40, description="ISO 8601 date (2025-01-15) or time "
+                                      "(2025-01-15T09:00:00Z).")]
+
+
+class KgFactsOut(BaseModel):
+    entity: str | None
+    as_of: str | None = None
+    facts: list[Fact] = Field(description="In the order they started; 'current' says whether each holds now.")
+
+
+class KgInvalidatedOut(BaseModel):
+    invalidated: int = Field(description="How many current facts were ended (0: there was none).")
+    facts: list[Fact] = Field(description="The facts ended, with their new valid_to.")
+
+
+@tool(READ)
+async def memory_kg_query(
+    ctx: Context,
+    entity: EntityArg,
+    as_of: Annotated[str | None, Field(max_length=40, description="Only facts that held at this time (ISO 8601; "
+                                       "a date means that whole day), ended ones included; omit for every "
+                                       "fact ever recorded.")] = None,
+    direction: Annotated[Literal["outgoing", "incoming", "both"], Field(
+        description="outgoing: the entity is the subject (Orion --uses--> X); incoming: it is the object "
+                    "(X --uses--> Orion); both.")] = "both",
+) -> KgFactsOut:
+    """Look up what is known about an entity in the temporal knowledge graph: its relationships
+    (subject --predicate--> object) with when each held. Use as_of for questions about the past
+    ("what database did we use in March?"); ended facts say when they ended."""
+    ops, ws = bound(ctx)
+    async with workspace_tx(ops.pool, ws) as conn:
+        facts = await kg.query_entity(conn, ws, entity, as_of=as_of, direction=direction)
+    return KgFactsOut(entity=entity, as_of=as_of, facts=facts)
+
+
+@tool(READ)
+async def memory_kg_timeline(
+    ctx: Context,
+    entity: Annotated[str | None, Field(min_length=1, max_length=200, description="The entity; omit for the "
+                                        "whole graph's history.")] = None,
+    limit: Annotated[int, Field(ge=1, le=1000, description="Most facts.")] = 100,
+) -> KgFactsOut:
+    """The chronological story of an entity (or of everything): every fact about it in the order they
+    started, including those that have since ended. Use it to see how something changed over time."""
+    ops, ws = bound(ctx)
+    async with workspace_tx(ops.pool, ws) as conn:
+        facts = await kg.entity_timeline(conn, ws, entity, limit=limit)
+    return KgFactsOut(entity=entity, facts=facts)
+
+
+@tool(READ)
+async def memory_kg_stats(ctx: Context) -> KgStats:
+    """Size of the knowledge graph: entities, facts (current and ended), mentions in drawers, and the
+    relationship types in use with their counts."""
+    ops, ws = bound(ctx)
+    async with workspace_tx(ops.pool, ws) as conn:
+        return await kg.kg_stats(conn, ws)
+
+
+@tool(WRITE)
+async def memory_kg_add(
+    ctx: Context,
+    subject: EntityArg,
+    predicate: PredicateArg,
+    object: EntityArg,
+    valid_from: Annotated[str | None, Field(max_length=40, description="When it became true (ISO 8601); default: "
+                                            "now, or when the source drawer was said.")] = None,
+    valid_to: Annotated[str | None, Field(max_length=40, description="When it stopped being true, only for a fact "
+                                          "that is already over (ISO 8601).")] = None,
+    source_drawer_id: Annotated[str | None, Field(pattern=r"^[0-9a-f]{32}$", description="The drawer that states "
+                                                  "this fact (provenance).")] = None,
+    confidence: Annotated[float, Field(ge=0.0, le=1.0, description="How sure the fact is.")] = 1.0,
+) -> TripleAdded:
+    """Record a fact in the temporal knowledge graph: subject --predicate--> object, true from
+    valid_from on (e.g. Orion --uses--> PostgreSQL from 2025-01-15). Entities are created when missing;
+    stating a fact that already holds changes nothing. When a fact stops being true, end it with
+    memory_kg_invalidate rather than adding a contradicting one alone."""
+    ops, ws = bound(ctx)
+    async with workspace_tx(ops.pool, ws) as conn:
+        return await kg.add_triple(conn, ws, subject, predicate, object, valid_from=valid_from,
+                                   valid_to=valid_to, confidence=confidence, source_drawer=source_drawer_id)
+
+
+@tool(ToolAnnotations(read_only_hint=False, destructive_hint=False, idempotent_hint=True, open_world_hint=False))
+async def memory_kg_invalidate(
+    ctx: Context,
+    subject: EntityArg,
+    predicate: PredicateArg,
+    object: EntityArg,
+    ended: Annotated[str | None, Field(max_length=40, description="When it stopped being true (ISO 8601); "
+                                       "default: now.")] = None,
+) -> KgInvalidatedOut:
+    """Mark a fact as no longer true (sets its valid_to), e.g. Orion --uses--> MongoDB ended 2025-01-14.
+    The fact is kept, so questions about the past still see it; nothing is deleted."""
+    ops, ws = bound(ctx)
+    async with workspace_tx(ops.pool, ws) as conn:
+        facts = await kg.invalidate_triple(conn, ws, subject, predicate, object, ended=ended, actor=ops.actor)
+    return KgInvalidatedOut(invalidated=len(facts), facts=facts)

@@ -23,7 +23,9 @@ from tests.integration.helpers import Stack, api_key_for, ws
 EXPECTED_TOOLS = {
     "memory_status", "memory_list_wings", "memory_list_rooms", "memory_get_taxonomy", "memory_search",
     "memory_check_duplicate", "memory_traverse", "memory_find_tunnels", "memory_graph_stats", "memory_add_drawer",
-    "memory_delete_drawer", "memory_set_identity", "memory_diary_write", "memory_diary_read",
+    "memory_delete_drawer", "memory_set_identity", "memory_diary_write", "memory_diary_read", "memory_wake_up",
+    "memory_inject", "memory_kg_query", "memory_kg_add", "memory_kg_invalidate", "memory_kg_timeline",
+    "memory_kg_stats",
 }
 
 # (content, wing, room): alice/{music, hiking}, bob/{music, cooking}; music is the tunnel.
@@ -120,6 +122,61 @@ async def exercise_every_tool(session: ClientSession, stack: Stack, w: str) -> d
     assert second["previous"] == "I am Atlas, the household's scheduling assistant."
     assert (await call(session, "memory_status"))["identity"] == "I am Atlas; I keep the family calendar."
     await call_error(session, "memory_set_identity", text="x" * 401)
+
+    # Wake-up: L0 then L1 (every drawer here, grouped by room), within L1's budget; one wing on request.
+    woke = await call(session, "memory_wake_up")
+    assert woke["identity"] == "I am Atlas; I keep the family calendar."
+    assert woke["text"].startswith(woke["identity"] + "\n\n") and woke["text"].endswith(woke["essential"])
+    assert {d["drawer_id"] for d in woke["drawers"]} == set(ids.values()) and not woke["truncated"]
+    assert len(woke["essential"]) <= 2000
+    for d in woke["drawers"]:
+        assert f"[{d['wing']}/{d['room']}]" in woke["essential"] and d["snippet"] in woke["essential"]
+    bob = await call(session, "memory_wake_up", wing="bob")
+    assert {d["wing"] for d in bob["drawers"]} == {"bob"} and len(bob["drawers"]) == 2
+
+    # Inject: nothing for a trivial message; the violin lessons for a question about them, within budget.
+    trivial = await call(session, "memory_inject", message="ok thanks!")
+    assert (trivial["block"], trivial["skipped"], trivial["match_count"]) == ("", "trivial", 0)
+    asked = await call(session, "memory_inject", message="When does Alice take her violin lessons?")
+    assert asked["skipped"] is None and asked["block"].startswith("<memory_context>")
+    assert asked["citations"][0].startswith("alice/music/") and "violin" in asked["block"]
+    assert asked["injected_count"] == len(asked["citations"]) <= asked["match_count"]
+    assert 0.3 <= asked["top_score"] <= 1 and asked["tokens"] <= 200
+    small = await call(session, "memory_inject", message="When does Alice take her violin lessons?", token_budget=40)
+    assert small["tokens"] <= 40 and small["injected_count"] <= 1
+    strict = await call(session, "memory_inject", message="When does Alice take her violin lessons?", threshold=1.0)
+    assert strict["block"] == "" and strict["skipped"] == "no_match" and strict["top_score"] < 1.0
+    assert "token_budget" in await call_error(session, "memory_inject", message="violin lessons", token_budget=1)
+
+    # Knowledge graph (MemPalace's example): a fact ends, a new one begins; the past stays answerable.
+    bass = ids[MEMORIES[2][0]]
+    mongo = await call(session, "memory_kg_add", subject="Orion", predicate="uses", object="MongoDB",
+                       valid_from="2024-06-01", source_drawer_id=bass)
+    assert mongo["created"] and mongo["fact"]["current"] and mongo["fact"]["source_drawer"] == bass
+    assert not (await call(session, "memory_kg_add", subject="orion", predicate="Uses", object="mongodb",
+                           valid_from="2024-08-01"))["created"], "the same fact, already holding"
+    await call(session, "memory_kg_add", subject="Orion", predicate="uses", object="PostgreSQL",
+               valid_from="2025-01-15")
+    ended = await call(session, "memory_kg_invalidate", subject="Orion", predicate="uses", object="MongoDB",
+                       ended="2025-01-14")
+    assert ended["invalidated"] == 1 and ended["facts"][0]["valid_to"].startswith("2025-01-14")
+    assert (await call(session, "memory_kg_invalidate", subject="Orion", predicate="uses",
+                       object="MongoDB"))["invalidated"] == 0
+    then = await call(session, "memory_kg_query", entity="Orion", as_of="2024-12-01")
+    assert [(f["predicate"], f["object"], f["current"]) for f in then["facts"]] == [("uses", "MongoDB", False)]
+    now = await call(session, "memory_kg_query", entity="Orion", as_of="2025-06-01", direction="outgoing")
+    assert [f["object"] for f in now["facts"]] == ["PostgreSQL"]
+    into = await call(session, "memory_kg_query", entity="PostgreSQL", direction="incoming")
+    assert [(f["subject"], f["direction"]) for f in into["facts"]] == [("Orion", "incoming")]
+    story = await call(session, "memory_kg_timeline", entity="Orion")
+    assert [(f["object"], f["current"]) for f in story["facts"]] == [("MongoDB", False), ("PostgreSQL", True)]
+    assert len((await call(session, "memory_kg_timeline"))["facts"]) == 2
+    kstats = await call(session, "memory_kg_stats")
+    assert (kstats["triples"], kstats["current_facts"], kstats["expired_facts"]) == (2, 1, 1)
+    assert kstats["relationship_types"] == {"uses": 2} and kstats["entities"] >= 3
+    assert "ISO 8601" in await call_error(session, "memory_kg_query", entity="Orion", as_of="last spring")
+    assert "before" in await call_error(session, "memory_kg_add", subject="A", predicate="knows", object="B",
+                                        valid_from="2025-02-01", valid_to="2025-01-01")
 
     # Soft delete: gone from search and the graph (the cached taxonomy is invalidated), audited, reversible.
     hiking = ids[MEMORIES[1][0]]
@@ -221,6 +278,10 @@ async def test_http_session_calls_every_tool_and_is_bound_to_its_key(stack: Stac
         assert (await call(other, "memory_delete_drawer", drawer_id=violin))["deleted"] is False
         assert (await call(other, "memory_find_tunnels"))["tunnels"] == []
         assert (await call(other, "memory_status"))["identity"] is None
+        assert (await call(other, "memory_kg_query", entity="Orion"))["facts"] == []
+        assert (await call(other, "memory_kg_stats"))["triples"] == 0
+        assert (await call(other, "memory_kg_invalidate", subject="Orion", predicate="uses",
+                           object="PostgreSQL"))["invalidated"] == 0
     assert _live_drawers(stack, a) == len(MEMORIES) + 2, "A's drawers are untouched"
 
     # No key, a malformed key or a revoked one: 401 before any MCP handling.

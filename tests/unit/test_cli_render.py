@@ -119,3 +119,34 @@ def test_palace_up_services_table_shows_whole_urls(width: int | None) -> None:
     out = _render(_services_table(eps, {n: "not ready (503)" for n in names}), width)
     for ep in eps.values():
         assert str(ep["ready"]) in out and str(ep["metrics"]) in out
+
+
+FACTS = [
+    {"subject": "Orion", "predicate": "uses", "object": "MongoDB", "valid_from": "2024-06-01T00:00:00Z",
+     "valid_to": "2025-01-14T00:00:00Z", "current": False},
+    {"subject": "The Orion platform team at the Frankfurt office", "predicate": "is_responsible_for_operating",
+     "object": "the PostgreSQL cluster with pgvector and its nightly backups", "valid_from": "2025-01-15T00:00:00Z",
+     "valid_to": None, "current": True},
+]
+
+
+@pytest.mark.parametrize("width", [None, 80, 60, 160])
+def test_facts_keep_both_ends_and_their_dates_at_any_width(width: int | None) -> None:
+    from services.cli_render import FactsTable
+
+    out = _render(FactsTable("timeline", FACTS), width)
+    assert max(len(line) for line in out.splitlines()) <= (width or 80)
+    flat = " ".join(out.split())
+    for word in ("MongoDB", "2024-06-01", "2025-01-14", "2025-01-15", "now", "nightly", "backups", "Frankfurt"):
+        assert word in flat, (word, out)
+
+
+@pytest.mark.parametrize("width", [None, 80, 160])
+def test_layer_drawers_show_the_snippet_and_short_id(width: int | None) -> None:
+    from services.cli_render import LayerTable
+
+    drawers = [{"id": "0123456789abcdef" * 2, "wing": "project-orion", "room": "decisions", "importance": 4.0,
+                "snippet": HITS[0]["content"]}]
+    out = _render(LayerTable("L1", drawers), width)
+    assert max(len(line) for line in out.splitlines()) <= (width or 80)
+    assert "0123456789ab" in out and "back up." in " ".join(out.split())

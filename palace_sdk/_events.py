@@ -1,0 +1,42 @@
+"""Publishing ``session.completed`` to NATS JetStream, validated before anything is sent."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import nats
+from pydantic import ValidationError
+
+from palace_sdk.errors import EventInvalid
+from palace_sdk.models import Published
+from shared.events.models import SessionCompleted
+
+__all__ = ["DEFAULT_MAX_EVENT_BYTES", "DEFAULT_STREAM", "encode_session", "publish_encoded"]
+
+DEFAULT_STREAM = "PALACE"
+DEFAULT_MAX_EVENT_BYTES = 1_000_000  # the pipeline's PALACE_MAX_EVENT_BYTES default
+
+
+def encode_session(event: SessionCompleted | dict[str, Any], max_bytes: int) -> tuple[SessionCompleted, bytes]:
+    """The event checked against the ``session.completed`` model (the source of schemas/'s JSON Schema)
+    and its size limit, and its JSON. ``EventInvalid`` names what is wrong; nothing is sent then."""
+    try:
+        model = event if isinstance(event, SessionCompleted) else SessionCompleted.model_validate(event)
+    except ValidationError as e:
+        raise EventInvalid(f"not a valid session.completed event: {e}") from e
+    data = model.model_dump_json(exclude_none=True).encode()
+    if len(data) > max_bytes:
+        raise EventInvalid(f"the event is {len(data):,} bytes of JSON; the pipeline accepts at most {max_bytes:,} "
+                           "(split the session)")
+    return model, data
+
+
+async def publish_encoded(nc: nats.NATS, model: SessionCompleted, data: bytes, stream: str,
+                          ack_wait_s: float) -> Published:
+    """Publish and wait for JetStream's store acknowledgement. The message id is the event id, so a
+    retry of the same event (or the same session re-sent) is stored once."""
+    ack = await nc.jetstream().publish(
+        SessionCompleted.subject, data, timeout=ack_wait_s, stream=stream,
+        headers={"Nats-Msg-Id": f"{SessionCompleted.subject}:{model.event_id}"})
+    return Published(event_id=model.event_id or "", stream=ack.stream, seq=ack.seq,
+                     duplicate=bool(ack.duplicate))
