@@ -16,6 +16,7 @@ from prometheus_client import make_asgi_app
 from pydantic import BaseModel, Field
 
 from services._runtime import QuietServer
+from services.api.routes_palace import router as palace_router
 from services.mcp.server import McpHttpEndpoint
 from shared.bus import build_broker, ensure_streams, publish_event
 from shared.config import Settings
@@ -125,6 +126,7 @@ def create_app(settings: Settings) -> FastAPI:
     app.mount("/metrics", make_asgi_app())
     # MCP over streamable HTTP; each request is bound to its bearer key's workspace (services/mcp).
     app.router.add_route("/mcp", mcp_endpoint, methods=["GET", "POST", "DELETE"], include_in_schema=False)
+    app.include_router(palace_router)  # the palace browser: /v1/workspaces/{ws}/palace/... and the page at /ui
 
     @app.middleware("http")
     async def limit_body(request: Request, call_next: Any) -> Any:
