@@ -11,7 +11,7 @@ const STOP = new Set(("a an and are as at be but by did do does for from had has
 const SIGNAL_NAMES = { full_text: "full text", time_window: "time window", dense: "vector", text: "full text" };
 
 const $ = (id) => document.getElementById(id);
-const state = { ws: "", room: null, after: null, drawerId: null };
+const state = { ws: "", room: null, query: null, after: null, drawerId: null };
 
 /** An element with attributes and children; strings become text nodes (never HTML). */
 function el(tag, attrs, ...children) {
@@ -139,6 +139,7 @@ function drawerCard(d, opts) {
 async function openRoom(wing, room, more) {
   if (!more) state.after = null;
   state.room = { wing, room };
+  state.query = null;
   const q = new URLSearchParams({ wing, room, limit: String(PAGE) });
   if (more && state.after) q.set("after", state.after);
   const page = await api(wsPath() + "/drawers?" + q);
@@ -155,11 +156,15 @@ async function openRoom(wing, room, more) {
   if (page.next) section.append(el("button", { type: "button", class: "more",
     onclick: () => guarded(() => openRoom(wing, room, true)) }, "More drawers"));
   if (!items.children.length) items.replaceWith(el("p", { class: "empty" }, "This room is empty."));
+  markCurrentRoom();
+  status(page.drawers.length + (more ? " more" : "") + " drawers in " + wing + " / " + room);
+}
+
+function markCurrentRoom() {
   for (const b of document.querySelectorAll("button.room")) {
-    const cur = b.dataset.wing === wing && b.dataset.room === room;
+    const cur = state.room && b.dataset.wing === state.room.wing && b.dataset.room === state.room.room;
     if (cur) b.setAttribute("aria-current", "true"); else b.removeAttribute("aria-current");
   }
-  status(page.drawers.length + (more ? " more" : "") + " drawers in " + wing + " / " + room);
 }
 
 // ------------------------------------------------------------------------------------ search
@@ -196,6 +201,9 @@ function explanation(hit) {
 async function search(query) {
   const q = new URLSearchParams({ workspace_id: state.ws, q: query, k: "10" });
   const res = await api("/v1/search?" + q);
+  state.room = null;
+  state.query = query;
+  markCurrentRoom();
   const stems = terms(query);
   const items = el("ol", { class: "cards hits", "aria-label": "Search results" });
   for (const h of res.hits) items.append(drawerCard(h, { stems, extra: explanation(h) }));
@@ -280,7 +288,7 @@ async function openDrawer(id, quiet) {
     dl([["Wing / room", d.wing + " / " + d.room], ["Hall", d.hall], ["Type", d.memory_type || "unclassified"],
       ["State", d.state], ["Importance", d.importance.toFixed(1)], ["Speaker", d.speaker],
       ["Said", d.occurred_at && when(d.occurred_at)], ["Filed", when(d.filed_at)],
-      ["Recalled", d.access_count + " times" + (d.last_accessed_at ? ", last " + when(d.last_accessed_at) : "")],
+      ["Recalled", d.access_count + (d.access_count === 1 ? " time" : " times") + (d.last_accessed_at ? ", last " + when(d.last_accessed_at) : "")],
       ["Summary", d.summary], ["Superseded by", d.superseded_by]]),
     prov, hist);
   if (!quiet) { section.focus(); status("Drawer " + d.citation); }
@@ -303,6 +311,7 @@ async function restore(id) {
 async function refreshAfterChange(id) {
   await loadTaxonomy();
   if (state.room) await openRoom(state.room.wing, state.room.room);
+  else if (state.query) await search(state.query);
   await openDrawer(id, true);
 }
 
@@ -310,6 +319,7 @@ async function refreshAfterChange(id) {
 async function open(ws) {
   state.ws = ws;
   state.room = null;
+  state.query = null;
   sessionStorage.setItem(WS, ws);
   $("list").replaceChildren(el("h2", { id: "list-h" }, "Drawers"), el("p", { class: "empty" }, "Pick a room, or search."));
   await loadTaxonomy();
