@@ -279,13 +279,14 @@ def publish(file: Annotated[Path, typer.Argument(help="JSON file: one session.co
 async def _local_search(s: Settings, workspace: str, query: str, k: int) -> list[Any]:
     from shared.adapters import build_embedder
     from shared.db.pool import open_pool
+    from shared.db.search import SearchParams
     from shared.recall import Recaller
 
     db, _ = _urls(s)
     pool = await open_pool(db, name="cli", max_size=2, role=s.db_role)
     emb = build_embedder(s)
     try:
-        r = Recaller(pool, emb, vector_index_min=s.vector_index_min_drawers)
+        r = Recaller(pool, emb, SearchParams.from_settings(s), vector_index_min=s.vector_index_min_drawers)
         hits = await r.search(workspace, query, k)
         await r.drain()
         return hits
@@ -469,6 +470,14 @@ def apikey_create(workspace: Annotated[str, typer.Option("--workspace", "-w", he
             await pool.close()
 
     console.print(asyncio.run(go()))
+
+
+@apikey_app.command("generate")
+def apikey_generate() -> None:
+    """Print a new well-formed key without storing it, for PALACE_API_BOOTSTRAP_KEYS (workspace_id=key)."""
+    from shared.security import generate_key
+
+    print(generate_key()[1])
 
 
 @app.command()

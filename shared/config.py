@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 __all__ = ["Settings"]
@@ -124,7 +124,7 @@ class Settings(BaseSettings):
 
     # --- HTTP ----------------------------------------------------------------------------------
     api_host: str = Field("127.0.0.1", description="API bind address.")
-    api_port: int = Field(8080, description="API port (also serves /metrics and /healthz).")
+    api_port: int = Field(8080, description="API port (also serves /livez, /readyz and /metrics).")
     metrics_host: str = Field(
         "127.0.0.1", description="Bind address of a worker's metrics and health endpoints (0.0.0.0 in containers, "
         "where the orchestrator probes and scrapes them).",
@@ -137,10 +137,37 @@ class Settings(BaseSettings):
     mcp_workspace: str | None = Field(
         None, description="The one workspace 'palace mcp' (stdio) serves; every tool call is bound to it.",
     )
+    api_allow_unauthenticated_bind: bool = Field(
+        False, description="Let the API listen on a non-loopback address with authentication off. Only for a network "
+        "you trust: anyone who can connect reads and writes every workspace. Without it the API refuses to start.",
+    )
+    api_bootstrap_keys: SecretStr | None = Field(
+        None, description="Secret. API keys to store (hashed, idempotently) at API start: 'workspace_id=key' pairs, "
+        "comma-separated; keys look like 'palace apikey generate' output. For deployments (a Kubernetes Secret).",
+    )
+    api_rate_per_s: float = Field(
+        50.0, description="Requests per second each API key may make (each client address when authentication is "
+        "off); over it: 429 with Retry-After. 0 disables the limit. Per api process.",
+    )
+    api_rate_burst: int = Field(100, description="Requests a key or address may make at once before the rate applies.")
+    api_rate_buckets_max: int = Field(
+        10_000, description="Most callers the rate limiter tracks at once (least recently seen are forgotten)."
+    )
     search_limit_max: int = Field(50, description="Largest k a search may ask for.")
+    recall_cos_floor: float = Field(
+        0.78, description="Cosine the vector signal counts as 0: the low end of the embedding model's band "
+        "(the default fits multilingual-e5-small; set both ends for another model).",
+    )
+    recall_cos_ceiling: float = Field(0.90, description="Cosine the vector signal counts as 1 (see recall_cos_floor).")
     log_level: str = Field("INFO", description="Log level.")
     log_json: bool = Field(True, description="JSON log lines (false: human-readable console).")
     shutdown_grace_s: float = Field(20.0, description="Seconds a service drains in-flight work on SIGTERM.")
+
+    @model_validator(mode="after")
+    def _cos_band(self) -> Settings:
+        if not self.recall_cos_ceiling > self.recall_cos_floor:
+            raise ValueError("PALACE_RECALL_COS_CEILING must be above PALACE_RECALL_COS_FLOOR")
+        return self
 
     @property
     def embedded(self) -> bool:

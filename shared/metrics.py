@@ -5,6 +5,7 @@ from __future__ import annotations
 from prometheus_client import Counter, Gauge, Histogram
 
 __all__ = [
+    "ACCESS_UPDATES",
     "CONSUMER_ACK_PENDING",
     "CONSUMER_PENDING",
     "DEAD_LETTERED",
@@ -14,6 +15,8 @@ __all__ = [
     "EMBED_TEXTS",
     "FAILED",
     "HANDLER_SECONDS",
+    "HTTP_REQUESTS",
+    "HTTP_REQUEST_SECONDS",
     "IN_FLIGHT",
     "PROCESSED",
     "SEARCH_SECONDS",
@@ -56,3 +59,18 @@ DRAWERS = Counter("palace_drawers_total", "Drawer transitions.", ["service", "ou
 EMBED_TEXTS = Counter("palace_embedded_texts_total", "Texts embedded (cache misses).", ["model"])
 EMBED_SECONDS = Histogram("palace_embed_seconds", "Embedding call latency.", ["model"], buckets=_BUCKETS)
 SEARCH_SECONDS = Histogram("palace_search_seconds", "Search latency.", ["stage"], buckets=_BUCKETS)
+ACCESS_UPDATES = Counter(
+    "palace_access_updates_total",
+    "Drawer access bumps by outcome: written, dropped (buffer full), retried (row locked or pool busy).",
+    ["outcome"],
+)
+
+# HTTP API. `route` is the route template (/v1/workspaces/{workspace_id}/stats), never the raw path, so
+# the number of series stays bounded whatever callers send; unmatched paths share one label.
+HTTP_REQUESTS = Counter(
+    "palace_http_requests_total", "HTTP requests answered by the API.", ["method", "route", "status"]
+)
+HTTP_REQUEST_SECONDS = Histogram(
+    "palace_http_request_seconds", "HTTP request latency, first byte received to response sent.",
+    ["method", "route"], buckets=_BUCKETS,
+)

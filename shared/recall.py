@@ -6,7 +6,6 @@ users call. If the embedder fails, recall degrades to full-text only instead of 
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -14,7 +13,8 @@ from dataclasses import dataclass, field
 import numpy as np
 from psycopg_pool import AsyncConnectionPool
 
-from shared.db.search import SearchHit, SearchParams, hybrid_search, touch_access, workspace_size
+from shared.access import access_log
+from shared.db.search import SearchHit, SearchParams, hybrid_search, workspace_size
 from shared.db.tenancy import workspace_tx
 from shared.db.vector_indexes import request_vector_index, vector_index_ready
 from shared.logging import get_logger
@@ -39,7 +39,6 @@ class Recaller:
     vector_index_min: int = 5_000  # PALACE_VECTOR_INDEX_MIN_DRAWERS
     _cache: OrderedDict[str, np.ndarray] = field(default_factory=OrderedDict)
     _sizes: dict[str, tuple[int, bool, float]] = field(default_factory=dict)
-    _bg: set[asyncio.Task[None]] = field(default_factory=set)
 
     async def _embed(self, query: str) -> np.ndarray | None:
         if self.embedder is None:
@@ -85,19 +84,10 @@ class Recaller:
                                        vector_index=cached[1])
         SEARCH_SECONDS.labels("sql").observe(time.perf_counter() - t1)
         SEARCH_SECONDS.labels("total").observe(time.perf_counter() - t0)
-        if self.touch and hits:
-            task = asyncio.create_task(self._touch(workspace_id, [h.id for h in hits]))
-            self._bg.add(task)
-            task.add_done_callback(self._bg.discard)
+        if self.touch and hits:  # noted, written later in one batch (shared/access.py): never awaited here
+            access_log(self.pool).note(workspace_id, [h.id for h in hits])
         return hits
 
-    async def _touch(self, workspace_id: str, ids: list[str]) -> None:
-        try:
-            async with workspace_tx(self.pool, workspace_id) as conn:
-                await touch_access(conn, workspace_id, ids)
-        except Exception as e:
-            log.warning("touch_failed", error=repr(e)[:200])
-
     async def drain(self) -> None:
-        if self._bg:
-            await asyncio.gather(*self._bg, return_exceptions=True)
+        """Write the access statistics still pending (at shutdown)."""
+        await access_log(self.pool).aclose()

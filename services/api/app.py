@@ -1,206 +1,180 @@
-"""The HTTP API (FastAPI; OpenAPI at /docs and /openapi.json)."""
+"""The HTTP API (FastAPI; OpenAPI at /docs and /openapi.json).
+
+``create_app`` builds the application: connections in the lifespan, the JSON error handlers, the
+middleware (request metrics, rate limit, body limit) and the routers. A new group of endpoints is an
+``APIRouter`` in its own module, using the dependencies of ``services.api.deps`` (``CallerDep`` for
+the caller's workspace), added to ``ROUTERS``.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import signal
-from collections.abc import AsyncIterator
+import sys
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from typing import Annotated, Any
 
 import uvicorn
-from fastapi import Depends, FastAPI, HTTPException, Query, Request
-from fastapi.responses import JSONResponse
-from prometheus_client import make_asgi_app
-from pydantic import BaseModel, Field
+from fastapi import APIRouter, FastAPI
+from psycopg_pool import AsyncConnectionPool
 
 from services._runtime import QuietServer
-from services.api.routes_palace import router as palace_router
+from services.api import ops, routes_memory, routes_palace, v1
+from services.api.errors import install_error_handlers
+from services.api.middleware import BodyLimit, RateLimit, RequestMetrics
 from services.mcp.server import McpHttpEndpoint
-from shared.bus import build_broker, ensure_streams, publish_event
+from shared.bus import build_broker, ensure_streams
 from shared.config import Settings
-from shared.db.apikeys import workspace_for_key
+from shared.db.apikeys import store_api_key
 from shared.db.migrate import apply_migrations
-from shared.db.pool import open_pool
-from shared.db.search import SearchHit
-from shared.db.tenancy import key_lookup_tx, workspace_tx
+from shared.db.pool import open_pool, wait_for_database
+from shared.db.search import SearchParams
 from shared.endpoints import resolve_urls
-from shared.events import SessionCompleted
-from shared.events.models import WorkspaceId
 from shared.logging import configure_logging, get_logger
 from shared.palace_graph import PalaceGraph
 from shared.palace_ops import PalaceOps
 from shared.recall import Recaller
-from shared.security import key_id_of
+from shared.security import is_loopback_host, key_id_of, parse_bootstrap_keys, unsafe_bind_reason
 
-__all__ = ["create_app", "main"]
+__all__ = ["ROUTERS", "create_app", "main"]
 
 log = get_logger("palace.api")
 
-
-class SearchRequest(BaseModel):
-    workspace_id: WorkspaceId
-    query: str = Field(min_length=1, max_length=4000, description="What to recall.")
-    k: int = Field(10, ge=1, le=50, description="How many drawers to return.")
+ROUTERS: list[APIRouter] = [ops.router, v1.router, routes_memory.router, routes_palace.router]
 
 
-class SearchResponse(BaseModel):
-    workspace_id: str
-    query: str
-    hits: list[SearchHit] = Field(description="Best first. `dense` and `text` are the two signals, each "
-                                  "min-max normalised over the candidates; `score` is the fused rank.")
-
-
-class Accepted(BaseModel):
-    event_id: str
-    subject: str
-
-
-def _recaller(request: Request) -> Recaller:
-    return request.app.state.recaller  # type: ignore[no-any-return]
-
-
-RecallerDep = Annotated[Recaller, Depends(_recaller)]
-
-
-async def _authorize(request: Request, workspace_id: str) -> None:
-    """With PALACE_API_AUTH, a request may only touch the workspace its bearer key belongs to."""
-    settings: Settings = request.app.state.settings
-    if not settings.api_auth:
+async def bootstrap_keys(settings: Settings, pool: AsyncConnectionPool) -> None:
+    """Store the keys of PALACE_API_BOOTSTRAP_KEYS (hashed; repeat starts change nothing)."""
+    if settings.api_bootstrap_keys is None:
         return
-    header = request.headers.get("authorization", "")
-    scheme, _, key = header.partition(" ")
-    if scheme.lower() != "bearer" or not key:
-        raise HTTPException(401, "missing bearer API key", headers={"WWW-Authenticate": "Bearer"})
-    key = key.strip()
-    key_id = key_id_of(key)
-    owner = None
-    if key_id is not None:
-        async with key_lookup_tx(request.app.state.pool, key_id) as conn:
-            owner = await workspace_for_key(conn, key)
-    if owner is None:
-        raise HTTPException(401, "invalid API key", headers={"WWW-Authenticate": "Bearer"})
-    if owner != workspace_id:
-        raise HTTPException(403, "this API key belongs to another workspace")
+    for workspace, key in parse_bootstrap_keys(settings.api_bootstrap_keys.get_secret_value()):
+        outcome = await store_api_key(pool, workspace, key, name="bootstrap")
+        if outcome == "revoked":
+            log.warning("api_bootstrap_key_revoked", workspace_id=workspace, key_id=key_id_of(key))
+        else:
+            log.info("api_bootstrap_key", workspace_id=workspace, key_id=key_id_of(key), outcome=outcome)
 
 
-def create_app(settings: Settings) -> FastAPI:
-    """Build the API; servers are connected in the lifespan, once."""
-    state: dict[str, Any] = {}
-    mcp_endpoint = McpHttpEndpoint(settings, lambda: state["pool"])
+Closers = list[tuple[str, Callable[[], Awaitable[object]]]]
+
+
+async def _connect(app: FastAPI, settings: Settings, closers: Closers) -> None:
+    """Open everything requests need, publishing each on ``app.state`` as it comes up; ``closers``
+    collects what to close at shutdown, so a start interrupted half-way still closes what it opened."""
+    from shared.adapters import build_embedder
+
+    db_url, nats_url = resolve_urls(settings)
+    await wait_for_database(db_url)
+    await asyncio.to_thread(apply_migrations, db_url, settings.embed_dim)
+    pool = await open_pool(db_url, name="api", min_size=settings.db_pool_min, max_size=settings.db_pool_max,
+                           role=settings.db_role)
+    closers.append(("database", pool.close))
+    await bootstrap_keys(settings, pool)
+    app.state.pool = pool
+    broker = build_broker(settings, "api", nats_url)
+    closers.append(("nats", broker.stop))
+    await broker.connect()
+    await ensure_streams(broker, settings)
+    app.state.broker = broker
+    embedder = build_embedder(settings)
+    closers.append(("embedder", embedder.aclose))
+    warm = getattr(embedder, "warm_up", None)
+    if warm is not None:
+        await warm()
+    recaller = Recaller(pool, embedder, SearchParams.from_settings(settings),
+                        vector_index_min=settings.vector_index_min_drawers)
+    closers.append(("recaller", recaller.drain))
+    app.state.recaller = recaller
+    # MCP over streamable HTTP (services/mcp): its session manager runs as long as the api does.
+    mcp = app.state.mcp_endpoint.attach(PalaceOps(settings=settings, pool=pool, recaller=recaller, broker=broker,
+                                                  graph=PalaceGraph(pool)))
+    mcp_run = mcp.session_manager.run()
+    await mcp_run.__aenter__()
+    closers.append(("mcp", lambda: mcp_run.__aexit__(None, None, None)))
+    log.info("api_ready", host=settings.api_host, port=settings.api_port)
+
+
+def create_app(settings: Settings, *,
+               on_start_failure: Callable[[BaseException], None] | None = None) -> FastAPI:
+    """Build the API; servers are connected in the lifespan, once.
+
+    Without ``on_start_failure`` the lifespan waits for every connection before serving (tests, embedding
+    in another app). With it (``main``), the api serves at once and connects in the background: ``/livez``
+    answers while the database or NATS is still unreachable and ``/readyz`` says which one, so an
+    orchestrator waits for readiness instead of restarting a process that is merely waiting. A start that
+    fails for good (the database never came, a key clash) calls ``on_start_failure``.
+    """
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        from shared.adapters import build_embedder
+        if settings.api_bootstrap_keys is not None:
+            parse_bootstrap_keys(settings.api_bootstrap_keys.get_secret_value())  # malformed: fail before connecting
+        closers: Closers = []
+        task: asyncio.Task[None] | None = None
+        if on_start_failure is None:
+            await _connect(app, settings, closers)
+        else:
+            report = on_start_failure
 
-        db_url, nats_url = resolve_urls(settings)
-        await asyncio.to_thread(apply_migrations, db_url, settings.embed_dim)
-        pool = await open_pool(db_url, name="api", min_size=settings.db_pool_min, max_size=settings.db_pool_max,
-                               role=settings.db_role)
-        embedder = build_embedder(settings)
-        warm = getattr(embedder, "warm_up", None)
-        if warm is not None:
-            await warm()
-        broker = build_broker(settings, "api", nats_url)
-        await broker.connect()
-        await ensure_streams(broker, settings)
-        recaller = Recaller(pool, embedder, vector_index_min=settings.vector_index_min_drawers)
-        state.update(pool=pool, broker=broker, recaller=recaller)
-        app.state.recaller = state["recaller"]
-        app.state.pool = pool
-        mcp = mcp_endpoint.attach(PalaceOps(settings=settings, pool=pool, recaller=state["recaller"], broker=broker,
-                                            graph=PalaceGraph(pool)))
-        async with mcp.session_manager.run():
-            yield
-        await state["recaller"].drain()
-        await broker.stop()
-        await pool.close()
-        await embedder.aclose()
+            def done(t: asyncio.Task[None]) -> None:
+                if not t.cancelled() and t.exception() is not None:
+                    exc = t.exception()
+                    assert exc is not None
+                    log.error("api_start_failed", error=f"{type(exc).__name__}: {exc}", exc_info=exc)
+                    report(exc)
+
+            task = asyncio.create_task(_connect(app, settings, closers))
+            task.add_done_callback(done)
+        yield
+        if task is not None and not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        # Each step on its own, last opened first: a dependency already gone (NATS down at shutdown) must
+        # not keep the rest open.
+        for step, close in reversed(closers):
+            try:
+                await close()
+            except Exception as e:
+                log.warning("api_shutdown_step_failed", step=step, error=f"{type(e).__name__}: {e}")
 
     app = FastAPI(
         title="Palace", version="0.1.0", lifespan=lifespan,
-        description="Long-term memory for AI agents: recall before every turn, raw-first writes.",
+        description="Long-term memory for AI agents: recall before every turn, raw-first writes. Errors are "
+                    '`{"error": <code>, "detail": <reason>}`; with authentication on, send '
+                    "`Authorization: Bearer <key>`.",
     )
     app.state.settings = settings
-    app.mount("/metrics", make_asgi_app())
+    app.state.mcp_endpoint = McpHttpEndpoint(settings, lambda: app.state.pool)
+    install_error_handlers(app)
+    # Added innermost first: metrics see every answer, including the limiters' 429 and 413.
+    app.add_middleware(BodyLimit, limit=settings.max_request_bytes)
+    app.add_middleware(RateLimit, settings=settings, exempt=ops.OPS_PATHS)
+    app.add_middleware(RequestMetrics)
+    for router in ROUTERS:
+        app.include_router(router)
     # MCP over streamable HTTP; each request is bound to its bearer key's workspace (services/mcp).
-    app.router.add_route("/mcp", mcp_endpoint, methods=["GET", "POST", "DELETE"], include_in_schema=False)
-    app.include_router(palace_router)  # the palace browser: /v1/workspaces/{ws}/palace/... and the page at /ui
-
-    @app.middleware("http")
-    async def limit_body(request: Request, call_next: Any) -> Any:
-        size = request.headers.get("content-length")
-        if size is not None and (not size.isdigit() or int(size) > settings.max_request_bytes):
-            return JSONResponse({"detail": f"request body over {settings.max_request_bytes} bytes"}, 413)
-        return await call_next(request)
-
-    @app.get("/healthz", tags=["ops"])
-    async def healthz() -> dict[str, bool]:
-        """Liveness and readiness: the database answers and the bus is connected."""
-        try:
-            async with state["pool"].connection(timeout=2) as conn:
-                await conn.execute("SELECT 1")
-        except Exception as e:
-            raise HTTPException(503, f"database: {e!r}") from None
-        conn_ok = state["broker"]._connection is not None and state["broker"]._connection.is_connected
-        if not conn_ok:
-            raise HTTPException(503, "nats disconnected")
-        return {"database": True, "nats": True}
-
-    @app.post("/v1/search", response_model=SearchResponse, tags=["recall"])
-    async def search(req: SearchRequest, r: RecallerDep, request: Request) -> SearchResponse:
-        """Hybrid recall (dense + full text, fused) within one workspace."""
-        await _authorize(request, req.workspace_id)
-        hits = await r.search(req.workspace_id, req.query, req.k)
-        return SearchResponse(workspace_id=req.workspace_id, query=req.query,
-                              hits=hits)
-
-    @app.get("/v1/search", response_model=SearchResponse, tags=["recall"])
-    async def search_get(
-        r: RecallerDep,
-        request: Request,
-        workspace_id: Annotated[str, Query(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}$")],
-        q: Annotated[str, Query(min_length=1, max_length=4000)],
-        k: Annotated[int, Query(ge=1, le=50)] = 10,
-    ) -> SearchResponse:
-        """Same as POST /v1/search, for quick checks from a browser or curl."""
-        return await search(SearchRequest(workspace_id=workspace_id, query=q, k=k), r, request)
-
-    @app.post("/v1/sessions", response_model=Accepted, status_code=202, tags=["write"])
-    async def post_session(event: SessionCompleted, request: Request) -> Accepted:
-        """Publish a completed session to the bus (JetStream acks it durably before we answer)."""
-        await _authorize(request, event.workspace_id)
-        await publish_event(state["broker"], settings, event)
-        return Accepted(event_id=event.event_id or "", subject=event.subject)
-
-    @app.get("/v1/workspaces/{workspace_id}/stats", tags=["recall"])
-    async def stats(workspace_id: str, request: Request) -> dict[str, Any]:
-        """Drawer counts by state and memory type, and session/message counts."""
-        await _authorize(request, workspace_id)
-        async with workspace_tx(state["pool"], workspace_id) as conn:
-            by_state = dict(await (await conn.execute(
-                "SELECT state, count(*) FROM drawers WHERE workspace_id = %s GROUP BY state", (workspace_id,)
-            )).fetchall())
-            by_type = dict(await (await conn.execute(
-                "SELECT coalesce(memory_type, 'unclassified'), count(*) FROM drawers WHERE workspace_id = %s"
-                " GROUP BY 1", (workspace_id,)
-            )).fetchall())
-            row = await (await conn.execute(
-                "SELECT (SELECT count(*) FROM sessions WHERE workspace_id = %s),"
-                " (SELECT count(*) FROM messages WHERE workspace_id = %s)", (workspace_id, workspace_id)
-            )).fetchone()
-        assert row is not None
-        return {"workspace_id": workspace_id, "sessions": row[0], "messages": row[1],
-                "drawers_by_state": by_state, "drawers_by_type": by_type}
-
+    app.router.add_route("/mcp", app.state.mcp_endpoint, methods=["GET", "POST", "DELETE"], include_in_schema=False)
     return app
 
 
 def main() -> None:
     settings = Settings()
     configure_logging(settings.log_level, settings.log_json)
-    server = QuietServer(uvicorn.Config(create_app(settings), host=settings.api_host, port=settings.api_port,
+    refusal = unsafe_bind_reason(settings.api_host, settings.api_auth, settings.api_allow_unauthenticated_bind)
+    if refusal is not None:
+        log.error("api_not_started", reason=refusal)
+        sys.exit(f"palace api: {refusal}")
+    if not settings.api_auth and not is_loopback_host(settings.api_host):
+        log.warning("api_listening_without_authentication", host=settings.api_host)
+    failed: list[BaseException] = []
+
+    def start_failed(exc: BaseException) -> None:
+        failed.append(exc)
+        server.should_exit = True
+
+    app = create_app(settings, on_start_failure=start_failed)
+    server = QuietServer(uvicorn.Config(app, host=settings.api_host, port=settings.api_port,
                                         log_level="warning", timeout_graceful_shutdown=int(settings.shutdown_grace_s)))
 
     async def run() -> None:
@@ -211,3 +185,5 @@ def main() -> None:
             await server.serve()
 
     asyncio.run(run())
+    if failed:
+        sys.exit(f"palace api: start failed: {type(failed[0]).__name__}: {failed[0]}")

@@ -2,7 +2,7 @@
 soft delete and restore, and the static page (``/ui``) that uses them.
 
 Every endpoint takes the workspace from its path and passes the caller through the API's bearer-key
-check first, so with authentication on a key can only browse its own workspace; every read runs in a
+check first (``WorkspacePath``), so with authentication on a key can only browse its own workspace; every read runs in a
 workspace transaction (row-level security) and is capped (shared/db/palace_browse.py).
 """
 
@@ -19,8 +19,11 @@ from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request
 from fastapi.staticfiles import StaticFiles
 from pydantic import BaseModel, Field
 
+from services.api.deps import BrokerDep, PoolDep, RecallerDep, SettingsDep, WorkspacePath
+from services.api.errors import ERROR_RESPONSES
 from shared.db import palace_browse as pb
 from shared.db.tenancy import workspace_tx
+from shared.memory.citations import cite
 from shared.palace_graph import PalaceGraph
 from shared.palace_ops import PalaceOps
 
@@ -35,36 +38,26 @@ MESSAGES_MAX = 40  # per session
 HISTORY_MAX = 50
 ACTOR = "browser"
 
-api = APIRouter(prefix="/v1/workspaces/{workspace_id}/palace", tags=["palace browser"])
+api = APIRouter(prefix="/v1/workspaces/{workspace_id}/palace", tags=["palace browser"], responses=ERROR_RESPONSES)
 
 
-async def _workspace(
-    request: Request,
-    workspace_id: Annotated[str, Path(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}$",
-                                      description="Workspace (tenant) id.")],
-) -> str:
-    """The path's workspace once the caller may use it (401/403 otherwise, with PALACE_API_AUTH)."""
-    from services.api.app import _authorize  # the API's own check; imported late (app imports us)
-
-    await _authorize(request, workspace_id)
-    return workspace_id
-
-
-Workspace = Annotated[str, Depends(_workspace)]
-
-
-def _graph(request: Request) -> PalaceGraph:
+def _graph(request: Request, pool: PoolDep) -> PalaceGraph:
+    """One taxonomy cache per api process (shared/palace_graph.py), made on first use."""
     graph: PalaceGraph | None = getattr(request.app.state, "palace_graph", None)
     if graph is None:
-        graph = request.app.state.palace_graph = PalaceGraph(request.app.state.pool)
+        graph = request.app.state.palace_graph = PalaceGraph(pool)
     return graph
 
 
-def _ops(request: Request) -> PalaceOps:
+GraphDep = Annotated[PalaceGraph, Depends(_graph)]
+
+
+def _ops(settings: SettingsDep, pool: PoolDep, recaller: RecallerDep, broker: BrokerDep, graph: GraphDep) -> PalaceOps:
     """Palace operations as the browser: deletes and restores are audited with actor 'browser'."""
-    s = request.app.state
-    return PalaceOps(settings=s.settings, pool=s.pool, recaller=s.recaller, broker=getattr(s, "broker", None),
-                     graph=_graph(request), actor=ACTOR)
+    return PalaceOps(settings=settings, pool=pool, recaller=recaller, broker=broker, graph=graph, actor=ACTOR)
+
+
+OpsDep = Annotated[PalaceOps, Depends(_ops)]
 
 
 # ------------------------------------------------------------------------------------------ models
@@ -87,7 +80,7 @@ class TaxonomyOut(BaseModel):
 
 class DrawerItem(BaseModel):
     drawer_id: str
-    citation: str = Field(description="wing/room/drawer_id: cite this instead of quoting.")
+    citation: str = Field(description="wing/room/short id, as search hits cite it.")
     content: str
     wing: str
     room: str
@@ -188,16 +181,16 @@ def _parse_cursor(after: str) -> tuple[datetime, str]:
 
 
 def _item(d: pb.DrawerRow) -> dict[str, Any]:
-    return {"drawer_id": d.id, "citation": f"{d.wing}/{d.room}/{d.id}", "content": d.content, "wing": d.wing,
+    return {"drawer_id": d.id, "citation": cite(d.wing, d.room, d.id), "content": d.content, "wing": d.wing,
             "room": d.room, "hall": d.hall, "memory_type": d.memory_type, "importance": d.importance,
             "speaker": d.speaker, "occurred_at": d.occurred_at, "filed_at": d.filed_at}
 
 
 # ------------------------------------------------------------------------------------------ routes
 @api.get("/taxonomy", response_model=TaxonomyOut)
-async def taxonomy(ws: Workspace, request: Request) -> TaxonomyOut:
+async def taxonomy(ws: WorkspacePath, graph: GraphDep) -> TaxonomyOut:
     """Wings → rooms with their live drawer counts (cached per workspace until its layout changes)."""
-    tax = await _graph(request).taxonomy(ws)
+    tax = await graph.taxonomy(ws)
     return TaxonomyOut(workspace_id=ws, drawers=tax.total, wings=[
         WingOut(wing=w, drawers=sum(rooms.values()), rooms=[RoomOut(room=r, drawers=n) for r, n in rooms.items()])
         for w, rooms in tax.wings.items()])
@@ -205,7 +198,7 @@ async def taxonomy(ws: Workspace, request: Request) -> TaxonomyOut:
 
 @api.get("/drawers", response_model=DrawerPage)
 async def room_drawers(
-    ws: Workspace, request: Request,
+    ws: WorkspacePath, pool: PoolDep,
     wing: Annotated[str, Query(min_length=1, max_length=200)],
     room: Annotated[str, Query(min_length=1, max_length=200)],
     limit: Annotated[int, Query(ge=1, le=PAGE_MAX)] = 25,
@@ -213,7 +206,7 @@ async def room_drawers(
 ) -> DrawerPage:
     """A room's live drawers, newest filed first, one page (keyset: stable while drawers are added)."""
     cursor = _parse_cursor(after) if after else None
-    async with workspace_tx(request.app.state.pool, ws) as conn:
+    async with workspace_tx(pool, ws) as conn:
         rows = await pb.room_drawers(conn, ws, wing, room, limit=limit + 1, after=cursor)
     page = rows[:limit]
     return DrawerPage(wing=wing, room=room, drawers=[DrawerItem(**_item(d)) for d in page],
@@ -221,11 +214,11 @@ async def room_drawers(
 
 
 @api.get("/drawers/{drawer_id}", response_model=DrawerOut)
-async def drawer(ws: Workspace, request: Request,
+async def drawer(ws: WorkspacePath, pool: PoolDep,
                  drawer_id: Annotated[str, Path(min_length=1, max_length=200)]) -> DrawerOut:
     """One drawer (deleted ones too), where it came from (the raw session and messages, the chunk
     positions) and what happened to it (memory_history)."""
-    async with workspace_tx(request.app.state.pool, ws) as conn:
+    async with workspace_tx(pool, ws) as conn:
         d = await pb.drawer_detail(conn, ws, drawer_id)
         if d is None:
             raise HTTPException(404, f"no drawer {drawer_id!r} in this workspace")
@@ -254,19 +247,19 @@ async def drawer(ws: Workspace, request: Request,
 
 @api.delete("/drawers/{drawer_id}", response_model=DeleteOut)
 async def delete_drawer(
-    ws: Workspace, request: Request, drawer_id: Annotated[str, Path(min_length=1, max_length=200)],
+    ws: WorkspacePath, ops: OpsDep, drawer_id: Annotated[str, Path(min_length=1, max_length=200)],
     reason: Annotated[str | None, Query(max_length=500, description="Kept in the audit row.")] = None,
 ) -> DeleteOut:
     """Soft delete: search, layers and the taxonomy stop seeing it; audited in memory_history; restorable."""
-    out = await _ops(request).delete_drawer(ws, drawer_id, reason=reason)
+    out = await ops.delete_drawer(ws, drawer_id, reason=reason)
     return DeleteOut(**out.model_dump())
 
 
 @api.post("/drawers/{drawer_id}/restore", response_model=RestoreOut)
-async def restore_drawer(ws: Workspace, request: Request,
+async def restore_drawer(ws: WorkspacePath, ops: OpsDep,
                          drawer_id: Annotated[str, Path(min_length=1, max_length=200)]) -> RestoreOut:
     """Undo a soft delete (audited as RESTORE)."""
-    return RestoreOut(drawer_id=drawer_id, restored=await _ops(request).restore_drawer(ws, drawer_id))
+    return RestoreOut(drawer_id=drawer_id, restored=await ops.restore_drawer(ws, drawer_id))
 
 
 # What create_app includes: the endpoints above and the page, a static directory (no build step).

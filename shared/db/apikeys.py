@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from psycopg import AsyncConnection
+from psycopg_pool import AsyncConnectionPool
 
+from shared.db.tenancy import key_lookup_tx, workspace_tx
 from shared.security import generate_key, hash_key, key_id_of, keys_match
 
-__all__ = ["create_api_key", "workspace_for_key"]
+__all__ = ["create_api_key", "store_api_key", "workspace_for_key"]
+
+StoreOutcome = Literal["created", "present", "revoked"]
 
 
 async def create_api_key(conn: AsyncConnection[Any], workspace_id: str, name: str | None = None) -> str:
@@ -32,3 +36,36 @@ async def workspace_for_key(conn: AsyncConnection[Any], full_key: str) -> str | 
         if keys_match(full_key, stored):
             return str(ws)
     return None
+
+
+async def store_api_key(pool: AsyncConnectionPool, workspace_id: str, full_key: str,
+                        name: str | None = None) -> StoreOutcome:
+    """Store a key chosen elsewhere (a deployment's secret) for ``workspace_id``; safe to repeat.
+
+    ``created`` on first store, ``present`` when it is already there, ``revoked`` when it was stored and
+    later revoked (left revoked: restarting with an old secret must not bring a key back). A key
+    already stored for another workspace raises ``ValueError``: one key never opens two workspaces.
+    """
+    key_id = key_id_of(full_key)
+    if key_id is None:
+        raise ValueError(f"malformed API key for workspace {workspace_id}")
+    async with workspace_tx(pool, workspace_id) as conn:
+        cur = await conn.execute(
+            "INSERT INTO api_keys (workspace_id, key_id, key_hash, name) VALUES (%s, %s, %s, %s)"
+            " ON CONFLICT DO NOTHING", (workspace_id, key_id, hash_key(full_key), name),
+        )
+        if cur.rowcount == 1:
+            return "created"
+    # The row that conflicted may belong to another workspace, which this workspace cannot see.
+    async with key_lookup_tx(pool, key_id) as conn:
+        rows = await (await conn.execute(
+            "SELECT workspace_id, key_hash, revoked_at IS NOT NULL FROM api_keys WHERE key_id = %s", (key_id,)
+        )).fetchall()
+    for ws, stored, revoked in rows:
+        if keys_match(full_key, stored):
+            if ws != workspace_id:
+                raise ValueError(f"the API key given for workspace {workspace_id} (key id {key_id}) is already "
+                                 f"stored for workspace {ws}")
+            return "revoked" if revoked else "present"
+    raise ValueError(f"key id {key_id} of workspace {workspace_id} is already taken by another key; "
+                     "generate a new key")

@@ -32,7 +32,7 @@ async def stuck_drawers(conn: AsyncConnection[Any], older_than_s: float, max_ret
              FROM (SELECT workspace_id, id FROM drawers
                     WHERE state = 'raw' AND deleted_at IS NULL AND retry_count < %s
                       AND updated_at < now() - make_interval(secs => %s)
-                    ORDER BY updated_at LIMIT %s FOR UPDATE SKIP LOCKED) s
+                    ORDER BY filed_at LIMIT %s FOR UPDATE SKIP LOCKED) s
             WHERE d.workspace_id = s.workspace_id AND d.id = s.id
         RETURNING d.workspace_id, d.id, d.retry_count""",
         (max_retries, older_than_s, limit),
@@ -52,7 +52,7 @@ async def fail_exhausted(conn: AsyncConnection[Any], older_than_s: float, max_re
              FROM (SELECT workspace_id, id FROM drawers
                     WHERE state = 'raw' AND deleted_at IS NULL AND retry_count >= %s
                       AND updated_at < now() - make_interval(secs => %s)
-                    ORDER BY updated_at LIMIT %s FOR UPDATE SKIP LOCKED) s
+                    ORDER BY filed_at LIMIT %s FOR UPDATE SKIP LOCKED) s
             WHERE d.workspace_id = s.workspace_id AND d.id = s.id""",
         (max_retries, older_than_s, limit),
     )

@@ -33,10 +33,12 @@ from typing import Any
 import numpy as np
 from psycopg import AsyncConnection
 
-from shared.memory.ranking import Candidate, Ranked, RankParams, rank, tsvector_terms
+from shared.config import Settings
+from shared.memory.citations import cite
+from shared.memory.ranking import Candidate, Explanation, Ranked, RankParams, rank, tsvector_terms
 from shared.memory.timeexpr import date_windows
 
-__all__ = ["SearchHit", "SearchParams", "candidates", "hybrid_search", "touch_access", "workspace_size"]
+__all__ = ["SearchHit", "SearchParams", "candidates", "hybrid_search", "workspace_size"]
 
 
 @dataclass(frozen=True)
@@ -50,14 +52,25 @@ class SearchParams:
     max_terms: int = 16
     rank: RankParams = field(default_factory=RankParams)
 
+    @classmethod
+    def from_settings(cls, settings: Settings) -> SearchParams:
+        """The defaults, with the embedding model's cosine band from the settings."""
+        return cls(rank=RankParams(cos_floor=settings.recall_cos_floor, cos_ceiling=settings.recall_cos_ceiling))
+
 
 @dataclass(frozen=True)
 class SearchHit:
+    """One recalled drawer. ``score`` is its 0–1 relevance (the same scale in every workspace; hits come
+    best first by it); ``dense`` and ``text`` are the vector and full-text signals on 0–1; ``citation``
+    (wing/room/short id) is what to cite instead of quoting; ``explanation`` says what each signal added."""
+
     id: str
     content: str
     score: float
     dense: float
     text: float
+    citation: str
+    explanation: Explanation
     memory_type: str | None
     importance: float
     wing: str
@@ -157,7 +170,8 @@ def _hits(ranked: list[Ranked], rows: dict[str, tuple[Any, ...]]) -> list[Search
         _, session_id, _, _, _, _, importance, _, _, content, memory_type, wing, room, speaker, role, occurred_at, \
             metadata = rows[r.id]
         out.append(SearchHit(
-            id=r.id, content=content, score=r.score, dense=r.dense, text=r.text, memory_type=memory_type,
+            id=r.id, content=content, score=r.score, dense=r.dense, text=r.text, citation=cite(wing, room, r.id),
+            explanation=r.explanation, memory_type=memory_type,
             importance=float(importance), wing=wing, room=room, session_id=session_id, speaker=speaker, role=role,
             occurred_at=occurred_at, metadata=json.loads(metadata) if metadata else {},
         ))
@@ -193,13 +207,3 @@ async def workspace_size(conn: AsyncConnection[Any], workspace_id: str) -> int:
         "SELECT count(*) FROM drawers WHERE workspace_id = %s AND deleted_at IS NULL", (workspace_id,))
     row = await cur.fetchone()
     return int(row[0]) if row else 0
-
-
-async def touch_access(conn: AsyncConnection[Any], workspace_id: str, ids: list[str]) -> None:
-    """Recall keeps memories alive: bump access stats of what was returned."""
-    if ids:
-        await conn.execute(
-            "UPDATE drawers SET access_count = access_count + 1, last_accessed_at = now()"
-            " WHERE workspace_id = %s AND id = ANY(%s)",
-            (workspace_id, ids),
-        )

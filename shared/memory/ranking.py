@@ -9,24 +9,28 @@ which is most of what recall can spend under its 25 ms budget once the query emb
 Signals, each chosen on ../shared/bench/locomo-dev.json with bench/ranking_lab.py (README, "Recall
 quality"):
 
-1. cosine similarity, min-max normalised over the candidates (e5-family cosines sit in a narrow band,
-   so raw cosines let any text weight swamp them);
-2. Okapi BM25 of the content against the query's lexemes, divided by the best among the candidates;
-   document frequencies and the mean length are counted among the candidates (no term-statistics
-   table to maintain), which measured as well as workspace-wide statistics and better than
-   ``ts_rank_cd``, which has no notion of how rare a word is;
+1. cosine similarity, mapped linearly from the embedding model's band (``cos_floor`` → 0,
+   ``cos_ceiling`` → 1, clipped): e5-family cosines sit in a narrow band, so raw cosines would let any
+   text weight swamp them; a fixed band, unlike a min-max over the candidates, means the same in every
+   query and workspace;
+2. Okapi BM25 of the content against the query's lexemes (``_text_signal``); document frequencies and
+   the mean length are counted among the candidates (no term-statistics table to maintain), which
+   measured as well as workspace-wide statistics and better than ``ts_rank_cd``, which has no notion of
+   how rare a word is;
 3. the drawer's speaker is named in the query ("What did Ana decide?": the answer is in what Ana
    said, not in what was said to her);
 4. the drawer happened inside a time window the query names (shared/memory/timeexpr.py);
 5. conversation structure: a drawer inherits ``smooth`` × the better of its neighbouring turns' scores
    (an answer sits next to its question), and ``session_boost`` × the mean of its session's three best
    scores (evidence clusters in sessions);
-6. importance and recency nudge the result;
-7. the first five places go to five different sessions where the best ten hold them: the best drawer
-   of each session first, the others right after. The best ten stay the same ten (turn R@10 cannot
-   change); a reader of the first five sees more of the past. On LoCoMo-dev session recall_any@5 went
-   0.936 → 0.955 and turn R@5 0.732 → 0.659 (a question's second evidence turn in the same session
-   now sits at 6–10 more often).
+6. importance and recency nudge the result.
+
+The fused score maps onto a 0–1 relevance (``1 - exp(-fused / relevance_scale)``) with no per-query
+divisor, so a threshold means the same everywhere; each hit's ``Explanation`` gives every signal's
+share of it. Session diversity is then part of the score (``_diversify``): the first five places go to
+different sessions where the best twelve hold them, a drawer held back for them scores no more than the
+last of those places, and a drawer below ``relevance_floor`` is never moved up. The results are in the
+order of their scores.
 """
 
 from __future__ import annotations
@@ -36,14 +40,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["Candidate", "RankParams", "Ranked", "bm25", "plain_fusion", "rank", "tsvector_terms"]
+__all__ = ["Candidate", "Explanation", "RankParams", "Ranked", "bm25", "plain_fusion", "rank", "tsvector_terms"]
 
 
 @dataclass(frozen=True)
 class RankParams:
-    """Fusion weights; the defaults are what ships. Chosen on LoCoMo-dev and checked by leaving one
-    conversation out (``bench/ranking_lab.py --held-out``): weights picked without a conversation score
-    it as well as these do (README, "Recall quality")."""
+    """Fusion weights and the relevance scale; the defaults are what ships. Chosen on LoCoMo-dev and
+    checked by leaving one conversation out (``bench/ranking_lab.py --held-out``; README, "Recall
+    quality")."""
 
     w_dense: float = 0.55
     w_text: float = 0.45
@@ -57,9 +61,24 @@ class RankParams:
     w_importance: float = 0.02
     recency_days: float = 30.0
     w_recency: float = 0.05
+    # The vector signal maps cosine linearly from ``cos_floor`` (0) to ``cos_ceiling`` (1), clipped: a band
+    # of the embedding model, the same for every query and workspace (the shipped multilingual-e5-small
+    # puts nearly all query-passage cosines between them; set both for another model).
+    cos_floor: float = 0.78
+    cos_ceiling: float = 0.90
+    # The full-text signal's scale (``_text_signal``).
+    text_floor: float = 0.5
+    ideal_terms: int = 2
+    # relevance = 1 - exp(-fused / relevance_scale): fused scores map onto 0–1 without a per-query divisor.
+    # At 1.5 a drawer whose only signal is a vector match at ``cos_ceiling`` scores 0.31, one that also
+    # matches the query's words fully 0.49.
+    relevance_scale: float = 1.5
+    # Session diversity (``_diversify``): the first places go to different sessions, but a drawer below
+    # ``relevance_floor`` is never moved up for it.
     session_cap: int = 1  # at most this many of the first ``capped_top`` from one session (0: no cap)
     capped_top: int = 5
-    capped_pool: int = 10  # ...chosen among the best ``capped_pool`` only (0: among all)
+    capped_pool: int = 12  # ...chosen among the best ``capped_pool`` only (0: among all)
+    relevance_floor: float = 0.3
 
 
 @dataclass(frozen=True)
@@ -81,11 +100,35 @@ class Candidate:
 
 
 @dataclass(frozen=True)
+class Explanation:
+    """Why a drawer scored what it did: each signal's share of ``score``, on the same 0–1 scale, so the
+    shares add up to the score (``diversity`` is zero or negative). The fused score is a sum of signals
+    scaled by importance and recency, then mapped onto 0–1; each signal keeps its fraction of the fused
+    score through that mapping. ``graph`` stays 0 until a knowledge-graph signal exists. ``cosine`` and
+    ``bm25`` are the raw values behind ``vector`` and ``full_text``."""
+
+    vector: float
+    full_text: float
+    speaker: float
+    time_window: float
+    neighbours: float
+    session: float
+    graph: float
+    importance: float
+    recency: float
+    diversity: float
+    cosine: float | None
+    bm25: float
+
+
+@dataclass(frozen=True)
 class Ranked:
     id: str
-    score: float
-    dense: float
-    text: float
+    score: float  # 0–1 relevance after session diversity; results come in this order
+    dense: float  # the vector signal, 0–1 on the model's cosine band
+    text: float  # the full-text signal, 0–1: the share of the query's BM25 weight the drawer matches
+    relevance: float  # 0–1 before session diversity
+    explanation: Explanation
 
 
 def tsvector_terms(text: str, lexemes: Sequence[str]) -> tuple[dict[str, int], int, frozenset[str]]:
@@ -127,21 +170,19 @@ def _best(cands: Sequence[Candidate], scores: np.ndarray, k: int) -> list[int]:
     return sorted(range(len(cands)), key=lambda i: (-scores[i], cands[i].id))[:k]
 
 
-def _minmax(v: np.ndarray, valid: np.ndarray) -> np.ndarray:
-    if not valid.any():
-        return np.zeros_like(v)
-    lo, hi = v[valid].min(), v[valid].max()
-    return np.where(valid, (v - lo) / (hi - lo), 0.0) if hi > lo else np.zeros_like(v)
-
-
 def bm25(cands: Sequence[Candidate], lexemes: Sequence[str], k1: float = 1.2, b: float = 0.75) -> np.ndarray:
     """Okapi BM25 of each candidate's content, with document frequencies and mean length counted among
     the candidates."""
+    return _bm25_idf(cands, lexemes, k1, b)[0]
+
+
+def _bm25_idf(cands: Sequence[Candidate], lexemes: Sequence[str], k1: float, b: float) -> tuple[np.ndarray, np.ndarray]:
+    """BM25 per candidate and the idf of each distinct query lexeme."""
     dl = np.fromiter((c.content_len for c in cands), dtype=float, count=len(cands))
     counted = dl > 0
     n = int(counted.sum())
     if not n or not lexemes:
-        return np.zeros(len(cands))
+        return np.zeros(len(cands)), np.zeros(0)
     norm = k1 * (1 - b + b * dl / dl[counted].mean())
     terms = {t: j for j, t in enumerate(dict.fromkeys(lexemes))}
     tf = np.zeros((len(cands), len(terms)))
@@ -150,7 +191,7 @@ def bm25(cands: Sequence[Candidate], lexemes: Sequence[str], k1: float = 1.2, b:
             tf[i, terms[t]] = c.content_tf[t]
     df = np.count_nonzero(tf, axis=0)
     idf = np.log(1 + (n - df + 0.5) / (df + 0.5))
-    return (idf * tf * (k1 + 1) / (tf + norm[:, None])).sum(axis=1)
+    return (idf * tf * (k1 + 1) / (tf + norm[:, None])).sum(axis=1), idf
 
 
 def _neighbour_best(cands: Sequence[Candidate], s: np.ndarray) -> np.ndarray:
@@ -182,45 +223,97 @@ def _session_strength(cands: Sequence[Candidate], sm: np.ndarray, top: int) -> n
     return np.where(sess >= 0, mean[np.maximum(sess, 0)], 0.0)
 
 
+def _text_signal(cands: Sequence[Candidate], lexemes: Sequence[str], p: RankParams) -> tuple[np.ndarray, np.ndarray]:
+    """Raw BM25 and the full-text signal on 0–1: BM25 over the larger of the best BM25 among the
+    candidates and ``text_floor`` × an ideal match (what a drawer of average length holding the query's
+    ``ideal_terms`` rarest lexemes once each scores: the sum of their idf). A strong best match sets the
+    scale, as plain BM25-over-the-best does; a weak one stays weak instead of counting as a full match,
+    so the signal means the same in a workspace where nothing matches well."""
+    raw, idf = _bm25_idf(cands, lexemes, p.bm25_k1, p.bm25_b)
+    if not raw.any():
+        return raw, np.zeros(len(cands))
+    ideal = float(np.sort(idf)[::-1][: p.ideal_terms].sum())
+    return raw, np.minimum(raw / max(float(raw.max()), p.text_floor * ideal), 1.0)
+
+
+def _diversify(cands: Sequence[Candidate], rel: np.ndarray, p: RankParams) -> tuple[np.ndarray, list[int]]:
+    """Relevance after session diversity, as a score, so the order of results stays the order of scores.
+
+    Among the best ``capped_pool`` by relevance, the first ``capped_top`` places go to at most
+    ``session_cap`` drawers of one session, best first; a drawer is moved up into them only if its
+    relevance is at least ``relevance_floor``. A drawer held back for them scores the lesser of its own
+    relevance and the last of those places' (so it follows right after them, in its order, still above
+    everything outside the pool); all others keep their relevance. Returns the scores and the order
+    (scores never increase along it; of equal scores, the one that was not held back comes first)."""
+    out = rel.copy()
+    order = sorted(range(len(cands)), key=lambda i: (-rel[i], cands[i].id))
+    if not p.session_cap or not p.capped_top:
+        return out, order
+    pool = order[: p.capped_pool] if p.capped_pool else order
+    head: list[int] = []
+    held: list[int] = []
+    per: dict[str, int] = {}
+    for i in pool:
+        if len(head) >= p.capped_top:
+            held.append(i)
+            continue
+        sid = cands[i].session_id
+        fits = sid is None or per.get(sid, 0) < p.session_cap
+        promoted = bool(held)  # something better is being held back for it
+        if fits and (not promoted or rel[i] >= p.relevance_floor):
+            head.append(i)
+            if sid is not None:
+                per[sid] = per.get(sid, 0) + 1
+        elif fits:  # below the floor: no promotion, and nothing after it could be promoted either
+            held.append(i)
+            break
+        else:
+            held.append(i)
+    if held and head:
+        last = rel[head[-1]]
+        for i in held:
+            out[i] = min(rel[i], last)
+    placed = set(head) | set(held)
+    return out, head + held + [i for i in order if i not in placed]
+
+
 def rank(cands: Sequence[Candidate], query_lexemes: Sequence[str], p: RankParams, k: int) -> list[Ranked]:
-    """The best ``k`` candidates, best first (ties broken by id, so a ranking is reproducible)."""
+    """The best ``k`` candidates by 0–1 relevance after session diversity, best first (ties broken by id,
+    so a ranking is reproducible)."""
     if not cands:
         return []
     n = len(cands)
     cos = np.fromiter((np.nan if c.cos is None else c.cos for c in cands), dtype=float, count=n)
-    dense = _minmax(np.nan_to_num(cos), ~np.isnan(cos))
-    text = _by_max(bm25(cands, query_lexemes, p.bm25_k1, p.bm25_b))
+    band = max(p.cos_ceiling - p.cos_floor, 1e-9)
+    dense = np.clip((np.nan_to_num(cos, nan=p.cos_floor) - p.cos_floor) / band, 0.0, 1.0)
+    raw_text, text = _text_signal(cands, query_lexemes, p)
     qset = frozenset(query_lexemes)
     named = np.fromiter((not qset.isdisjoint(c.speaker_lexemes) for c in cands), dtype=float, count=n)
     dated = np.fromiter((c.dated for c in cands), dtype=float, count=n)
-    s = p.w_dense * dense + p.w_text * text + p.w_speaker * named + p.w_date * dated
-    sm = s + p.smooth * _neighbour_best(cands, s)
-    sess = _session_strength(cands, sm, p.session_top)
+    parts = {"vector": p.w_dense * dense, "full_text": p.w_text * text, "speaker": p.w_speaker * named,
+             "time_window": p.w_date * dated}
+    s = sum(parts.values())
+    parts["neighbours"] = p.smooth * _neighbour_best(cands, s)
+    sm = s + parts["neighbours"]
+    parts["session"] = p.session_boost * _session_strength(cands, sm, p.session_top)
+    base = sm + parts["session"]
     imp = np.fromiter((c.importance for c in cands), dtype=float, count=n)
     age = np.fromiter((max(c.age_days, 0.0) for c in cands), dtype=float, count=n)
-    final = (sm + p.session_boost * sess) * (1 + p.w_importance * (imp - 3)) \
-        * (1 + p.w_recency / (1 + age / p.recency_days))
-    order = _best(cands, final, n if p.session_cap else k)
-    if p.session_cap:
-        order = _cap_sessions(cands, order, p.session_cap, p.capped_top, p.capped_pool)[:k]
-    return [Ranked(cands[i].id, float(final[i]), float(dense[i]), float(text[i])) for i in order]
-
-
-def _cap_sessions(cands: Sequence[Candidate], order: list[int], cap: int, top: int, pool: int) -> list[int]:
-    """The first ``top`` places hold at most ``cap`` drawers of one session, taken among the best ``pool``
-    (0: all); the ones held back follow right after, in their order, so they stay near the top."""
-    window = order[:pool] if pool else order
-    head: list[int] = []
-    held: list[int] = []
-    per: dict[str | None, int] = {}
-    for i in window:
-        sid = cands[i].session_id
-        if len(head) < top and (sid is None or per.get(sid, 0) < cap):
-            head.append(i)
-            per[sid] = per.get(sid, 0) + 1
-        else:
-            held.append(i)
-    return head + held + order[len(window):]
+    imp_f = 1 + p.w_importance * (imp - 3)
+    rec_f = 1 + p.w_recency / (1 + age / p.recency_days)
+    parts["importance"] = base * (imp_f - 1)
+    parts["recency"] = base * imp_f * (rec_f - 1)
+    fused = base * imp_f * rec_f
+    rel = 1 - np.exp(-np.maximum(fused, 0.0) / p.relevance_scale)
+    final, order = _diversify(cands, rel, p)
+    share = np.divide(rel, fused, out=np.zeros(n), where=fused > 0)
+    out = []
+    for i in order[:k]:
+        e = Explanation(**{name: float(v[i] * share[i]) for name, v in parts.items()}, graph=0.0,
+                        diversity=float(final[i] - rel[i]), cosine=None if np.isnan(cos[i]) else float(cos[i]),
+                        bm25=float(raw_text[i]))
+        out.append(Ranked(cands[i].id, float(final[i]), float(dense[i]), float(text[i]), float(rel[i]), e))
+    return out
 
 
 def plain_fusion(cands: Sequence[Candidate], query_lexemes: Sequence[str], k: int, w_dense: float = 0.7,

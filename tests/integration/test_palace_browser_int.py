@@ -24,6 +24,7 @@ import uvicorn
 
 from services.api.app import create_app
 from shared.config import Settings
+from shared.memory.citations import cite
 from tests.integration.helpers import Stack, api_key_for, session, wait_for, ws
 
 pytestmark = pytest.mark.integration
@@ -138,7 +139,7 @@ def test_browse_search_and_delete_in_chromium(stack: Stack, chromium: str, authe
             expect(cards).to_have_count(room_count)
             page.locator(f'#list li.card[data-drawer="{drawer_id}"] button.open').click()
             detail = page.locator("#drawer")
-            expect(detail.locator(".cite .citation")).to_have_text(f"{wing}/{room}/{drawer_id}")
+            expect(detail.locator(".cite .citation")).to_have_text(cite(wing, room, drawer_id))
             expect(detail.locator("p.content")).to_have_text(TARGET)
             # Provenance: the raw session and its messages, the source one marked with its chunk.
             expect(detail.locator(".session-id")).to_have_text("s-browser-1")
@@ -188,7 +189,7 @@ def test_browse_search_and_delete_in_chromium(stack: Stack, chromium: str, authe
             assert first_hit.get_attribute("data-drawer") == drawer_id, "the best match comes first"
             SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
             hit.locator("button.open").click()
-            expect(detail.locator(".cite .citation")).to_have_text(f"{wing}/{room}/{drawer_id}")
+            expect(detail.locator(".cite .citation")).to_have_text(cite(wing, room, drawer_id))
             page.screenshot(path=str(SCREENSHOT), full_page=True)
 
             # 5. Delete: gone from its room and from search, audited, and restorable.

@@ -23,14 +23,20 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _up(devstack: Path, api_port: int) -> subprocess.Popen[bytes]:
+def _env(devstack: Path, api_port: int) -> dict[str, str]:
     env = {**os.environ, "PALACE_DEVSTACK_DIR": str(devstack), "PALACE_API_PORT": str(api_port),
-           "PALACE_SHUTDOWN_GRACE_S": "5"}
+           "PALACE_SHUTDOWN_GRACE_S": "5", "COLUMNS": "80"}
     env.pop("PALACE_DATABASE_URL", None)
     env.pop("PALACE_NATS_URL", None)
+    return env
+
+
+def _up(devstack: Path, api_port: int) -> subprocess.Popen[bytes]:
+    devstack.mkdir(parents=True, exist_ok=True)
+    out = open(devstack / "up.out", "ab")  # noqa: SIM115 - owned by the child
     return subprocess.Popen([sys.executable, "-m", "services.cli", "up", "--services", "ingest,embed,classify,api",
-                             "--log-dir", str(devstack / "logs")], env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+                             "--log-dir", str(devstack / "logs")], env=_env(devstack, api_port), stdout=out,
+                            stderr=subprocess.STDOUT)
 
 
 def _healthy(port: int) -> bool:
@@ -53,6 +59,26 @@ def test_up_ctrl_c_then_crash_recovery(tmp_path: Path) -> None:
         wait_for(lambda: _healthy(port), 120, "palace up healthy")
         pids = _service_pids(devstack)
         assert len(pids) == 4
+        # Once everything is ready, `palace up` says so, with every service's URLs and the api's and NATS's.
+        def said_ready() -> str | None:
+            text = (devstack / "up.out").read_text()
+            return text if "ready." in text else None
+
+        printed = wait_for(said_ready, 30, "palace up to print that it is ready")
+        assert f"http://127.0.0.1:{port}" in printed and "nats://" in printed
+        for name in ("ingest", "embed", "classify", "api"):
+            assert name in printed
+        assert printed.count("/readyz") == 4 and printed.count("/metrics") == 4
+        # `palace stack status` tells whether the servers run, where, and how each service is doing.
+        st = subprocess.run([sys.executable, "-m", "services.cli", "stack", "status", "--json"],
+                            env=_env(devstack, port), capture_output=True, text=True, timeout=60)
+        status = json.loads(st.stdout)
+        assert status["postgres"] and status["nats"] and str(devstack.resolve()) in status["servers"]
+        assert {n: s["state"] for n, s in status["services"].items()} == dict.fromkeys(
+            ("ingest", "embed", "classify", "api"), "ready")
+        human = subprocess.run([sys.executable, "-m", "services.cli", "stack", "status"],
+                               env=_env(devstack, port), capture_output=True, text=True, timeout=60).stdout
+        assert "running" in human and "not running" not in human and "ingest" in human
         up.send_signal(signal.SIGINT)
         assert up.wait(60) == 0
         assert not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in pids)

@@ -75,9 +75,9 @@ def test_near_duplicate_candidates_come_from_the_wording_index(stack: Stack, big
 @pytest.mark.parametrize("sql", [
     # maintain: re-drive and give up on raw drawers idle too long
     """SELECT workspace_id, id FROM drawers WHERE state = 'raw' AND deleted_at IS NULL AND retry_count < 3
-          AND updated_at < now() - interval '5 minutes' ORDER BY updated_at LIMIT 1000 FOR UPDATE SKIP LOCKED""",
+          AND updated_at < now() - interval '5 minutes' ORDER BY filed_at LIMIT 1000 FOR UPDATE SKIP LOCKED""",
     """SELECT workspace_id, id FROM drawers WHERE state = 'raw' AND deleted_at IS NULL AND retry_count >= 3
-          AND updated_at < now() - interval '5 minutes' ORDER BY updated_at LIMIT 1000 FOR UPDATE SKIP LOCKED""",
+          AND updated_at < now() - interval '5 minutes' ORDER BY filed_at LIMIT 1000 FOR UPDATE SKIP LOCKED""",
     # cluster: drawers processed before wording bands existed
     """SELECT workspace_id, id, content FROM drawers
         WHERE dedup_bands IS NULL AND state = 'processed' AND deleted_at IS NULL ORDER BY filed_at LIMIT 500""",

@@ -3,7 +3,10 @@
 import re
 from dataclasses import replace
 
-from shared.memory.ranking import Candidate, RankParams, rank, tsvector_terms
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from shared.memory.ranking import Candidate, Ranked, RankParams, rank, tsvector_terms
 
 
 def parse_tsvector(text: str) -> tuple[dict[str, int], frozenset[str]]:
@@ -28,8 +31,10 @@ def cand(id: str, *, cos: float | None = 0.5, words: str = "", session: str | No
                      age_days)
 
 
-# The scores' own order; the session cap (its own test below) reorders the first five places.
-SCORE_ORDER = RankParams(session_cap=0)
+# Synthetic cosines span 0..1 here, so the vector band is the whole range; without the session cap
+# (its own tests below) the order is the relevance's.
+BAND = RankParams(cos_floor=0.0, cos_ceiling=1.0)
+SCORE_ORDER = replace(BAND, session_cap=0)
 
 
 def ids(cands: list[Candidate], lexemes: list[str], p: RankParams = SCORE_ORDER, k: int = 10) -> list[str]:
@@ -60,16 +65,16 @@ def test_bm25_prefers_the_rare_query_word() -> None:
 
 def test_without_an_embedding_full_text_still_ranks() -> None:
     cs = [cand("a", cos=None, words="garden", session="1"), cand("b", cos=None, words="pottery class", session="2")]
-    top = rank(cs, ["potteri", "pottery", "class"], RankParams(), 2)
-    assert top[0].id == "b" and top[0].dense == 0.0 and top[0].text == 1.0
+    top = rank(cs, ["potteri", "pottery", "class"], BAND, 2)
+    assert top[0].id == "b" and top[0].dense == 0.0 and top[0].text > 0.9 and top[1].text == 0.0
 
 
 def test_a_named_speaker_and_a_named_time_raise_their_drawers() -> None:
     cs = [cand("a", cos=0.6, session="1"), cand("b", cos=0.58, session="2", speaker="melani"),
           cand("c", cos=0.59, session="3", dated=True), cand("floor", cos=0.1, session="4")]
-    assert ids(cs, ["melani"], RankParams(w_date=0.0))[0] == "b"
-    assert ids(cs, ["hike"], RankParams(w_speaker=0.0))[0] == "c"
-    assert ids(cs, ["hike"], RankParams(w_speaker=0.0, w_date=0.0))[0] == "a"
+    assert ids(cs, ["melani"], replace(BAND, w_date=0.0))[0] == "b"
+    assert ids(cs, ["hike"], replace(BAND, w_speaker=0.0))[0] == "c"
+    assert ids(cs, ["hike"], replace(BAND, w_speaker=0.0, w_date=0.0))[0] == "a"
 
 
 def test_the_turn_after_a_strong_match_outranks_an_isolated_equal_turn() -> None:
@@ -115,14 +120,71 @@ def test_tsvector_terms_is_parse_tsvector_restricted_to_the_query() -> None:
 def test_session_cap_spreads_the_top_places_over_sessions_and_keeps_the_rest_close() -> None:
     cs = [cand(f"a{i}", cos=0.9 - i * 0.01, session="A", seq=i * 10) for i in range(4)]
     cs += [cand("b0", cos=0.7, session="B", seq=0), cand("c0", cos=0.6, session="C", seq=0)]
-    plain = ids(cs, [], RankParams(session_boost=0.0, smooth=0.0, session_cap=0))
+    flat = replace(BAND, session_boost=0.0, smooth=0.0, relevance_floor=0.0)  # the floor has its own test
+    plain = ids(cs, [], replace(flat, session_cap=0))
     assert plain == ["a0", "a1", "a2", "a3", "b0", "c0"]
-    capped = ids(cs, [], RankParams(session_boost=0.0, smooth=0.0, session_cap=2, capped_top=4))
+    capped = ids(cs, [], replace(flat, session_cap=2, capped_top=4))
     # two of A in the top 4, then B and C; the A drawers held back follow at once, in their order
     assert capped == ["a0", "a1", "b0", "c0", "a2", "a3"]
-    assert ids(cs, [], RankParams(session_boost=0.0, smooth=0.0, session_cap=2, capped_top=4), k=3) == \
-        ["a0", "a1", "b0"]
+    assert ids(cs, [], replace(flat, session_cap=2, capped_top=4), k=3) == ["a0", "a1", "b0"]
     # fewer sessions than places: nothing is lost, the held-back drawers fill in
-    only_a = cs[:4]
-    assert ids(only_a, [], RankParams(session_boost=0.0, smooth=0.0, session_cap=1, capped_top=3)) == \
-        ["a0", "a1", "a2", "a3"]
+    assert ids(cs[:4], [], replace(flat, session_cap=1, capped_top=3)) == ["a0", "a1", "a2", "a3"]
+
+
+def check_scores(ranked: list[Ranked]) -> None:
+    """What every ranking must hold: 0–1 scores, in order, and explanations that add up to them."""
+    scores = [r.score for r in ranked]
+    assert all(0.0 <= x <= 1.0 for x in scores)
+    assert scores == sorted(scores, reverse=True)
+    for r in ranked:
+        e = r.explanation
+        total = (e.vector + e.full_text + e.speaker + e.time_window + e.neighbours + e.session + e.graph
+                 + e.importance + e.recency + e.diversity)
+        assert abs(total - r.score) < 1e-9, (r.id, total, r.score)
+        assert e.graph == 0.0 and e.diversity <= 0.0
+        assert r.score <= r.relevance + 1e-12
+
+
+def test_session_diversity_never_promotes_a_drawer_below_the_relevance_floor() -> None:
+    # The demo's bug: a barely related drawer of another session taking second place.
+    strong = [cand(f"a{i}", cos=0.95 - i * 0.01, words="billing postgres", session="A", seq=i) for i in range(3)]
+    weak = cand("z", cos=0.05, session="Z", seq=0)
+    ranked = rank([*strong, weak], ["billing", "postgr"], BAND, 4)
+    check_scores(ranked)
+    assert [r.id for r in ranked] == ["a0", "a1", "a2", "z"]
+    assert ranked[-1].relevance < BAND.relevance_floor <= ranked[1].score
+    # A relevant drawer of another session does take a first place, and scores what the place is worth.
+    other = cand("b0", cos=0.8, words="billing", session="B", seq=0)
+    ranked = rank([*strong, weak, other], ["billing", "postgr"], BAND, 5)
+    check_scores(ranked)
+    assert [r.id for r in ranked][:2] == ["a0", "b0"] and ranked[-1].id == "z"
+    held = next(r for r in ranked if r.id == "a1")
+    assert held.explanation.diversity < 0 and held.score == ranked[1].score
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.floats(0.5, 1.0) | st.none(), st.sampled_from(["x", "y", "z", "x y", ""]),
+                          st.sampled_from(["s1", "s2", "s3", None]), st.integers(0, 6), st.booleans(),
+                          st.floats(0, 5), st.floats(0, 1000)), max_size=30),
+       st.integers(1, 30))
+def test_any_ranking_is_in_score_order_on_0_1_with_explanations_that_add_up(rows: list, k: int) -> None:
+    cs = [cand(f"d{i:02d}", cos=c, words=w, session=s, seq=q, dated=d, importance=imp, age_days=age)
+          for i, (c, w, s, q, d, imp, age) in enumerate(rows)]
+    for p in (RankParams(), BAND, SCORE_ORDER):
+        ranked = rank(cs, ["x", "y"], p, k)
+        assert len(ranked) == min(k, len(cs)) and len({r.id for r in ranked}) == len(ranked)
+        check_scores(ranked)
+        floor = p.relevance_floor
+        # diversity never lets a drawer below the floor overtake one at or above it
+        for i, r in enumerate(ranked):
+            if r.relevance < floor:
+                assert all(x.relevance < floor or x.score >= r.score for x in ranked[i:])
+
+
+def test_relevance_is_absolute_not_relative_to_the_best_hit() -> None:
+    weak = [cand("w1", cos=0.79, session="1"), cand("w2", cos=0.785, session="2")]
+    strong = [cand("s1", cos=0.92, words="marathon berlin", session="1"),
+              cand("s2", cos=0.85, words="marathon", session="2")]
+    top_weak = rank(weak, ["marathon", "berlin"], RankParams(), 2)[0]
+    top_strong = rank(strong, ["marathon", "berlin"], RankParams(), 2)[0]
+    assert top_weak.score < 0.1 < 0.3 < top_strong.score

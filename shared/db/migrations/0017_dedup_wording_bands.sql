@@ -2,7 +2,9 @@
 -- a GIN lookup of the bands a new drawer shares, instead of an exact scan of every embedding in the
 -- workspace for every drawer (a cost that grew with the workspace, quadratic over an ingest).
 ALTER TABLE drawers ADD COLUMN IF NOT EXISTS dedup_bands bigint[];
-CREATE INDEX IF NOT EXISTS drawers_dedup_bands ON drawers USING gin (dedup_bands);
+-- fastupdate off: a GIN pending list is scanned linearly by every lookup (up to gin_pending_list_limit of
+-- recent entries), which is exactly where a new drawer's twins are; entries go straight into the tree.
+CREATE INDEX IF NOT EXISTS drawers_dedup_bands ON drawers USING gin (dedup_bands) WITH (fastupdate = off);
 -- Processed drawers filed before the bands existed, for cluster's backfill.
 CREATE INDEX IF NOT EXISTS drawers_dedup_bands_missing ON drawers (filed_at)
     WHERE dedup_bands IS NULL AND state = 'processed' AND deleted_at IS NULL;

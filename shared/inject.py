@@ -1,0 +1,130 @@
+"""Auto-inject (GoClaw): relevant memories for a user message, as a block put before the agent's turn.
+
+A message with fewer than ``MIN_MEANINGFUL_WORDS`` meaningful words ("ok thanks!", "yes", "go on")
+injects nothing: recalling on it would put noise into every short turn. Otherwise the message is
+searched (L3) and the hits at or above ``threshold`` on the 0–1 relevance scale go, best first, into a
+``<memory_context>…</memory_context>`` block of at most ``token_budget`` tokens; nothing is injected
+when no hit is relevant enough.
+
+Tokens are counted with ``approx_tokens``, a documented approximation rather than the embedder's
+tokenizer: the block is read by the agent's LLM, whose tokenizer Palace does not know, and the
+approximation errs on the high side for English and for code (one token per 4 characters, or per
+word or punctuation mark when that is more).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+
+from shared.db.search import SearchHit
+from shared.memory.citations import snippet
+from shared.memory.episodes import STOPWORDS
+from shared.recall import Recaller
+
+__all__ = ["DEFAULT_THRESHOLD", "DEFAULT_TOKEN_BUDGET", "MIN_MEANINGFUL_WORDS", "Injection", "approx_tokens",
+           "build_block", "inject", "meaningful_words"]
+
+DEFAULT_TOKEN_BUDGET = 200
+DEFAULT_THRESHOLD = 0.3
+MIN_MEANINGFUL_WORDS = 3
+SEARCH_K = 10
+OPEN, CLOSE = "<memory_context>", "</memory_context>"
+
+_WORD = re.compile(r"\w[\w'’-]*", re.UNICODE)
+_PIECE = re.compile(r"\w+|[^\w\s]", re.UNICODE)
+
+
+def meaningful_words(message: str) -> list[str]:
+    """The message's words that carry meaning: lower-cased, stopwords and one-letter words left out
+    (numbers count: "2024" names a year)."""
+    out = []
+    for w in _WORD.findall(message.lower()):
+        w = w.strip("'’-")
+        if (len(w) > 1 or w.isdigit()) and w not in STOPWORDS:
+            out.append(w)
+    return out
+
+
+def approx_tokens(text: str) -> int:
+    """Tokens an LLM tokenizer is likely to need for ``text``, rounded up (see the module docstring)."""
+    return max(math.ceil(len(text) / 4), len(_PIECE.findall(text)))
+
+
+@dataclass(frozen=True)
+class Injection:
+    """What auto-inject decided for one message.
+
+    ``block`` is empty when nothing is injected; ``skipped`` then says why ("trivial": too few
+    meaningful words, "no_match": no hit at or above the threshold, "budget": not even one hit fits).
+    ``match_count`` counts hits at or above the threshold, ``injected_count`` those in the block,
+    ``top_score`` is the best hit's relevance (0 when there was no hit)."""
+
+    block: str
+    tokens: int
+    match_count: int
+    injected_count: int
+    top_score: float
+    skipped: str | None = None
+    citations: list[str] = field(default_factory=list)
+
+
+def build_block(hits: list[SearchHit], token_budget: int) -> tuple[str, list[SearchHit]]:
+    """The ``<memory_context>`` block of as many of ``hits`` (in order) as fit ``token_budget``; a hit
+    that fits only in part is cut (ending "…") when at least 12 tokens of it fit. Returns ("", []) when
+    not even one fits."""
+    lines: list[str] = []
+    shown: list[SearchHit] = []
+
+    def block(extra: list[str]) -> str:
+        return "\n".join([OPEN, *lines, *extra, CLOSE])
+
+    for h in hits:
+        line = f"- [{h.citation}] {snippet(h.content, 2_000)}"
+        if approx_tokens(block([line])) <= token_budget:
+            lines.append(line)
+            shown.append(h)
+            continue
+        left = token_budget - approx_tokens(block([f"- [{h.citation}] "]))
+        if left >= 12:  # shrink the content until the block fits (the count is not linear in length)
+            chars = left * 4
+            while chars > 0:
+                line = f"- [{h.citation}] {snippet(h.content, chars)}"
+                if approx_tokens(block([line])) <= token_budget:
+                    lines.append(line)
+                    shown.append(h)
+                    break
+                chars -= max(4, chars // 10)
+        break
+    return (block([]), shown) if shown else ("", [])
+
+
+async def inject(
+    recaller: Recaller, workspace_id: str, message: str, *, token_budget: int = DEFAULT_TOKEN_BUDGET,
+    threshold: float = DEFAULT_THRESHOLD,
+) -> Injection:
+    """Memories relevant to ``message`` as a block within ``token_budget`` tokens, or nothing.
+
+    Args:
+        recaller: the search path (pool, embedder, query cache) of the process.
+        workspace_id: the only workspace read.
+        message: the user's message, verbatim.
+        token_budget: most tokens the block may hold, tags included (``approx_tokens``).
+        threshold: least 0–1 relevance a hit needs to be injected.
+    """
+    if token_budget < 1:
+        raise ValueError("token_budget must be positive")
+    if not 0.0 <= threshold <= 1.0:
+        raise ValueError("threshold is on the 0–1 relevance scale")
+    if len(meaningful_words(message)) < MIN_MEANINGFUL_WORDS:
+        return Injection("", 0, 0, 0, 0.0, "trivial")
+    hits = await recaller.search(workspace_id, message, SEARCH_K)
+    top = hits[0].score if hits else 0.0
+    relevant = [h for h in hits if h.score >= threshold]
+    if not relevant:
+        return Injection("", 0, 0, 0, top, "no_match")
+    text, shown = build_block(relevant, token_budget)
+    if not shown:
+        return Injection("", 0, len(relevant), 0, top, "budget")
+    return Injection(text, approx_tokens(text), len(relevant), len(shown), top, None, [h.citation for h in shown])

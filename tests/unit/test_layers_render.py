@@ -1,0 +1,117 @@
+"""Layer budgets (shared/layers.py) and auto-inject's block (shared/inject.py) over random contents."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from shared.db.search import SearchHit
+from shared.inject import OPEN, approx_tokens, build_block, meaningful_words
+from shared.layers import (
+    L1_BUDGET,
+    L1_SNIPPET,
+    L2_BUDGET,
+    L2_SNIPPET,
+    L3_BUDGET,
+    MORE_MARKER,
+    IdentityTooLong,
+    LayerDrawer,
+    render_rooms,
+    render_search,
+)
+from shared.memory.citations import cite, snippet
+from shared.memory.ranking import Explanation
+
+texts = st.text(st.characters(blacklist_categories=("Cs",)), min_size=1, max_size=3000)
+names = st.text("abcdefghij-_ ", min_size=1, max_size=60)
+
+
+def drawer(i: int, text: str, wing: str, room: str, importance: float, limit: int) -> LayerDrawer:
+    did = f"{i:012x}" + "0" * 20
+    return LayerDrawer(did, cite(wing, room, did), wing, room, snippet(text, limit), importance, None, None)
+
+
+def hit(i: int, text: str, score: float) -> SearchHit:
+    e = Explanation(score, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0.9, 0.0)
+    did = f"{i:012x}" + "0" * 20
+    return SearchHit(did, text, score, 0.5, 0.0, cite("w", "r", did), e, None, 3.0, "w", "r", None, None, None,
+                     datetime.now(UTC), {})
+
+
+layer_drawers = st.lists(st.tuples(texts, names, names, st.floats(0, 5)), max_size=15)
+
+
+@settings(max_examples=150, deadline=None)
+@given(layer_drawers)
+def test_l1_never_exceeds_its_budget_and_marks_a_cut(rows: list[tuple[str, str, str, float]]) -> None:
+    ds = [drawer(i, t, w, r, imp, L1_SNIPPET) for i, (t, w, r, imp) in enumerate(rows)]
+    assert all(len(d.snippet) <= L1_SNIPPET for d in ds)
+    text, shown, cut = render_rooms("## L1 — essential story", ds, L1_BUDGET)
+    assert len(text) <= L1_BUDGET
+    assert cut == text.endswith(MORE_MARKER)
+    assert cut == (len(shown) < len(ds))
+    for d in shown:
+        assert d.snippet in text and d.id[:12] in text
+
+
+@settings(max_examples=150, deadline=None)
+@given(layer_drawers.map(lambda xs: xs[:10]))
+def test_l2_never_exceeds_its_budget(rows: list[tuple[str, str, str, float]]) -> None:
+    ds = [drawer(i, t, w, r, imp, L2_SNIPPET) for i, (t, w, r, imp) in enumerate(rows)]
+    assert all(len(d.snippet) <= L2_SNIPPET for d in ds)
+    text, _shown, cut = render_rooms("## L2 — w/r", ds, L2_BUDGET)
+    assert len(text) <= L2_BUDGET and cut == text.endswith(MORE_MARKER)
+
+
+def test_rooms_come_in_a_stable_order_grouped() -> None:
+    ds = [drawer(1, "a", "w", "beta", 5, 200), drawer(2, "b", "w", "alpha", 4, 200),
+          drawer(3, "c", "w", "beta", 1, 200),
+          drawer(4, "d", "w", "alpha", 5, 200)]
+    text, _shown, cut = render_rooms("T", ds, 2000)
+    assert not cut
+    # both rooms hold a 5: by name; within a room by importance
+    assert text.splitlines() == ["T", "[w/alpha]", f"- d ({'4'.zfill(12)})", f"- b ({'2'.zfill(12)})",
+                                 "[w/beta]", f"- a ({'1'.zfill(12)})", f"- c ({'3'.zfill(12)})"]
+    assert render_rooms("T", list(reversed(ds)), 2000)[0] == text
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.text(min_size=1, max_size=20_000), st.floats(0, 1)), min_size=1, max_size=50))
+def test_l3_never_exceeds_its_budget(rows: list[tuple[str, float]]) -> None:
+    hits = [hit(i, t, s) for i, (t, s) in enumerate(rows)]
+    text, shown, cut = render_search("what did we decide", hits)
+    assert len(text) <= L3_BUDGET and cut == text.endswith(MORE_MARKER)
+    assert shown == hits[: len(shown)]
+
+
+def test_identity_too_long_says_so() -> None:
+    assert "at most 400" in str(IdentityTooLong(401))
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.text(min_size=1, max_size=3000), st.floats(0, 1)), max_size=10),
+       st.integers(16, 400))
+def test_inject_block_holds_its_token_budget(rows: list[tuple[str, float]], budget: int) -> None:
+    hits = [hit(i, t, s) for i, (t, s) in enumerate(rows)]
+    block, shown = build_block(hits, budget)
+    if shown:
+        assert block.startswith(OPEN) and block.endswith("</memory_context>")
+        assert approx_tokens(block) <= budget
+        assert shown == hits[: len(shown)]
+    else:
+        assert block == ""
+
+
+def test_trivial_messages_have_too_few_meaningful_words() -> None:
+    for msg in ("ok thanks!", "yes", "hi there", "Could you do that?", "  ", "ok, go on then", "👍"):
+        assert len(meaningful_words(msg)) < 3, msg
+    assert meaningful_words("Where is Ana's marathon in 2024?") == ["ana's", "marathon", "2024"]
+    assert len(meaningful_words("Which database does the billing service use?")) >= 3
+
+
+def test_approx_tokens_errs_high() -> None:
+    assert approx_tokens("") == 0
+    assert approx_tokens("abcd" * 10) == 10
+    assert approx_tokens("a , b , c") == 5
