@@ -2,8 +2,9 @@
 soft delete and restore, and the static page (``/ui``) that uses them.
 
 Every endpoint takes the workspace from its path and passes the caller through the API's bearer-key
-check first (``WorkspacePath``), so with authentication on a key can only browse its own workspace; every read runs in a
-workspace transaction (row-level security) and is capped (shared/db/palace_browse.py).
+check first (``WorkspacePath``), so with authentication on a key can only browse its own workspace;
+every read runs in a workspace transaction (row-level security) and is capped
+(shared/db/palace_browse.py).
 """
 
 from __future__ import annotations
@@ -140,7 +141,7 @@ class HistoryOut(BaseModel):
     created_at: datetime
 
 
-class DrawerOut(DrawerItem):
+class DrawerDetailOut(DrawerItem):
     state: str
     summary: str | None
     role: str | None
@@ -213,9 +214,9 @@ async def room_drawers(
                       next=_cursor(page[-1]) if len(rows) > limit else None)
 
 
-@api.get("/drawers/{drawer_id}", response_model=DrawerOut)
+@api.get("/drawers/{drawer_id}", response_model=DrawerDetailOut)
 async def drawer(ws: WorkspacePath, pool: PoolDep,
-                 drawer_id: Annotated[str, Path(min_length=1, max_length=200)]) -> DrawerOut:
+                 drawer_id: Annotated[str, Path(min_length=1, max_length=200)]) -> DrawerDetailOut:
     """One drawer (deleted ones too), where it came from (the raw session and messages, the chunk
     positions) and what happened to it (memory_history)."""
     async with workspace_tx(pool, ws) as conn:
@@ -241,7 +242,7 @@ async def drawer(ws: WorkspacePath, pool: PoolDep,
     base = _item(d)
     extra = {k: getattr(d, k) for k in ("state", "summary", "role", "agent_id", "source", "access_count",
                                          "last_accessed_at", "deleted_at", "superseded_by")}
-    return DrawerOut(**base, **extra, sources=[SourceOut(**vars(s)) for s in sources], sessions=sessions,
+    return DrawerDetailOut(**base, **extra, sources=[SourceOut(**vars(s)) for s in sources], sessions=sessions,
                      history=[HistoryOut(**vars(h)) for h in history])
 
 
