@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install tools demo test unit up stop fault audit audit-full bench-ingest bench-search soak schemas lint clean
+.PHONY: install tools demo test unit up stop fault audit audit-full bench-ingest bench-search bench-scale bench-pipeline soak schemas lint clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -78,6 +78,15 @@ bench-ingest: install
 
 bench-search: install
 	$(BIN)/python bench/search.py
+
+## Search in a 1M-drawer database of 1,000 workspaces (built once, then reused): the 100k and a 1k workspace
+## against bare HNSW over the same workspace; the last line is the summary for the 100k one.
+bench-scale: install
+	$(BIN)/python bench/search.py --scale
+
+## Pipeline throughput with the model taken out, 1 and 2 replicas per service.
+bench-pipeline: install
+	$(BIN)/python bench/pipeline.py
 
 ## Fixed-rate publishing into a deliberately slower pipeline: per-service peak RSS and growth, backlog, nothing dropped.
 soak: install

@@ -13,7 +13,6 @@ import os
 import platform
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -147,20 +146,10 @@ def bench_lock() -> Iterator[None]:
 
 
 def free_port_block(n: int, start: int = 19100, stop: int = 29000) -> int:
-    """First port p such that p .. p+n-1 are all free on 127.0.0.1 (service metrics ports are
-    base + index, so a block is needed, not one port)."""
-    for base in range(start, stop, n):
-        ok = True
-        for p in range(base, base + n):
-            with socket.socket() as s:
-                try:
-                    s.bind(("127.0.0.1", p))
-                except OSError:
-                    ok = False
-                    break
-        if ok:
-            return base
-    raise RuntimeError(f"no block of {n} free ports in {start}..{stop}")
+    """A block of n free ports (``services.supervisor.free_port_block``) in the bench's own range."""
+    from services.supervisor import free_port_block as block
+
+    return block(n, start=start, stop=stop)
 
 
 def percentiles(ms: list[float]) -> dict[str, float]:

@@ -67,7 +67,7 @@ from shared.memory.filing import plan_session
 from shared.ports import Embedder
 
 WS_PREFIX = "bench-search-"
-METHODS = ("full", "sql", "bare")
+METHODS = ("full", "sql", "bare", "wake_up", "inject")
 FTS_COUNT_SQL = (
     "SELECT count(*) FROM drawers WHERE workspace_id = %s"
     " AND tsv @@ replace(plainto_tsquery('english', %s)::text, ' & ', ' | ')::tsquery"
@@ -280,6 +280,7 @@ def load_workspace(database_url: str, workspace: str, base: list[BaseDrawer], ro
             stats["copy_s"] = time.perf_counter() - t0
             if mode == "rebuild":
                 t0 = time.perf_counter()
+                conn.execute("SET CONSTRAINTS ALL IMMEDIATE")  # the layout-version triggers fire at commit
                 with console.status(f"building {index} ..."):
                     conn.execute("SET LOCAL maintenance_work_mem = '1GB'")  # the graph must fit, or the build crawls
                     conn.execute(indexdef)
@@ -292,6 +293,56 @@ def load_workspace(database_url: str, workspace: str, base: list[BaseDrawer], ro
         stats["vacuum_analyze_s"] = time.perf_counter() - t0
     stats["total_s"] = sum(v for k, v in stats.items() if k.endswith("_s"))
     return stats
+
+
+BG_PREFIX = "bench-bg-"
+
+
+def background_sizes(total: int, workspaces: int, seed: int, lo: int = 100, hi: int = 50_000) -> list[int]:
+    """Other tenants' sizes: log-normal (many small workspaces, a few large), each within [lo, hi],
+    summing to ``total``."""
+    rng = np.random.default_rng(seed + 1)
+    raw = np.exp(rng.normal(np.log(600), 1.3, workspaces))
+    sizes = np.clip(raw * total / raw.sum(), lo, hi).astype(int)
+    sizes[np.argmax(sizes)] += total - int(sizes.sum())  # exact total
+    return [int(x) for x in sizes]
+
+
+def load_background(database_url: str, base: list[BaseDrawer], rows: Rows, sizes: list[int], model: str) -> float:
+    """COPY the other tenants (``bench-bg-NNNN``), reusing them when they are already there. Returns seconds
+    spent (0 when reused). Their own vector indexes are not built: the searched workspaces' costs are what
+    is measured, and a big table with many tenants is what matters to them."""
+    total = sum(sizes)
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        register_vector(conn)
+        row = conn.execute("SELECT count(*) FROM drawers WHERE workspace_id LIKE %s", (BG_PREFIX + "%",)).fetchone()
+        if row and int(row[0]) == total:
+            console.print(f"other tenants: {total:,} drawers in {len(sizes)} workspaces, reused")
+            return 0.0
+        conn.execute("DELETE FROM drawers WHERE workspace_id LIKE %s", (BG_PREFIX + "%",))
+        t0 = time.perf_counter()
+        copy_sql = ("COPY drawers (workspace_id, id, content, content_hash, embedding, embedding_model, state, "
+                    "importance, memory_type, role, speaker, session_id) FROM STDIN WITH (FORMAT BINARY)")
+        with _progress() as bar, conn.cursor() as cur, cur.copy(copy_sql) as copy:
+            copy.set_types(["text", "text", "text", "text", "vector", "text", "text", "float4", "text", "text",
+                            "text", "text"])
+            task = bar.add_task(f"COPY {total:,} drawers of {len(sizes)} other tenants", total=total)
+            i = 0
+            for w, n in enumerate(sizes):
+                ws = f"{BG_PREFIX}{w:04d}"
+                for _ in range(n):
+                    d, lap = base[rows.base[i]], int(rows.lap[i])
+                    text = rows.content[i]
+                    h = content_hash(text)
+                    copy.write_row([ws, drawer_id(ws, h), text, h, rows.vecs[i], model, "processed", 3.0, "fact",
+                                    d.role, d.speaker, d.session_id if lap == 0 else f"{d.session_id}#{lap}"])
+                    i += 1
+                    if i % 5000 == 0:
+                        bar.advance(task, 5000)
+            bar.update(task, completed=total)
+        with console.status("VACUUM ANALYZE drawers ..."):
+            conn.execute("VACUUM (ANALYZE) drawers")
+        return time.perf_counter() - t0
 
 
 # --------------------------------------------------------------------------------------- measure
@@ -395,7 +446,9 @@ async def diagnostics(database_url: str, workspace: str, qs: list[tuple[str, np.
 
 async def measure(pool: Any, embedder: Embedder, vectors: dict[str, np.ndarray], workspace: str, k: int,
                   warm: list[str], timed: list[str]) -> dict[str, list[float]]:
-    """Per-query latency of full / sql / bare, interleaved with a rotating order."""
+    """Per-query latency of full / sql / bare / wake_up / inject, interleaved with a rotating order."""
+    from shared.inject import inject
+    from shared.layers import wake_up
     from shared.recall import Recaller
 
     # cache_size=0: every query pays its embedding, as a new question does; touch=False: no writes.
@@ -414,7 +467,16 @@ async def measure(pool: Any, embedder: Embedder, vectors: dict[str, np.ndarray],
             cur = await conn.execute(bare_sql(k), (workspace, vectors[q]), prepare=False)
             return len(await cur.fetchall())
 
-    fns: dict[str, Callable[[str], Awaitable[int]]] = {"full": full, "sql": sql_only, "bare": bare}
+    async def wake(q: str) -> int:
+        # L0 + L1: what an agent loads at the start of a session (no query).
+        return len((await wake_up(pool, workspace)).text)
+
+    async def inject_(q: str) -> int:
+        # Before a turn: the question as the user's message, embedding included (like "full").
+        return (await inject(full_r, workspace, q)).match_count
+
+    fns: dict[str, Callable[[str], Awaitable[int]]] = {"full": full, "sql": sql_only, "bare": bare,
+                                                        "wake_up": wake, "inject": inject_}
     for q in warm:
         for fn in fns.values():
             await fn(q)
@@ -422,7 +484,7 @@ async def measure(pool: Any, embedder: Embedder, vectors: dict[str, np.ndarray],
     with _progress() as bar:
         task = bar.add_task(f"{len(timed)} queries × {len(METHODS)} paths on {workspace}", total=len(timed))
         for i, q in enumerate(timed):
-            for m in METHODS[i % 3 :] + METHODS[: i % 3]:
+            for m in METHODS[i % len(METHODS) :] + METHODS[: i % len(METHODS)]:
                 t0 = time.perf_counter()
                 await fns[m](q)
                 times[m].append((time.perf_counter() - t0) * 1000)
@@ -485,6 +547,17 @@ async def run(args: argparse.Namespace, settings: Settings, database_url: str) -
             console.print(f"pgvector {pgvector_version}; hnsw.ef_search on the search connections: {ef_search} "
                           f"(server default {server_ef})")
             sizes: dict[str, Any] = {}
+            background_s = 0.0
+            if args.background:
+                bg_sizes = background_sizes(args.background, args.background_workspaces, args.seed)
+                bg_rows = synth_rows(base, vecs, args.background, args.synth, args.noise, args.seed + 7)
+                background_s = await asyncio.to_thread(load_background, database_url, base, bg_rows, bg_sizes,
+                                                       embedder.model_name)
+            embed_ms = []
+            for q in timed:
+                t0 = time.perf_counter()
+                await embedder.embed_query(q)
+                embed_ms.append((time.perf_counter() - t0) * 1000)
             for size in args.sizes:
                 ws = f"{WS_PREFIX}{size}"
                 rows = synth_rows(base, vecs, size, args.synth, args.noise, args.seed)
@@ -521,8 +594,10 @@ async def run(args: argparse.Namespace, settings: Settings, database_url: str) -
                 sizes[str(size)] = {
                     "workspace": ws, "calibration": calib, "load": load, "explain": plans, "diagnostics": diag,
                     "latency_ms": stats,
-                    "ratios": {f"{m}_over_bare_{p}": stats[m][p] / stats["bare"][p]
-                               for m in ("full", "sql") for p in ("p50", "p95", "p99")},
+                    "ratios": {**{f"{m}_over_bare_{p}": stats[m][p] / stats["bare"][p]
+                                  for m in ("full", "sql", "wake_up") for p in ("p50", "p95", "p99")},
+                               **{f"inject_over_full_{p}": stats["inject"][p] / stats["full"][p]
+                                  for p in ("p50", "p99")}},
                 }
             if not args.keep:
                 with psycopg.connect(database_url, autocommit=True) as conn:
@@ -536,7 +611,10 @@ async def run(args: argparse.Namespace, settings: Settings, database_url: str) -
         if aclose is not None:
             await aclose()
     return {"ef_search": ef_search, "ef_search_server_default": server_ef, "pgvector": pgvector_version,
-            "base_drawers": len(base), "sizes": sizes, "queries": len(timed), "warmup": len(warm)}
+            "base_drawers": len(base), "sizes": sizes, "queries": len(timed), "warmup": len(warm),
+            "background": {"drawers": args.background, "workspaces": args.background_workspaces,
+                           "load_s": background_s},
+            "embed_ms": percentiles(embed_ms)}
 
 
 def main() -> None:
@@ -558,7 +636,16 @@ def main() -> None:
                     help="insert with the HNSW index in place, or drop it, COPY and re-create it "
                          "(auto: rebuild on the bench's own embedded stack, insert on external servers)")
     ap.add_argument("--keep", action="store_true", help="keep the last workspace loaded")
+    ap.add_argument("--background", type=int, default=0,
+                    help="drawers of other tenants in the same table (kept and reused between runs)")
+    ap.add_argument("--background-workspaces", type=int, default=998, help="how many other tenants")
+    ap.add_argument("--scale", action="store_true",
+                    help="the 1M-drawer database: 1,000 workspaces (a 100k and a 1k one measured, 998 others "
+                         "of 100 to 50k drawers), then the one-line summary for the 100k workspace")
     args = ap.parse_args()
+    if args.scale:
+        args.sizes = [1_000, 100_000]
+        args.background = 1_000_000 - sum(args.sizes)
     if args.noise is None:
         args.noise = 0.1 if args.synth == "mix" else 0.25
 
@@ -585,28 +672,35 @@ def _run(args: argparse.Namespace) -> None:
     finally:
         with console.status("stopping servers ..."):
             sup.stop()
-    out = {"bench": "search", "config": {"sizes": args.sizes, "queries": args.queries, "k": args.k,
+    out = {"bench": "search_1m" if args.scale else "search",
+           "config": {"sizes": args.sizes, "queries": args.queries, "k": args.k, "background": args.background,
                                          "warmup": args.warmup, "seed": args.seed, "synth": args.synth,
                                          "noise": args.noise,
                                          "load": args.load, "embed_model": settings.embed_model,
                                          "external_database": bool(settings.database_url)},
            "stale_migrations": stale_schema, **res, "wall_s": time.perf_counter() - t_start,
            "machine": {**machine_info(), "loadavg_1m_at_start": load_at_start}}
-    path = write_results("search", out)
+    path = write_results("search_1m" if args.scale else "search", out)
 
     t = Table(title=f"search latency, ms — k={args.k}, {res['queries']} LoCoMo questions, hnsw.ef_search="
                     f"{res['ef_search']} (server default {res['ef_search_server_default']}), "
                     f"{settings.embed_model}, {out['machine']['cpus']} cores")
     for col in ("drawers", "path", "p50", "p95", "p99", "÷ bare p50", "÷ bare p95", "÷ bare p99"):
         t.add_column(col, justify="left" if col == "path" else "right")
-    labels = {"full": "full (embed + hybrid SQL)", "sql": "hybrid SQL only", "bare": "bare HNSW"}
+    labels = {"full": "full (embed + hybrid SQL)", "sql": "hybrid SQL only", "bare": "bare HNSW",
+              "wake_up": "wake_up (L0 + L1)", "inject": "inject (embed + search + block)"}
     for size, r in res["sizes"].items():
         lat = r["latency_ms"]
         for m in METHODS:
             ratios = [f"{lat[m][p] / lat['bare'][p]:.2f}" for p in ("p50", "p95", "p99")]
             t.add_row(f"{int(size):,}" if m == "full" else "", labels[m],
-                      *(f"{lat[m][p]:.1f}" for p in ("p50", "p95", "p99")), *ratios, end_section=m == "bare")
+                      *(f"{lat[m][p]:.1f}" for p in ("p50", "p95", "p99")), *ratios, end_section=m == METHODS[-1])
     console.print(t)
+    for size, r in res["sizes"].items():
+        ra = r["ratios"]
+        console.print(f"{int(size):,} drawers: wake_up ÷ bare HNSW p50 {ra['wake_up_over_bare_p50']:.2f} (aim ≤ 3), "
+                      f"inject ÷ search p50 {ra['inject_over_full_p50']:.2f} / p99 {ra['inject_over_full_p99']:.2f} "
+                      "(aim ≤ 1.2)")
     d = Table(title="context (untimed)")
     for col in ("drawers", "load s (mode)", "HNSW rows / asked", "rows matching OR of lexemes (mean / max)",
                 "bare recall@k vs exact", "search SQL uses HNSW"):
@@ -619,6 +713,12 @@ def _run(args: argparse.Namespace) -> None:
                   f"{g['bare_recall_at_k']:.3f}", str(r["explain"].get("hybrid_uses_hnsw", "n/a")))
     console.print(d)
     console.print(f"results: {path.relative_to(path.parents[2])} (wall {out['wall_s']:.0f} s)")
+    if args.scale:
+        big = res["sizes"][str(max(args.sizes))]
+        lat = big["latency_ms"]
+        print(f"search_1m sql_p50_ms={lat['sql']['p50']:.2f} sql_p99_ms={lat['sql']['p99']:.2f} "
+              f"hnsw_p50_ms={lat['bare']['p50']:.2f} full_p50_ms={lat['full']['p50']:.2f} "
+              f"embed_p50_ms={res['embed_ms']['p50']:.2f} ann_recall={big['diagnostics']['bare_recall_at_k']:.3f}")
 
 
 if __name__ == "__main__":

@@ -109,6 +109,19 @@ def _health_app(deps_ref: dict[str, Deps]) -> Starlette:
     ])
 
 
+def _check_port_free(host: str, port: int) -> None:
+    """Fail the start when the health/metrics port is taken: serving on without it would leave the
+    service unprobed, or another process answering its probes."""
+    import socket
+
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as e:
+            raise RuntimeError(f"health/metrics port {host}:{port} is in use ({e}); set PALACE_METRICS_PORT") from e
+
+
 async def _lag_loop(deps: Deps, consumers: list[Consumer], stop: asyncio.Event) -> None:
     js = deps.broker.config.connection_state.stream
     stream = deps.settings.stream_name
@@ -130,6 +143,7 @@ async def serve_worker(spec: WorkerSpec, settings: Settings, stop: asyncio.Event
     log = get_logger(f"palace.{spec.name}")
     db_url, nats_url = resolve_urls(settings)
     deps_ref: dict[str, Deps] = {}
+    _check_port_free(settings.metrics_host, settings.metrics_port)
     http = QuietServer(uvicorn.Config(_health_app(deps_ref), host=settings.metrics_host, port=settings.metrics_port,
                                       log_level="warning", lifespan="off"))
     http_task = asyncio.create_task(http.serve())

@@ -18,10 +18,15 @@ from rich.syntax import Syntax
 from rich.table import Table
 from rich.text import Text
 
+from services.cli_history import history, revert
+from services.cli_quality import quality
 from services.cli_render import DeadLetterTable, HitsTable
 from shared.config import Settings
 
 app = typer.Typer(help="Palace: long-term memory for AI agents.", no_args_is_help=True, add_completion=False)
+app.command()(quality)
+app.command()(history)
+app.command()(revert)
 stack_app = typer.Typer(help="The embedded PostgreSQL + NATS stack.", no_args_is_help=True)
 dlq_app = typer.Typer(help="Dead letters: list and re-drive.", no_args_is_help=True)
 app.add_typer(stack_app, name="stack")
@@ -217,8 +222,8 @@ def migrate(check: Annotated[bool, typer.Option(
 @app.command()
 def schemas(check: Annotated[bool, typer.Option(help="Fail if schemas/ differs from the models.")] = False,
             out: Path = Path("schemas"),
-            readme: Annotated[Path, typer.Option(help="README whose producer reference is kept in step.")] = Path(
-                "README.md")) -> None:
+            readme: Annotated[Path, typer.Option(help="The page whose producer reference is kept in step.")] = Path(
+                "docs/integrate.md")) -> None:
     """Regenerate the JSON Schemas of every event, the configuration reference and the README's producer
     reference from the models."""
     from shared.config_doc import CONFIG_DOC, render_configuration
@@ -420,8 +425,7 @@ def mcp(workspace: Annotated[str | None, typer.Option(
             raise
         from services.supervisor import ALL_SERVICES, Supervisor
 
-        sup = Supervisor(s, services=[n for n in ALL_SERVICES if n != "api"], log_dir=s.devstack_dir / "logs",
-                         metrics_base_port=s.metrics_port + 1)
+        sup = Supervisor(s, services=[n for n in ALL_SERVICES if n != "api"], log_dir=s.devstack_dir / "logs")
         sup.start_servers()
         sup.start_services()
         sup.wait_healthy()
@@ -547,6 +551,15 @@ def bench_locomo(
         raise typer.Exit(2)
     run_locomo(LocomoRun(data=data, json_out=json_out, peers=list(peer or []), reuse=reuse, limit=limit,
                          console=console), s)
+
+
+def _register_lifecycle() -> None:
+    from services.cli_lifecycle import register
+
+    register(app, _settings, _urls, console)
+
+
+_register_lifecycle()
 
 
 def main() -> None:

@@ -12,6 +12,7 @@ import contextlib
 import ctypes
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -23,10 +24,27 @@ from shared.db.migrate import apply_migrations
 from shared.devstack import DevStack
 from shared.logging import get_logger
 
-__all__ = ["ALL_SERVICES", "Supervisor"]
+__all__ = ["ALL_SERVICES", "Supervisor", "free_port_block"]
 
 ALL_SERVICES = ["ingest", "embed", "classify", "cluster", "enrich", "maintain", "api"]
 log = get_logger("palace.supervisor")
+
+
+def free_port_block(n: int, start: int = 9101, stop: int = 60000) -> int:
+    """First port p from ``start`` such that p .. p+n-1 are all free on 127.0.0.1 (each service process
+    answers on base + its index, so a whole block is needed)."""
+    for base in range(start, stop - n, n):
+        free = True
+        for port in range(base, base + n):
+            with socket.socket() as sock:
+                try:
+                    sock.bind(("127.0.0.1", port))
+                except OSError:
+                    free = False
+                    break
+        if free:
+            return base
+    raise RuntimeError(f"no block of {n} free ports in {start}..{stop}")
 
 
 def _die_with_parent() -> None:
@@ -54,7 +72,9 @@ class Supervisor:
     services: list[str] = field(default_factory=lambda: list(ALL_SERVICES))
     replicas: int = 1  # processes per consuming service (api and maintain always run once)
     log_dir: Path | None = None
-    metrics_base_port: int = 9101
+    # Health/metrics port of the first worker; None: 9101 if the block from there is free, else the first
+    # free block above it (a second stack on the machine must not answer for this one's services).
+    metrics_base_port: int | None = None
     stack: DevStack | None = None
     children: dict[str, _Child] = field(default_factory=dict)
     database_url: str = ""
@@ -75,6 +95,10 @@ class Supervisor:
         if applied:
             log.info("migrations_applied", applied=applied)
 
+    def __post_init__(self) -> None:
+        if self.metrics_base_port is None:
+            self.metrics_base_port = free_port_block(10 * 4, start=9101)
+
     def port_of(self, name: str) -> int:
         """The health/metrics port of a service process: the api's own port, else one per worker in
         ``ALL_SERVICES`` order from ``metrics_base_port`` (ingest 9101, embed 9102, ...); replica k of a
@@ -82,6 +106,7 @@ class Supervisor:
         service, _, k = name.partition("-")
         if service == "api":
             return self.settings.api_port
+        assert self.metrics_base_port is not None
         return self.metrics_base_port + ALL_SERVICES.index(service) + 10 * (int(k or 1) - 1)
 
     def endpoints(self) -> dict[str, dict[str, object]]:

@@ -7,6 +7,7 @@ reads the environment at import time, so tests can build settings with overrides
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -108,19 +109,62 @@ class Settings(BaseSettings):
         5_000, description="A workspace with more live drawers than this gets an HNSW index of its own (built by "
         "maintain, used by search once ready); smaller ones are searched exactly.",
     )
+    centroid_min_cosine: float = Field(
+        0.85, description="Cosine to the nearest type centroid from which the centroid phase decides."
+    )
+    centroid_min_samples: int = Field(50, description="LLM-labelled drawers a type centroid needs to have a say.")
     dedup_threshold: float = Field(
         0.9, description="Cosine from which an older drawer is a twin candidate (merging also needs same wording)."
     )
+    contradiction_low: float = Field(
+        0.75, description="Cosine from which an older drawer is checked for contradiction by a newer one (unless "
+        "the newer one merged into it as a near-duplicate)."
+    )
+    decisions_mode: Literal["shadow", "controlled-write", "full"] = Field(
+        "controlled-write", description="Write decisions on similar memories: 'shadow' proposes and audits only, "
+        "'controlled-write' applies ADD and holds UPDATE/DELETE for review, 'full' applies all four.",
+    )
+    decisions_gate: float = Field(0.7, description="Confidence under which a proposed decision is dropped.")
+    episode_wait_s: float = Field(
+        600.0, description="How long an episode waits for its session's drawers to be embedded before it is built "
+        "from those that are.",
+    )
+    episode_ttl_days: float = Field(90.0, description="Episodes expire this many days after they are built.")
     llm_base_url: str | None = Field(None, description="OpenAI-compatible chat endpoint (optional).")
     llm_api_key: str | None = Field(None, description="API key for the LLM endpoint.")
     llm_model: str = Field("gpt-4o-mini", description="Chat model used when llm_base_url is set.")
+    llm_timeout_s: float = Field(60.0, description="Timeout of one LLM call.")
+    llm_batch: int = Field(16, description="Drawers per LLM classification call (one workspace per call).")
+    llm_attempts: int = Field(
+        3, description="Tries of one LLM call on transient errors (timeouts, 429, 5xx), with exponential backoff."
+    )
+    llm_max_failures: int = Field(3, description="Failed LLM attempts after which a drawer is marked failed.")
 
     # --- maintenance ---------------------------------------------------------------------------
     maintain_interval_s: float = Field(60.0, description="Seconds between maintenance sweeps.")
     stuck_after_s: float = Field(300.0, description="A drawer raw for this long is re-driven by maintain.")
+    maintain_batch: int = Field(
+        500, description="Rows each lifecycle job changes per transaction (decay, prune, expire, restore, forget): "
+        "small batches keep every lock short so the jobs run beside full traffic.",
+    )
+    job_lease_ttl_s: float = Field(
+        300.0, description="Lease a replica holds on a lifecycle job, renewed after every batch; if the replica dies "
+        "another one may take the job over after this long.",
+    )
+    decay_every_s: float = Field(86_400.0, description="Seconds between decay runs.")
     decay_after_days: float = Field(30.0, description="Drawers older than this and unused decay.")
-    decay_factor: float = Field(0.98, description="Importance multiplier per decay sweep.")
-    prune_keep_min: int = Field(100, description="Pruning never leaves a workspace with fewer drawers.")
+    decay_idle_days: float = Field(7.0, description="Days without a recall before a drawer decays (a recall "
+                                   "resets the clock).")
+    decay_factor: float = Field(0.98, description="Importance multiplier per decay run.")
+    decay_floor: float = Field(0.3, description="Decay never takes importance below this.")
+    prune_every_s: float = Field(86_400.0, description="Seconds between prune runs.")
+    prune_importance_below: float = Field(0.5, description="Drawers under this importance may be archived.")
+    prune_accesses_below: int = Field(3, description="... and recalled fewer times than this.")
+    prune_keep_min: int = Field(100, description="Pruning never leaves a workspace with fewer live drawers.")
+    expire_every_s: float = Field(3_600.0, description="Seconds between expiry runs (episodes past expires_at, "
+                                  "archived drawers past retention).")
+    archive_retention_days: float = Field(180.0, description="Days a pruned drawer stays restorable in the archive "
+                                          "before expiry deletes it.")
 
     # --- HTTP ----------------------------------------------------------------------------------
     api_host: str = Field("127.0.0.1", description="API bind address.")

@@ -86,6 +86,7 @@ CONSUMERS: tuple[Consumer, ...] = (
     Consumer("cluster", "drawer.classified", "cluster"),
     Consumer("cluster-entities", "entity.upserted", "cluster"),
     Consumer("enrich", "session.stored", "enrich"),
+    Consumer("enrich-episode", "drawer.embedded", "enrich"),
     Consumer("enrich-kg", "episodic.created", "enrich"),
 )
 

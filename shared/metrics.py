@@ -18,6 +18,9 @@ __all__ = [
     "HTTP_REQUESTS",
     "HTTP_REQUEST_SECONDS",
     "IN_FLIGHT",
+    "LLM_CALLS",
+    "LLM_SECONDS",
+    "LLM_TOKENS",
     "PROCESSED",
     "SEARCH_SECONDS",
 ]
@@ -74,3 +77,10 @@ HTTP_REQUEST_SECONDS = Histogram(
     "palace_http_request_seconds", "HTTP request latency, first byte received to response sent.",
     ["method", "route"], buckets=_BUCKETS,
 )
+LLM_CALLS = Counter(
+    "palace_llm_calls_total", "LLM calls (each attempt) by purpose and outcome.", ["purpose", "outcome"]
+)
+LLM_TOKENS = Counter(
+    "palace_llm_tokens_total", "LLM tokens by purpose and direction (in/out).", ["purpose", "direction"]
+)
+LLM_SECONDS = Histogram("palace_llm_seconds", "LLM call latency.", ["purpose"], buckets=_BUCKETS)

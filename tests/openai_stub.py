@@ -50,6 +50,37 @@ class StubState:
     in_flight: int = 0
     max_in_flight: int = 0
     keep_inputs: bool = True  # off for long runs (bench/soak.py): the list would grow without bound
+    chat: ChatStub = field(default_factory=lambda: ChatStub())
+
+
+@dataclass
+class ChatStub:
+    """The chat endpoint's behaviour. Each request takes the next mode from ``script`` (then ``mode``):
+
+    ok            a good answer, wrapped in a <think> block and a code fence as reasoning models do
+    malformed     prose with no JSON in it
+    batch_broken  unreadable JSON for a batch of several items, a good answer for a single item
+    hallucinated  a batch answer whose ids are invented (a single item gets a good answer)
+    partial       good types, but an importance out of range and a triple missing its object
+    slow          a good answer after ``slow_s`` seconds (past the client's timeout)
+    fail500 / fail429 / fail400 / fail401   that HTTP status
+
+    The type of an item is the first memory-type name its content mentions, else ``default_type``.
+    """
+
+    mode: str = "ok"
+    script: list[str] = field(default_factory=list)
+    slow_s: float = 3.0
+    default_type: str = "fact"
+    calls: int = 0  # classification calls only (the ones ``script`` and ``mode`` apply to)
+    modes_seen: list[str] = field(default_factory=list)
+    items_per_call: list[int] = field(default_factory=list)
+    # Write decisions: UPDATE / DELETE / NONE name the first candidate; HALLUCINATE names an invented
+    # id; LOWCONF answers under the confidence gate. Contradiction checks answer ``contradicts``.
+    decision: str = "ADD"
+    decision_calls: int = 0
+    contradicts: bool = False
+    contradiction_calls: int = 0
 
 
 def build_app(state: StubState) -> FastAPI:
@@ -89,7 +120,78 @@ def build_app(state: StubState) -> FastAPI:
                    "usage": {"prompt_tokens": 0, "total_tokens": 0}}
         return Response(json.dumps(payload), media_type="application/json")
 
+    @app.post("/v1/chat/completions")
+    async def chat(req: Request) -> Any:
+        body = await req.json()
+        st = state.chat
+        items = json.loads(body["messages"][-1]["content"])
+        if isinstance(items, dict):
+            return _chat_reply(body, json.dumps(_side_answer(st, items)))
+        st.calls += 1
+        mode = st.script.pop(0) if st.script else st.mode
+        st.modes_seen.append(mode)
+        st.items_per_call.append(len(items))
+        if mode.startswith("fail"):
+            code = int(mode[4:])
+            return JSONResponse({"error": {"message": f"stub says {code}"}}, status_code=code)
+        if mode == "slow":
+            await asyncio.sleep(st.slow_s)
+        if mode == "malformed":
+            text = "Sure! These look like decisions and facts to me."
+        elif mode == "batch_broken" and len(items) > 1:
+            text = '{"items": [{"id": "' + items[0]["id"] + '", "memory_type": '
+        else:
+            answers = [_chat_item(it, st.default_type, partial=mode == "partial") for it in items]
+            if mode == "hallucinated" and len(items) > 1:
+                for a in answers:
+                    a["id"] = "d-" + a["id"][::-1]
+            text = "<think>Let me classify {these} carefully.</think>\n```json\n" + json.dumps(
+                {"items": answers}) + "\n```"
+        return _chat_reply(body, text)
+
     return app
+
+
+def _chat_reply(body: dict[str, Any], text: str) -> dict[str, Any]:
+    prompt = sum(len(m["content"]) for m in body["messages"])
+    return {"id": "stub", "object": "chat.completion", "model": body.get("model", "stub"),
+            "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": text}}],
+            "usage": {"prompt_tokens": prompt // 4, "completion_tokens": len(text) // 4,
+                      "total_tokens": prompt // 4 + len(text) // 4}}
+
+
+def _side_answer(st: ChatStub, payload: dict[str, Any]) -> dict[str, Any]:
+    if "older" in payload:
+        st.contradiction_calls += 1
+        return {"contradicts": st.contradicts, "reason": "stub verdict"}
+    st.decision_calls += 1
+    first = payload["candidates"][0] if payload.get("candidates") else {"id": None, "content": ""}
+    d = st.decision
+    if d == "HALLUCINATE":
+        return {"action": "DELETE", "target_id": "d-invented", "reason": "stub", "confidence": 0.9}
+    if d == "LOWCONF":
+        return {"action": "DELETE", "target_id": first["id"], "reason": "stub", "confidence": 0.3}
+    out = {"action": d, "target_id": None if d == "ADD" else first["id"], "reason": f"stub says {d}",
+           "confidence": 0.9}
+    if d == "UPDATE":
+        out["content"] = f"{first['content']} (now: {payload['fact']})"
+    return out
+
+
+_TYPES = ("decision", "preference", "milestone", "problem", "emotional", "fact", "task")
+
+
+def _chat_item(item: dict[str, str], default_type: str, *, partial: bool) -> dict[str, Any]:
+    content = item["content"]
+    words = re.findall(r"\w+", content.lower())
+    mtype = next((w for w in words if w in _TYPES), default_type)
+    names = list(dict.fromkeys(re.findall(r"\b[A-Z][a-z]+\b", content)))[:3]
+    triples = [{"subject": names[0], "predicate": "mentioned_with", "object": names[1]}] if len(names) > 1 else []
+    if partial:
+        triples.append({"subject": "orphan", "predicate": "lacks"})
+    return {"id": item["id"], "memory_type": mtype, "importance": 7 if partial else 4,
+            "summary": content[:60], "entities": [{"name": n, "type": "concept"} for n in names],
+            "triples": triples}
 
 
 @contextmanager

@@ -20,7 +20,7 @@ from fastapi import APIRouter, FastAPI
 from psycopg_pool import AsyncConnectionPool
 
 from services._runtime import QuietServer
-from services.api import ops, routes_memory, routes_palace, v1
+from services.api import ops, routes_forget, routes_memory, routes_palace, routes_quality, v1
 from services.api.errors import install_error_handlers
 from services.api.middleware import BodyLimit, RateLimit, RequestMetrics
 from services.mcp.server import McpHttpEndpoint
@@ -41,7 +41,8 @@ __all__ = ["ROUTERS", "create_app", "main"]
 
 log = get_logger("palace.api")
 
-ROUTERS: list[APIRouter] = [ops.router, v1.router, routes_memory.router, routes_palace.router]
+ROUTERS: list[APIRouter] = [ops.router, v1.router, routes_memory.router, routes_quality.router, routes_forget.router,
+                              routes_palace.router]
 
 
 async def bootstrap_keys(settings: Settings, pool: AsyncConnectionPool) -> None:

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from services._runtime import WorkerSpec, run_worker
-from services.enrich.handlers import register
+from services.enrich.handlers import episode_sweeper, register
 
-SPEC = WorkerSpec(name="enrich", register=register)
+SPEC = WorkerSpec(name="enrich", register=register, background=[episode_sweeper])
 
 
 def main() -> None:

@@ -2,21 +2,36 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from nats.aio.msg import Msg
 
 from services._runtime import Deps
 from shared.bus import decode_event, publish_event
+from shared.db.forget import forgotten, forgotten_drawers
+from shared.db.kg import link_drawers
 from shared.db.sessions import store_session, unembedded_drawer_ids
 from shared.db.tenancy import workspace_tx
 from shared.events import DrawerCreated, SessionCompleted, SessionStored
+from shared.forget import drop_forgotten_drawers
 from shared.ids import event_id_for
-from shared.memory.filing import plan_session
+from shared.logging import get_logger
+from shared.memory.filing import DrawerPlan, plan_session
 from shared.metrics import DRAWERS
 
 __all__ = ["DURABLE", "register"]
 
+log = get_logger("palace.ingest")
 DURABLE = "ingest"
 _ANNOUNCE_CHUNK = 256
+
+
+async def _link(deps: Deps, workspace_id: str, drawers: Sequence[DrawerPlan]) -> None:
+    """Inline linker: the session's drawers → the workspace's existing entities they name (no LLM,
+    never a new entity). After the raw rows are committed; idempotent, so a redelivery completes it."""
+    if drawers:
+        async with workspace_tx(deps.pool, workspace_id) as conn:
+            await link_drawers(conn, workspace_id, [(d.id, d.content) for d in drawers])
 
 
 def register(deps: Deps) -> None:
@@ -34,8 +49,17 @@ def register(deps: Deps) -> None:
         # bounded the whole event by max_event_bytes).
         plan = plan_session(event, chunk_chars=s.chunk_chars, chunk_overlap=s.chunk_overlap, min_chars=s.min_chars)
         async with workspace_tx(deps.pool, event.workspace_id) as conn:
+            # Forgotten (this session, its user or agent, the workspace)? An event still in flight,
+            # redelivered or re-driven from the DLQ must not bring it back (shared.db.forget).
+            if await forgotten(conn, event.workspace_id, session_id=event.session_id, user_id=event.user_id,
+                               agent_id=event.agent_id):
+                log.info("forgotten_session_refused", workspace=event.workspace_id, session=event.session_id)
+                return
+            plan = drop_forgotten_drawers(plan, await forgotten_drawers(
+                conn, event.workspace_id, [d.id for d in plan.drawers]))
             created = await store_session(conn, plan)
         DRAWERS.labels(deps.service, "created").inc(len(created))
+        await _link(deps, event.workspace_id, plan.drawers)
         all_ids = [d.id for d in plan.drawers]
         # Announce every drawer of the session still raw, not only the new ones: if an earlier
         # attempt committed and then died before publishing, this redelivery finishes its job.

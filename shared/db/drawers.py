@@ -21,6 +21,7 @@ __all__ = [
     "drawers_by_id",
     "drawers_missing_bands",
     "note_failure",
+    "older_neighbours",
     "older_twins",
     "record_history",
     "save_classifications",
@@ -51,6 +52,7 @@ class DrawerRow:
     embedding: np.ndarray | None = None
     speaker: str | None = None
     context: str | None = None
+    failure_reason: str | None = None
 
 
 async def drawers_by_id(
@@ -59,11 +61,11 @@ async def drawers_by_id(
     """The live (not deleted) drawers among ``ids``."""
     cur = await conn.execute(
         """SELECT id, content, content_hash, state, room, embedding IS NOT NULL,
-                  CASE WHEN %s THEN embedding END, speaker, context
+                  CASE WHEN %s THEN embedding END, speaker, context, failure_reason
              FROM drawers WHERE workspace_id = %s AND id = ANY(%s) AND deleted_at IS NULL""",
         (with_embedding, workspace_id, ids),
     )
-    return [DrawerRow(r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7], r[8]) for r in await cur.fetchall()]
+    return [DrawerRow(*r) for r in await cur.fetchall()]
 
 
 async def cached_embeddings(
@@ -90,18 +92,31 @@ async def save_embeddings(
 
     rows: (drawer_id, hash of the embedded text, vector).
     """
+    if not rows:
+        return 0
+    updated: set[str] = set()
     async with conn.cursor() as cur:
         await cur.executemany(
             "UPDATE drawers SET embedding = %s, embedding_model = %s, failure_reason = NULL,"
             " state = CASE WHEN state = 'failed' THEN 'raw' ELSE state END, updated_at = now()"
-            " WHERE workspace_id = %s AND id = %s AND embedding IS NULL",
+            " WHERE workspace_id = %s AND id = %s AND embedding IS NULL RETURNING id",
             [(vec, model, workspace_id, did) for did, _, vec in rows],
+            returning=True,
         )
-        if cache_new:
+        while True:
+            row = await cur.fetchone()
+            if row:
+                updated.add(row[0])
+            if not cur.nextset():
+                break
+        # Only texts of drawers that still exist are cached: a drawer forgotten while its embedding
+        # was computed leaves no cache entry behind.
+        cacheable = [(workspace_id, model, h, vec) for did, h, vec in rows if did in updated]
+        if cache_new and cacheable:
             await cur.executemany(
                 "INSERT INTO embedding_cache (workspace_id, model, content_hash, embedding) VALUES (%s, %s, %s, %s)"
                 " ON CONFLICT DO NOTHING",
-                [(workspace_id, model, h, vec) for _, h, vec in rows],
+                cacheable,
             )
     return len(rows)
 
@@ -189,6 +204,28 @@ async def older_twins(
     async with conn.cursor(row_factory=dict_row) as cur:
         await cur.execute(OLDER_TWINS_SQL, {"ws": workspace_id, "id": drawer_id, "emb": embedding, "bands": bands,
                                             "n": limit})
+        rows = await cur.fetchall()
+    return [(r["id"], float(r["sim"]), r["content"]) for r in rows]
+
+
+async def older_neighbours(
+    conn: AsyncConnection[Any], workspace_id: str, drawer_id: str, embedding: np.ndarray, limit: int = 5,
+) -> list[tuple[str, float, str]]:
+    """Nearest live, processed drawers filed before this one by embedding, whatever their wording:
+    (id, cosine, content), nearest first. Planned unprepared, so the workspace's own HNSW index serves it
+    when it has one (migration 0019), and an exact scan of the workspace when it does not."""
+    async with conn.cursor(row_factory=dict_row) as cur:
+        await cur.execute(
+            """
+            WITH me AS (SELECT filed_at FROM drawers WHERE workspace_id = %(ws)s AND id = %(id)s)
+            SELECT d.id, 1 - (d.embedding <=> %(emb)s) AS sim, d.content FROM drawers d, me
+             WHERE d.workspace_id = %(ws)s AND d.id <> %(id)s AND d.state = 'processed' AND d.deleted_at IS NULL
+               AND d.embedding IS NOT NULL AND (d.filed_at, d.id) < (me.filed_at, %(id)s)
+             ORDER BY d.embedding <=> %(emb)s LIMIT %(n)s
+            """,
+            {"ws": workspace_id, "id": drawer_id, "emb": embedding, "n": limit},
+            prepare=False,
+        )
         rows = await cur.fetchall()
     return [(r["id"], float(r["sim"]), r["content"]) for r in rows]
 

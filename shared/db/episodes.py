@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -9,8 +10,24 @@ import numpy as np
 from psycopg import AsyncConnection
 
 from shared.db.drawers import as_array
+from shared.db.kg import add_aliases
 
-__all__ = ["session_turns", "upsert_entities", "upsert_episode"]
+__all__ = [
+    "EpisodeHit",
+    "EpisodeProgress",
+    "discard_pending_episode",
+    "episode_progress",
+    "existing_drawers",
+    "mark_announced",
+    "mark_episode_pending",
+    "overdue_episodes",
+    "save_episode",
+    "search_episodes",
+    "session_turns",
+    "sessions_awaiting_episode",
+    "unannounced_episode",
+    "upsert_entities",
+]
 
 
 async def session_turns(conn: AsyncConnection[Any], workspace_id: str, session_id: str) -> list[dict[str, Any]]:
@@ -32,21 +49,168 @@ async def session_turns(conn: AsyncConnection[Any], workspace_id: str, session_i
     return rows
 
 
-async def upsert_episode(
-    conn: AsyncConnection[Any], workspace_id: str, *, episode_id: str, session_id: str, agent_id: str | None,
-    summary: str, abstract: str, topics: list[str], embedding: np.ndarray | None,
-    started_at: datetime | None, completed_at: datetime | None, ttl_days: float,
-) -> None:
-    await conn.execute(
-        """INSERT INTO episodes (workspace_id, id, session_id, agent_id, summary, abstract, topics, embedding,
-                                 started_at, completed_at, expires_at)
-           VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, now() + make_interval(days => %s))
-           ON CONFLICT (workspace_id, id) DO UPDATE
-              SET summary = EXCLUDED.summary, abstract = EXCLUDED.abstract, topics = EXCLUDED.topics,
-                  embedding = EXCLUDED.embedding""",
-        (workspace_id, episode_id, session_id, agent_id, summary, abstract, topics, embedding,
-         started_at, completed_at, int(ttl_days)),
+@dataclass(frozen=True)
+class EpisodeHit:
+    """A built, unexpired episode and its cosine similarity to the query."""
+
+    id: str
+    session_id: str
+    abstract: str
+    summary: str
+    topics: list[str]
+    score: float
+    started_at: datetime | None
+    completed_at: datetime | None
+
+
+async def search_episodes(
+    conn: AsyncConnection[Any], workspace_id: str, embedding: np.ndarray, *, k: int = 5
+) -> list[EpisodeHit]:
+    """The ``k`` built, unexpired episodes nearest to ``embedding``, best first.
+
+    An exact scan of the workspace's episodes (one per session, so far fewer rows than drawers):
+    an approximate index with the workspace filter applied after the walk could return fewer than
+    ``k`` even when more exist.
+    """
+    cur = await conn.execute(
+        """SELECT id, session_id, abstract, summary, topics, 1 - (embedding <=> %(q)s::vector) AS score,
+                  started_at, completed_at
+             FROM episodes
+            WHERE workspace_id = %(ws)s AND status = 'ready' AND embedding IS NOT NULL
+              AND (expires_at IS NULL OR expires_at > now())
+            ORDER BY embedding <=> %(q)s::vector, id
+            LIMIT %(k)s""",
+        {"q": np.asarray(embedding, dtype=np.float32), "ws": workspace_id, "k": max(1, min(int(k), 100))},
     )
+    return [EpisodeHit(str(i), str(sid), a, sm, list(t), float(sc), st, ct)
+            for i, sid, a, sm, t, sc, st, ct in await cur.fetchall()]
+
+
+@dataclass(frozen=True)
+class EpisodeProgress:
+    """Where a session's episode stands, and whether its drawers are embedded yet."""
+
+    status: str                 # 'pending' or 'ready'
+    source_hash: str | None
+    announced: bool
+    waited_s: float             # since it became pending
+    drawers: int
+    unembedded: int             # drawers still raw without a vector
+
+
+async def mark_episode_pending(conn: AsyncConnection[Any], workspace_id: str, episode_id: str,
+                               session_id: str) -> bool:
+    """Open the session's episode (pending) unless one was already built or opened from the same
+    drawers; a session re-published with more turns reopens it. True when (re)opened."""
+    cur = await conn.execute(
+        """WITH src AS (SELECT md5(string_agg(DISTINCT drawer_id, ',' ORDER BY drawer_id)) AS h
+                          FROM drawer_sources WHERE workspace_id = %(ws)s AND session_id = %(sid)s)
+           INSERT INTO episodes (workspace_id, id, session_id, agent_id, summary, abstract, status, source_hash,
+                                 pending_since, started_at, completed_at)
+           SELECT s.workspace_id, %(id)s, s.session_id, s.agent_id, '', '', 'pending', src.h, now(),
+                  s.started_at, s.completed_at
+             FROM sessions s, src WHERE s.workspace_id = %(ws)s AND s.session_id = %(sid)s
+           ON CONFLICT (workspace_id, id) DO UPDATE
+              SET status = 'pending', source_hash = EXCLUDED.source_hash, pending_since = now(),
+                  announced_at = NULL, agent_id = EXCLUDED.agent_id, started_at = EXCLUDED.started_at,
+                  completed_at = EXCLUDED.completed_at
+            WHERE episodes.source_hash IS DISTINCT FROM EXCLUDED.source_hash
+           RETURNING id""",
+        {"id": episode_id, "ws": workspace_id, "sid": session_id},
+    )
+    return await cur.fetchone() is not None
+
+
+async def episode_progress(conn: AsyncConnection[Any], workspace_id: str, episode_id: str) -> EpisodeProgress | None:
+    """The episode's state and its session's embedding progress; None when no episode was opened."""
+    cur = await conn.execute(
+        """SELECT e.status, e.source_hash, e.announced_at IS NOT NULL,
+                  extract(epoch FROM now() - coalesce(e.pending_since, e.created_at)),
+                  (SELECT count(DISTINCT d.id) FROM drawer_sources ds
+                     JOIN drawers d ON d.workspace_id = ds.workspace_id AND d.id = ds.drawer_id
+                    WHERE ds.workspace_id = e.workspace_id AND ds.session_id = e.session_id
+                      AND d.deleted_at IS NULL),
+                  (SELECT count(DISTINCT d.id) FROM drawer_sources ds
+                     JOIN drawers d ON d.workspace_id = ds.workspace_id AND d.id = ds.drawer_id
+                    WHERE ds.workspace_id = e.workspace_id AND ds.session_id = e.session_id
+                      AND d.deleted_at IS NULL AND d.embedding IS NULL AND d.state = 'raw')
+             FROM episodes e WHERE e.workspace_id = %s AND e.id = %s""",
+        (workspace_id, episode_id),
+    )
+    row = await cur.fetchone()
+    if row is None:
+        return None
+    status, source_hash, announced, waited, drawers, unembedded = row
+    return EpisodeProgress(str(status), source_hash, bool(announced), float(waited), int(drawers), int(unembedded))
+
+
+async def sessions_awaiting_episode(conn: AsyncConnection[Any], workspace_id: str, drawer_ids: list[str]) -> list[str]:
+    """Sessions holding any of these drawers whose episode is opened but not announced."""
+    cur = await conn.execute(
+        """SELECT DISTINCT e.session_id FROM drawer_sources ds
+             JOIN episodes e ON e.workspace_id = ds.workspace_id AND e.session_id = ds.session_id
+            WHERE ds.workspace_id = %s AND ds.drawer_id = ANY(%s) AND e.announced_at IS NULL""",
+        (workspace_id, drawer_ids),
+    )
+    return [str(r[0]) for r in await cur.fetchall()]
+
+
+async def save_episode(
+    conn: AsyncConnection[Any], workspace_id: str, *, episode_id: str, source_hash: str | None,
+    summary: str, abstract: str, topics: list[str], embedding: np.ndarray | None, ttl_days: float,
+) -> bool:
+    """Fill a pending episode built from ``source_hash``; False when it is no longer pending for
+    that content (built meanwhile, or reopened by newer content, which its own build will fill)."""
+    cur = await conn.execute(
+        """UPDATE episodes SET summary = %s, abstract = %s, topics = %s, embedding = %s, status = 'ready',
+                               expires_at = now() + make_interval(secs => %s)
+            WHERE workspace_id = %s AND id = %s AND status = 'pending' AND source_hash IS NOT DISTINCT FROM %s
+           RETURNING id""",
+        (summary, abstract, topics, embedding, float(ttl_days) * 86_400.0, workspace_id, episode_id, source_hash),
+    )
+    return await cur.fetchone() is not None
+
+
+async def discard_pending_episode(conn: AsyncConnection[Any], workspace_id: str, episode_id: str) -> None:
+    """Drop an opened episode whose session has nothing left to summarise."""
+    await conn.execute("DELETE FROM episodes WHERE workspace_id = %s AND id = %s AND status = 'pending'",
+                       (workspace_id, episode_id))
+
+
+async def unannounced_episode(conn: AsyncConnection[Any], workspace_id: str, episode_id: str) -> dict[str, Any] | None:
+    """A built episode whose episodic.created has not been published yet (with what the event carries)."""
+    cur = await conn.execute(
+        """SELECT session_id, summary, abstract, topics, source_hash FROM episodes
+            WHERE workspace_id = %s AND id = %s AND status = 'ready' AND announced_at IS NULL""",
+        (workspace_id, episode_id),
+    )
+    row = await cur.fetchone()
+    if row is None:
+        return None
+    return dict(zip(("session_id", "summary", "abstract", "topics", "source_hash"), row, strict=True))
+
+
+async def mark_announced(
+    conn: AsyncConnection[Any], workspace_id: str, episode_id: str, source_hash: str | None
+) -> None:
+    """Record that episodic.created went out for this content, so no later attempt publishes it again."""
+    await conn.execute(
+        """UPDATE episodes SET announced_at = now()
+            WHERE workspace_id = %s AND id = %s AND status = 'ready' AND source_hash IS NOT DISTINCT FROM %s""",
+        (workspace_id, episode_id, source_hash),
+    )
+
+
+async def overdue_episodes(conn: AsyncConnection[Any], older_than_s: float, limit: int = 500) -> list[tuple[str, str]]:
+    """(workspace_id, session_id) of episodes unannounced for longer than ``older_than_s``, across
+    workspaces (maintenance role): their drawers were never all embedded, or a build was cut short."""
+    cur = await conn.execute(
+        """SELECT workspace_id, session_id FROM episodes
+            WHERE announced_at IS NULL AND pending_since < now() - make_interval(secs => %s)
+            ORDER BY pending_since LIMIT %s""",
+        (older_than_s, limit),
+    )
+    return [(str(w), str(s)) for w, s in await cur.fetchall()]
 
 
 async def upsert_entities(
@@ -60,6 +224,9 @@ async def upsert_entities(
                ON CONFLICT (workspace_id, id) DO UPDATE SET updated_at = now()""",
             [(workspace_id, i, n, t) for i, n, t in entities],
         )
+    for eid, name, _ in entities:
+        await add_aliases(conn, workspace_id, eid, [name])  # so the inline linker finds it from now on
+    async with conn.cursor() as cur:
         await cur.executemany(
             "INSERT INTO entity_mentions (workspace_id, entity_id, drawer_id) VALUES (%s, %s, %s)"
             " ON CONFLICT DO NOTHING",
@@ -72,3 +239,9 @@ async def upsert_entities(
                WHERE d.workspace_id = %s AND d.id = m.drawer_id""",
             (workspace_id, list({d for _, d in mentions}), workspace_id),
         )
+
+
+async def existing_drawers(conn: AsyncConnection[Any], workspace_id: str, ids: list[str]) -> set[str]:
+    """Which of these drawers exist (archived ones included)."""
+    cur = await conn.execute("SELECT id FROM drawers WHERE workspace_id = %s AND id = ANY(%s)", (workspace_id, ids))
+    return {r[0] for r in await cur.fetchall()}

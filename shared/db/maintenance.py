@@ -1,4 +1,6 @@
-"""Maintenance sweeps: lease, stuck-drawer re-drive, decay, prune. Each is one short statement."""
+"""Maintenance sweeps: the job lease and the stuck-drawer re-drive. Each is one short statement.
+
+The lifecycle jobs (decay, prune, expire) are in ``shared.db.lifecycle``."""
 
 from __future__ import annotations
 
@@ -6,7 +8,7 @@ from typing import Any
 
 from psycopg import AsyncConnection
 
-__all__ = ["decay", "fail_exhausted", "prune", "stuck_drawers", "take_lease"]
+__all__ = ["fail_exhausted", "stuck_drawers", "take_lease"]
 
 
 async def take_lease(conn: AsyncConnection[Any], job: str, holder: str, ttl_s: float, every_s: float) -> bool:
@@ -58,30 +60,3 @@ async def fail_exhausted(conn: AsyncConnection[Any], older_than_s: float, max_re
     )
     return cur.rowcount
 
-
-async def decay(conn: AsyncConnection[Any], after_days: float, factor: float, floor: float = 0.3) -> int:
-    """Unused old memories lose importance slowly (seeds: x0.98 per sweep, floor 0.3)."""
-    cur = await conn.execute(
-        """UPDATE drawers SET importance = greatest(importance * %s, %s), updated_at = now()
-            WHERE deleted_at IS NULL AND NOT pinned AND importance > %s
-              AND filed_at < now() - make_interval(days => %s)
-              AND coalesce(last_accessed_at, filed_at) < now() - interval '7 days'""",
-        (factor, floor, floor, int(after_days)),
-    )
-    return cur.rowcount
-
-
-async def prune(conn: AsyncConnection[Any], keep_min: int) -> int:
-    """Soft-delete forgotten memories (importance < 0.5, accessed < 3 times), keeping ``keep_min`` each."""
-    cur = await conn.execute(
-        """WITH ranked AS (
-               SELECT workspace_id, id, importance, access_count, pinned,
-                      row_number() OVER (PARTITION BY workspace_id ORDER BY importance DESC, filed_at DESC) AS rn
-                 FROM drawers WHERE deleted_at IS NULL)
-           UPDATE drawers d SET deleted_at = now(), updated_at = now()
-             FROM ranked r
-            WHERE d.workspace_id = r.workspace_id AND d.id = r.id AND r.rn > %s
-              AND r.importance < 0.5 AND r.access_count < 3 AND NOT r.pinned""",
-        (keep_min,),
-    )
-    return cur.rowcount

@@ -130,7 +130,8 @@ SELECT d.id, d.session_id, d.seq,
        d.tsv::text AS tsv, d.importance,
        extract(epoch FROM now() - coalesce(d.last_accessed_at, d.filed_at)) / 86400.0 AS age_days,
        EXISTS (SELECT 1 FROM w WHERE d.occurred_at >= w.lo AND d.occurred_at < w.hi) AS dated,
-       d.content, d.memory_type, d.wing, d.room, d.speaker, d.role, d.occurred_at, d.metadata::text
+       d.content, d.memory_type, d.wing, d.room, d.speaker, d.role, d.occurred_at, d.metadata::text,
+       d.superseded_by
   FROM c, drawers d
  WHERE d.workspace_id = %(ws)s AND d.id = ANY(c.ids) AND d.deleted_at IS NULL AND d.state <> 'merged'
 """
@@ -159,7 +160,8 @@ async def candidates(
         did, session_id, seq, _, cos, tsv, importance, age_days, dated = row[:9]
         content_tf, content_len, speaker_lexemes = tsvector_terms(tsv or "", lexemes)
         cands.append(Candidate(did, session_id, seq, None if cos is None else float(cos), content_tf,
-                               content_len, speaker_lexemes, bool(dated), float(importance), float(age_days or 0.0)))
+                               content_len, speaker_lexemes, bool(dated), float(importance), float(age_days or 0.0),
+                               row[17]))
         rows[did] = row
     return lexemes, cands, rows
 
@@ -168,7 +170,7 @@ def _hits(ranked: list[Ranked], rows: dict[str, tuple[Any, ...]]) -> list[Search
     out = []
     for r in ranked:
         _, session_id, _, _, _, _, importance, _, _, content, memory_type, wing, room, speaker, role, occurred_at, \
-            metadata = rows[r.id]
+            metadata = rows[r.id][:17]
         out.append(SearchHit(
             id=r.id, content=content, score=r.score, dense=r.dense, text=r.text, citation=cite(wing, room, r.id),
             explanation=r.explanation, memory_type=memory_type,

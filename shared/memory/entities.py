@@ -5,10 +5,9 @@ in a workspace lands on one entity."""
 from __future__ import annotations
 
 import re
-import unicodedata
 
-from shared.ids import stable_id
 from shared.memory.episodes import STOPWORDS
+from shared.memory.kg import entity_id, normalize_name
 
 __all__ = ["entity_id", "extract_entities", "normalize_name"]
 
@@ -18,14 +17,6 @@ _SENT_START = re.compile(r"(?:^|[.!?]\s+|\n)$")
 _NOT_NAMES = frozenset({"i", "i'm", "i've", "i'll", "i'd", "ok", "okay", "monday", "tuesday", "wednesday",
                         "thursday", "friday", "saturday", "sunday", "hey", "hi", "hello", "thanks", "yes", "no",
                         "wow", "oh", "sure", "great", "good", "nice", "so", "and", "but", "the", "that", "this"})
-
-
-def normalize_name(name: str) -> str:
-    return " ".join(unicodedata.normalize("NFKC", name).casefold().split())
-
-
-def entity_id(workspace_id: str, name: str) -> str:
-    return stable_id("entity", workspace_id, normalize_name(name))
 
 
 def extract_entities(text: str, speakers: tuple[str, ...] = ()) -> list[tuple[str, str]]:

@@ -6,9 +6,11 @@ import re
 from collections import Counter
 from dataclasses import dataclass
 
+import numpy as np
+
 from shared.memory.classify import classify
 
-__all__ = ["STOPWORDS", "EpisodeDraft", "summarize_session", "top_keywords"]
+__all__ = ["STOPWORDS", "EpisodeDraft", "episode_embedding", "summarize_session", "top_keywords"]
 
 STOPWORDS = frozenset(
     """a about above after again against all am an and any are as at be because been before being below between
@@ -61,3 +63,13 @@ def summarize_session(
     first = parts[0]
     abstract = first if len(first) <= 200 else first[:199].rsplit(" ", 1)[0] + "…"
     return EpisodeDraft(summary, abstract, top_keywords([t for _, t in turns]))
+
+
+def episode_embedding(vectors: list[np.ndarray]) -> np.ndarray | None:
+    """The unit-length mean of the session's drawer vectors (None when none is embedded): the
+    episode lands where its turns are in the embedding space, so a question near any of them finds it."""
+    if not vectors:
+        return None
+    m = np.mean(np.asarray(vectors, dtype=np.float32), axis=0)
+    n = float(np.linalg.norm(m))
+    return (m / n if n else m).astype(np.float32)

@@ -79,6 +79,7 @@ class RankParams:
     capped_top: int = 5
     capped_pool: int = 12  # ...chosen among the best ``capped_pool`` only (0: among all)
     relevance_floor: float = 0.3
+    superseded_factor: float = 0.5  # a drawer a newer one contradicted keeps this share of its score
 
 
 @dataclass(frozen=True)
@@ -97,6 +98,7 @@ class Candidate:
     dated: bool
     importance: float
     age_days: float
+    superseded_by: str | None = None  # the newer drawer that contradicted this one
 
 
 @dataclass(frozen=True)
@@ -305,6 +307,8 @@ def rank(cands: Sequence[Candidate], query_lexemes: Sequence[str], p: RankParams
     parts["recency"] = base * imp_f * (rec_f - 1)
     fused = base * imp_f * rec_f
     rel = 1 - np.exp(-np.maximum(fused, 0.0) / p.relevance_scale)
+    # What a newer drawer contradicted keeps a share of its relevance and never outranks its successor.
+    rel = _below_successors(cands, rel, p.superseded_factor)
     final, order = _diversify(cands, rel, p)
     share = np.divide(rel, fused, out=np.zeros(n), where=fused > 0)
     out = []
@@ -314,6 +318,27 @@ def rank(cands: Sequence[Candidate], query_lexemes: Sequence[str], p: RankParams
                         bm25=float(raw_text[i]))
         out.append(Ranked(cands[i].id, float(final[i]), float(dense[i]), float(text[i]), float(rel[i]), e))
     return out
+
+
+def _below_successors(cands: Sequence[Candidate], final: np.ndarray, factor: float) -> np.ndarray:
+    """A superseded drawer keeps ``factor`` of its score, and, when its successor is a candidate too,
+    scores just below it: what a newer drawer contradicted never outranks the newer drawer."""
+    idx = {c.id: i for i, c in enumerate(cands)}
+    sup = [(i, idx.get(c.superseded_by)) for i, c in enumerate(cands) if c.superseded_by]
+    if not sup:
+        return final
+    final = final.copy()
+    for i, _ in sup:
+        final[i] *= factor
+    for _ in range(len(sup)):  # chains (a superseded by b superseded by c) settle in as many passes
+        changed = False
+        for i, j in sup:
+            if j is not None and final[i] >= final[j]:
+                final[i] = np.nextafter(final[j], -np.inf) if final[j] > 0 else final[j] - 1e-9
+                changed = True
+        if not changed:
+            break
+    return final
 
 
 def plain_fusion(cands: Sequence[Candidate], query_lexemes: Sequence[str], k: int, w_dense: float = 0.7,

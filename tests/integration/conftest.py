@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from services.supervisor import Supervisor
+from services.supervisor import Supervisor, free_port_block
 from shared.config import Settings
 from shared.devstack import DevStack
 from tests.integration.helpers import Stack
@@ -47,7 +47,8 @@ def stack() -> Iterator[Stack]:
         DevStack(settings.devstack_dir).stop()
         shutil.rmtree(settings.devstack_dir, ignore_errors=True)
     log_dir = Path(settings.devstack_dir) / "logs"
-    sup = Supervisor(settings, log_dir=log_dir, metrics_base_port=random.randint(20000, 40000))
+    base = free_port_block(40, start=random.randrange(20000, 30000))  # a free block, not just a random one
+    sup = Supervisor(settings, log_dir=log_dir, metrics_base_port=base)
     try:
         sup.start_servers()
         sup.start_services()

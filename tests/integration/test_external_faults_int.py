@@ -342,7 +342,8 @@ def test_database_unreachable_at_start_up_service_waits_then_works(ext: Ext) -> 
         assert proxy.accepted > 0 and sup.children["enrich"].restarts == 0
         w = ws()
         st.publish(session(w, "s", ["We moved the weekly sync with the data team to Thursday mornings."]))
-        wait_for(lambda: st.sql("SELECT count(*) FROM episodes WHERE workspace_id = %s", (w,))[0][0] == 1, 60,
+        wait_for(lambda: st.sql("SELECT count(*) FROM episodes WHERE workspace_id = %s AND status = 'ready'",
+                                (w,))[0][0] == 1, 60,
                  "an episode written by the enrich started without its database")
         assert sup.children["enrich"].restarts == 0 and sup.children["enrich"].proc.poll() is None
     finally:

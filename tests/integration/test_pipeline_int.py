@@ -89,8 +89,8 @@ def test_episode_and_entities_follow(stack: Stack) -> None:
     w = ws()
     stack.publish(session(w, "s1", ["Maria and Tomás decided to move the Orion launch to Lisbon in March.",
                                     "I feel relieved that the Orion launch is finally settled."]))
-    wait_for(lambda: stack.sql("SELECT count(*) FROM episodes WHERE workspace_id = %s", (w,))[0][0] == 1,
-             what="episode")
+    wait_for(lambda: stack.sql("SELECT count(*) FROM episodes WHERE workspace_id = %s AND status = 'ready'",
+                               (w,))[0][0] == 1, what="episode")
     summary, topics = stack.sql("SELECT summary, topics FROM episodes WHERE workspace_id = %s", (w,))[0]
     assert "Orion" in summary and "orion" in topics
     names = wait_for(lambda: {r[0] for r in stack.sql("SELECT name FROM entities WHERE workspace_id = %s", (w,))},

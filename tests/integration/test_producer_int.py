@@ -24,8 +24,8 @@ SNIPPET = re.compile(r"^```(\w+) palace-snippet=([\w-]+)\n(.*?)^```$", re.MULTIL
 
 
 def readme_snippets() -> dict[str, tuple[str, str]]:
-    """name → (language, code) of every fenced block in README.md tagged ``palace-snippet=name``."""
-    return {name: (lang, code) for lang, name, code in SNIPPET.findall((REPO / "README.md").read_text())}
+    """name → (language, code) of every fenced block in docs/integrate.md tagged ``palace-snippet=name``."""
+    return {name: (lang, code) for lang, name, code in SNIPPET.findall((REPO / "docs" / "integrate.md").read_text())}
 
 
 def _env(stack: Stack) -> dict[str, str]:

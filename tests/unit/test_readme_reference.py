@@ -7,7 +7,7 @@ from shared.config import Settings
 from shared.events import DeadLetterInfo, Message
 from shared.events.export import README_BEGIN, README_END, readme_with_reference, render_producer_reference
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+README = Path(__file__).resolve().parents[2] / "docs" / "integrate.md"
 
 
 def test_readme_reference_is_current() -> None:

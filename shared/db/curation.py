@@ -1,0 +1,141 @@
+"""SQL of the LLM phase: apply its labels (with entities and triples), count its failures, and
+account for its cost. Callers run these in short transactions after the LLM call has returned."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from psycopg import AsyncConnection
+from psycopg.types.json import Jsonb
+
+from shared.adapters.llm import Usage
+from shared.db.drawers import record_history
+from shared.db.episodes import upsert_entities
+from shared.ids import stable_id
+from shared.memory.entities import entity_id
+from shared.memory.llm_labels import LlmLabel
+
+__all__ = ["record_llm_failures", "record_usage", "save_llm_labels"]
+
+LLM_FAILURE_PREFIX = "llm: "
+
+
+async def save_llm_labels(
+    conn: AsyncConnection[Any], workspace_id: str, labels: dict[str, tuple[LlmLabel, float]], *, event_id: str,
+) -> list[str]:
+    """Apply LLM labels to drawers still raw (or failed); store their entities and triples; audit.
+
+    labels: drawer id → (label, the heuristic importance used when the LLM gave none).
+    Returns the drawers changed.
+    """
+    changed: list[str] = []
+    for did, (lab, fallback_importance) in labels.items():
+        importance = lab.importance if lab.importance is not None else fallback_importance
+        cur = await conn.execute(
+            """UPDATE drawers SET memory_type = %(t)s, confidence = 1.0, importance = %(imp)s, summary = %(sum)s,
+                      pipeline_tier = 'llm', state = 'processed', failure_reason = NULL, updated_at = now(),
+                      room = CASE WHEN room = 'general' THEN %(t)s ELSE room END,
+                      metadata = (metadata - 'llm_failures') || %(meta)s
+                WHERE workspace_id = %(ws)s AND id = %(id)s AND state IN ('raw', 'failed')""",
+            {"t": lab.memory_type, "imp": importance, "sum": lab.summary, "ws": workspace_id, "id": did,
+             "meta": Jsonb({"llm_warnings": lab.warnings} if lab.warnings else {})},
+        )
+        if not cur.rowcount:
+            continue
+        changed.append(did)
+        await _store_graph(conn, workspace_id, did, lab)
+        await record_history(
+            conn, workspace_id, drawer_id=did, action="CLASSIFY", actor="classify", event_id=event_id,
+            reason="llm" + (f" ({len(lab.warnings)} warnings: {'; '.join(lab.warnings)[:500]})"
+                            if lab.warnings else ""),
+            new_value={"memory_type": lab.memory_type, "importance": importance, "tier": "llm",
+                       "summary": lab.summary, "entities": len(lab.entities), "triples": len(lab.triples)},
+        )
+    return changed
+
+
+async def _store_graph(conn: AsyncConnection[Any], workspace_id: str, drawer_id: str, lab: LlmLabel) -> None:
+    """Entities and triples as plain rows (the knowledge-graph module will own this)."""
+    names = {n: t for n, t in lab.entities}
+    for s, _, o in lab.triples:
+        names.setdefault(s, "unknown")
+        names.setdefault(o, "unknown")
+    if not names:
+        return
+    ents = [(entity_id(workspace_id, n), n, t) for n, t in names.items()]
+    await upsert_entities(conn, workspace_id, ents, [(e[0], drawer_id) for e in ents])
+    async with conn.cursor() as cur:
+        await cur.executemany(
+            "INSERT INTO triples (workspace_id, id, subject_id, predicate, object_id, source_drawer)"
+            " VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
+            [(workspace_id, stable_id("triple", workspace_id, drawer_id, s, p, o), entity_id(workspace_id, s),
+              p, entity_id(workspace_id, o), drawer_id) for s, p, o in lab.triples],
+        )
+    await conn.execute(
+        "UPDATE drawers SET triple_count = (SELECT count(*) FROM triples WHERE workspace_id = %s"
+        " AND source_drawer = %s) WHERE workspace_id = %s AND id = %s",
+        (workspace_id, drawer_id, workspace_id, drawer_id),
+    )
+
+
+async def record_llm_failures(
+    conn: AsyncConnection[Any], workspace_id: str, failures: dict[str, tuple[str, dict[str, Any]]], *,
+    max_failures: int, event_id: str,
+) -> tuple[list[str], list[str]]:
+    """Count one failed LLM attempt per drawer; at ``max_failures`` the drawer becomes ``failed``
+    with the reason and keeps its heuristic label (never deleted, and visible in the quality report).
+
+    failures: drawer id → (reason, heuristic outcome: memory_type, confidence, importance).
+    Returns (drawers now failed, drawers still raw that should be tried again).
+    """
+    gave_up: list[str] = []
+    again: list[str] = []
+    for did, (reason, h) in failures.items():
+        cur = await conn.execute(
+            """UPDATE drawers SET metadata = jsonb_set(metadata, '{llm_failures}',
+                      to_jsonb(coalesce((metadata->>'llm_failures')::int, 0) + 1)),
+                      failure_reason = %(reason)s
+                WHERE workspace_id = %(ws)s AND id = %(id)s AND state = 'raw'
+            RETURNING (metadata->>'llm_failures')::int""",
+            {"reason": (LLM_FAILURE_PREFIX + reason)[:1000], "ws": workspace_id, "id": did},
+        )
+        row = await cur.fetchone()
+        if row is None:
+            continue
+        if row[0] < max_failures:
+            again.append(did)
+            continue
+        await conn.execute(
+            """UPDATE drawers SET state = 'failed', memory_type = %(memory_type)s, confidence = %(confidence)s,
+                      importance = %(importance)s, pipeline_tier = 'heuristic', updated_at = now()
+                WHERE workspace_id = %(ws)s AND id = %(id)s""",
+            {**h, "ws": workspace_id, "id": did},
+        )
+        gave_up.append(did)
+        await record_history(conn, workspace_id, drawer_id=did, action="FAIL", actor="classify",
+                             event_id=event_id, reason=(LLM_FAILURE_PREFIX + reason)[:1000])
+    return gave_up, again
+
+
+async def record_usage(conn: AsyncConnection[Any], workspace_id: str, model: str, usage: list[Usage]) -> None:
+    """Add attempts to the workspace's per-day cost rows."""
+    totals: dict[str, list[float]] = {}
+    for u in usage:
+        t = totals.setdefault(u.purpose, [0, 0, 0, 0, 0.0])
+        t[0 if u.outcome == "ok" else 1] += 1
+        t[2] += u.tokens_in
+        t[3] += u.tokens_out
+        t[4] += u.seconds
+    async with conn.cursor() as cur:
+        await cur.executemany(
+            """INSERT INTO llm_usage (workspace_id, day, purpose, model, calls_ok, calls_failed, tokens_in,
+                                      tokens_out, seconds)
+               VALUES (%s, current_date, %s, %s, %s, %s, %s, %s, %s)
+               ON CONFLICT (workspace_id, day, purpose, model) DO UPDATE SET
+                 calls_ok = llm_usage.calls_ok + EXCLUDED.calls_ok,
+                 calls_failed = llm_usage.calls_failed + EXCLUDED.calls_failed,
+                 tokens_in = llm_usage.tokens_in + EXCLUDED.tokens_in,
+                 tokens_out = llm_usage.tokens_out + EXCLUDED.tokens_out,
+                 seconds = llm_usage.seconds + EXCLUDED.seconds, updated_at = now()""",
+            [(workspace_id, p, model, int(t[0]), int(t[1]), int(t[2]), int(t[3]), t[4]) for p, t in totals.items()],
+        )

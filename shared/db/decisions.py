@@ -1,0 +1,139 @@
+"""Applying write decisions, the audit trail they leave, and reverting any audited change.
+
+Before a decision changes a drawer, the drawer's prior state (every column a change can touch,
+embedding included) is archived in the audit row's ``old_value``; ``revert`` writes it back exactly.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+import numpy as np
+from psycopg import AsyncConnection, sql
+from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
+
+from shared.db.drawers import as_array, record_history
+from shared.memory.decisions import Proposal, content_hash, outcome_for
+
+__all__ = ["RESTORABLE", "RevertError", "apply_proposal", "list_history", "revert", "snapshot"]
+
+# Columns a decision may change, hence archived before it does and restored by a revert.
+RESTORABLE = ("content", "content_hash", "embedding", "memory_type", "importance", "summary", "state",
+              "superseded_by", "deleted_at", "pinned", "metadata")
+
+
+async def snapshot(conn: AsyncConnection[Any], workspace_id: str, drawer_id: str) -> dict[str, Any] | None:
+    """The drawer's restorable columns, JSON-ready (embedding as a list of floats)."""
+    async with conn.cursor(row_factory=dict_row) as cur:
+        await cur.execute(
+            sql.SQL("SELECT {} FROM drawers WHERE workspace_id = %s AND id = %s").format(
+                sql.SQL(", ").join(map(sql.Identifier, RESTORABLE))), (workspace_id, drawer_id))
+        row = await cur.fetchone()
+    if row is None:
+        return None
+    if row["embedding"] is not None:
+        row["embedding"] = [float(x) for x in as_array(row["embedding"])]
+    if isinstance(row["deleted_at"], datetime):
+        row["deleted_at"] = row["deleted_at"].isoformat()
+    return dict(row)
+
+
+async def _restore(conn: AsyncConnection[Any], workspace_id: str, drawer_id: str, values: dict[str, Any]) -> int:
+    cols = [c for c in RESTORABLE if c in values]
+    if not cols:
+        return 0
+    params: list[Any] = []
+    for c in cols:
+        v = values[c]
+        if c == "embedding" and v is not None:
+            v = np.asarray(v, dtype=np.float32)
+        elif c == "metadata":
+            v = Jsonb(v if v is not None else {})
+        params.append(v)
+    q = sql.SQL("UPDATE drawers SET {}, updated_at = now() WHERE workspace_id = %s AND id = %s").format(
+        sql.SQL(", ").join(sql.SQL("{} = %s").format(sql.Identifier(c)) for c in cols))
+    cur = await conn.execute(q, (*params, workspace_id, drawer_id))
+    return cur.rowcount
+
+
+async def apply_proposal(
+    conn: AsyncConnection[Any], workspace_id: str, p: Proposal, *, source_drawer: str,
+    source_embedding: np.ndarray | None, mode: str, event_id: str, dropped: str | None = None,
+) -> str:
+    """Audit a proposal and apply it as far as ``mode`` allows. Returns the outcome:
+    applied | held | shadow | dropped."""
+    outcome = "dropped" if dropped else outcome_for(mode, p.action)
+    reason = dropped or p.reason
+    old_value = None
+    if outcome == "applied" and p.action in ("UPDATE", "DELETE") and p.target:
+        old_value = await snapshot(conn, workspace_id, p.target)
+        if old_value is None or old_value["deleted_at"] is not None:
+            outcome, reason, old_value = "dropped", "target no longer live", None
+        elif p.action == "DELETE" and old_value["pinned"]:
+            outcome, reason, old_value = "dropped", "pinned memories are never deleted", None
+    if outcome == "applied" and old_value is not None:
+        if p.action == "UPDATE":
+            await conn.execute(
+                "UPDATE drawers SET content = %s, content_hash = %s, embedding = coalesce(%s, embedding),"
+                " updated_at = now() WHERE workspace_id = %s AND id = %s",
+                (p.content, content_hash(p.content or ""), source_embedding, workspace_id, p.target))
+        else:
+            await conn.execute("UPDATE drawers SET deleted_at = now(), updated_at = now()"
+                               " WHERE workspace_id = %s AND id = %s", (workspace_id, p.target))
+    await record_history(
+        conn, workspace_id, drawer_id=p.target if p.action in ("UPDATE", "DELETE") and p.target else source_drawer,
+        action=p.action if p.action in ("ADD", "UPDATE", "DELETE", "NONE") else "INVALID", actor="cluster",
+        event_id=f"{event_id}:{source_drawer}", reason=f"{outcome}: {reason}"[:1000], old_value=old_value,
+        new_value={"outcome": outcome, "mode": mode, "source_drawer": source_drawer, "target": p.target,
+                   "confidence": p.confidence, "content": p.content, "by": p.source},
+    )
+    return outcome
+
+
+async def list_history(
+    conn: AsyncConnection[Any], workspace_id: str, *, drawer_id: str | None = None, action: str | None = None,
+    since: datetime | None = None, until: datetime | None = None, limit: int = 100,
+) -> list[dict[str, Any]]:
+    """Audit rows, newest first (the archived embedding left out of ``old_value``)."""
+    async with conn.cursor(row_factory=dict_row) as cur:
+        await cur.execute(
+            """SELECT id, drawer_id, action, actor, reason, old_value - 'embedding' AS old_value, new_value,
+                      event_id, created_at
+                 FROM memory_history
+                WHERE workspace_id = %(ws)s AND (%(d)s::text IS NULL OR drawer_id = %(d)s)
+                  AND (%(a)s::text IS NULL OR action = %(a)s)
+                  AND (%(s)s::timestamptz IS NULL OR created_at >= %(s)s)
+                  AND (%(u)s::timestamptz IS NULL OR created_at < %(u)s)
+                ORDER BY created_at DESC, id LIMIT %(n)s""",
+            {"ws": workspace_id, "d": drawer_id, "a": action.upper() if action else None, "s": since, "u": until,
+             "n": limit})
+        return list(await cur.fetchall())
+
+
+class RevertError(ValueError):
+    """The audit row does not exist or archived no prior state."""
+
+
+async def revert(conn: AsyncConnection[Any], workspace_id: str, history_id: str) -> dict[str, Any]:
+    """Write back the prior state an audited change archived; the revert is audited too (and can be
+    reverted in turn). Returns {drawer_id, restored: [columns]}."""
+    cur = await conn.execute("SELECT drawer_id, old_value, action FROM memory_history WHERE workspace_id = %s"
+                             " AND id = %s", (workspace_id, history_id))
+    row = await cur.fetchone()
+    if row is None:
+        raise RevertError(f"no audit entry {history_id!r} in workspace {workspace_id!r}")
+    drawer_id, old, action = row
+    if not drawer_id or not isinstance(old, dict) or not any(c in old for c in RESTORABLE):
+        raise RevertError(f"audit entry {history_id} ({action}) archived no prior state to restore")
+    current = await snapshot(conn, workspace_id, drawer_id)
+    if current is None:
+        raise RevertError(f"drawer {drawer_id} no longer exists")
+    await _restore(conn, workspace_id, drawer_id, old)
+    restored = [c for c in RESTORABLE if c in old]
+    await record_history(conn, workspace_id, drawer_id=drawer_id, action="REVERT", actor="operator",
+                         event_id=f"revert:{history_id}:{datetime.now().isoformat()}",
+                         reason=f"reverted {action} {history_id}",
+                         old_value={c: current[c] for c in restored}, new_value={"reverted": history_id})
+    return {"drawer_id": drawer_id, "restored": restored, "action": action}

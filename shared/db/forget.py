@@ -1,0 +1,281 @@
+"""SQL of forgetting: tombstones the pipeline checks, the per-batch deletions, the audit record.
+
+Ordering with the pipeline is what keeps an in-flight event from resurrecting forgotten rows. Every
+writer that could re-create them (ingest's store, enrich's episode and entity writes) first takes a
+*shared* advisory lock on the workspace, then looks the tombstones up, in the transaction that
+writes. Forget writes its tombstones holding the *exclusive* lock. So a writer either committed
+before the tombstones (and forget, which deletes only afterwards, sees and deletes its rows) or runs
+after them (and sees them). The lock is per workspace and held only for one short transaction.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from psycopg import AsyncConnection
+from psycopg.types.json import Jsonb
+
+__all__ = [
+    "KINDS",
+    "finish_audit",
+    "forgotten",
+    "forgotten_drawers",
+    "lock_for_write",
+    "start_audit",
+    "write_tombstones",
+]
+
+KINDS = ("workspace", "user", "agent", "session", "drawer")
+_LOCK = "SELECT pg_advisory_xact_lock{mode}(hashtextextended('palace.forget:' || %s, 0))"
+
+
+async def lock_for_write(conn: AsyncConnection[Any], workspace_id: str) -> None:
+    """A writer's side of the ordering (shared: writers never wait for each other)."""
+    await conn.execute(_LOCK.format(mode="_shared"), (workspace_id,))
+
+
+async def forgotten(conn: AsyncConnection[Any], workspace_id: str, *, session_id: str | None = None,
+                    user_id: str | None = None, agent_id: str | None = None) -> bool:
+    """Whether the workspace, the session, its user or its agent was forgotten (takes the writer's
+    lock first: call it in the transaction that writes). A few primary-key probes; a stage that
+    knows only the session finds its user and agent on the stored session row."""
+    await lock_for_write(conn, workspace_id)
+    cur = await conn.execute(
+        """SELECT EXISTS (SELECT 1 FROM forget_tombstones
+                           WHERE workspace_id = %(ws)s
+                             AND ((kind = 'workspace' AND value = '*')
+                               OR (kind = 'session' AND value = %(s)s)
+                               OR (kind = 'user' AND value = %(u)s)
+                               OR (kind = 'agent' AND value = %(a)s)))
+               OR EXISTS (SELECT 1 FROM sessions ss JOIN forget_tombstones t
+                             ON t.workspace_id = ss.workspace_id
+                            AND ((t.kind = 'user' AND t.value = ss.user_id)
+                              OR (t.kind = 'agent' AND t.value = ss.agent_id))
+                           WHERE ss.workspace_id = %(ws)s AND ss.session_id = %(s)s)""",
+        {"ws": workspace_id, "s": session_id, "u": user_id, "a": agent_id},
+    )
+    row = await cur.fetchone()
+    return bool(row and row[0])
+
+
+async def forgotten_drawers(conn: AsyncConnection[Any], workspace_id: str, drawer_ids: list[str]) -> set[str]:
+    """Which of these drawer ids were forgotten one by one."""
+    if not drawer_ids:
+        return set()
+    cur = await conn.execute(
+        "SELECT value FROM forget_tombstones WHERE workspace_id = %s AND kind = 'drawer' AND value = ANY(%s)",
+        (workspace_id, drawer_ids),
+    )
+    return {r[0] for r in await cur.fetchall()}
+
+
+async def write_tombstones(conn: AsyncConnection[Any], workspace_id: str, forget_id: str, kind: str,
+                           values: list[str]) -> None:
+    """Record what is being forgotten, under the exclusive lock (waits for writers in flight)."""
+    await conn.execute(_LOCK.format(mode=""), (workspace_id,))
+    async with conn.cursor() as cur:
+        await cur.executemany(
+            "INSERT INTO forget_tombstones (workspace_id, kind, value, forget_id) VALUES (%s, %s, %s, %s)"
+            " ON CONFLICT DO NOTHING",
+            [(workspace_id, kind, v, forget_id) for v in values],
+        )
+
+
+async def start_audit(conn: AsyncConnection[Any], workspace_id: str, forget_id: str, requested_by: str,
+                      kind: str, value: str) -> None:
+    await conn.execute(
+        """INSERT INTO forget_audit (workspace_id, id, requested_by, scope_kind, scope_value)
+           VALUES (%s, %s, %s, %s, %s) ON CONFLICT DO NOTHING""",
+        (workspace_id, forget_id, requested_by, kind, value),
+    )
+
+
+async def finish_audit(conn: AsyncConnection[Any], workspace_id: str, forget_id: str, counts: dict[str, int],
+                       status: str = "done") -> None:
+    await conn.execute(
+        "UPDATE forget_audit SET counts = %s, status = %s, finished_at = now() WHERE workspace_id = %s AND id = %s",
+        (Jsonb(counts), status, workspace_id, forget_id),
+    )
+
+
+async def scope_sessions(conn: AsyncConnection[Any], workspace_id: str, kind: str, value: str, after: str,
+                         limit: int) -> list[str]:
+    """The next ``limit`` session ids in scope after ``after`` (an index walk per kind)."""
+    where = {"workspace": "TRUE", "user": "user_id = %(v)s", "agent": "agent_id = %(v)s",
+             "session": "session_id = %(v)s"}[kind]
+    cur = await conn.execute(
+        f"""SELECT session_id FROM sessions WHERE workspace_id = %(ws)s AND {where} AND session_id > %(after)s
+             ORDER BY session_id LIMIT %(n)s""",  # noqa: S608 - ``where`` is one of the fixed strings above
+        {"ws": workspace_id, "v": value, "after": after, "n": limit},
+    )
+    return [r[0] for r in await cur.fetchall()]
+
+
+async def drawers_of_sessions(conn: AsyncConnection[Any], workspace_id: str, session_ids: list[str]) -> list[str]:
+    cur = await conn.execute(
+        """SELECT drawer_id FROM drawer_sources WHERE workspace_id = %(ws)s AND session_id = ANY(%(s)s)
+           UNION SELECT id FROM drawers WHERE workspace_id = %(ws)s AND session_id = ANY(%(s)s)""",
+        {"ws": workspace_id, "s": session_ids},
+    )
+    return [r[0] for r in await cur.fetchall()]
+
+
+async def drawer_fates(conn: AsyncConnection[Any], workspace_id: str, drawer_ids: list[str],
+                       session_ids: list[str], *, whole_workspace: bool) -> list[dict[str, Any]]:
+    """Per drawer: its content fields, whether its first sighting is in these sessions, and whether it
+    was also seen in a session not being forgotten (then it stays, without the forgotten sightings)."""
+    cur = await conn.execute(
+        """SELECT d.id, d.content, d.speaker, d.context, d.content_hash, d.embedding,
+                  coalesce(d.session_id = ANY(%(s)s), false),
+                  NOT %(all)s AND EXISTS (
+                      SELECT 1 FROM drawer_sources s
+                       WHERE s.workspace_id = d.workspace_id AND s.drawer_id = d.id
+                         AND s.session_id <> ALL(%(s)s)
+                         AND NOT EXISTS (SELECT 1 FROM forget_tombstones t
+                                          WHERE t.workspace_id = s.workspace_id AND t.kind = 'session'
+                                            AND t.value = s.session_id))
+             FROM drawers d WHERE d.workspace_id = %(ws)s AND d.id = ANY(%(ids)s)""",
+        {"ws": workspace_id, "s": session_ids, "ids": drawer_ids, "all": whole_workspace},
+    )
+    cols = ("id", "content", "speaker", "context", "content_hash", "embedding", "first_here", "shared")
+    return [dict(zip(cols, r, strict=True)) for r in await cur.fetchall()]
+
+
+async def delete_drawers(conn: AsyncConnection[Any], workspace_id: str, ids: list[str]) -> dict[str, int]:
+    """Delete drawers with everything derived from them: entity mentions (and entities left with none,
+    with their triples), triples sourced from them, their provenance (cascade); scrub the content
+    out of their history rows (the rows stay); drawers merged into them come back as themselves."""
+    if not ids:
+        return {}
+    p = {"ws": workspace_id, "ids": ids}
+    out: dict[str, int] = {}
+    # The drawers go first: the delete waits for a stage still updating one (classify, cluster) and
+    # takes its row, so whatever that stage wrote beside it (a history row) is committed, and seen by
+    # the statements below; a stage arriving later finds no drawer and writes nothing.
+    cur = await conn.execute("DELETE FROM drawers WHERE workspace_id = %(ws)s AND id = ANY(%(ids)s)", p)
+    out["drawers"] = cur.rowcount
+    cur = await conn.execute(
+        """UPDATE drawers SET state = 'processed', cluster_id = NULL, updated_at = now()
+            WHERE workspace_id = %(ws)s AND cluster_id = ANY(%(ids)s) AND state = 'merged'
+              AND NOT (id = ANY(%(ids)s))""", p)
+    out["drawers_unmerged"] = cur.rowcount
+    cur = await conn.execute(
+        "DELETE FROM entity_mentions WHERE workspace_id = %(ws)s AND drawer_id = ANY(%(ids)s) RETURNING entity_id", p)
+    touched = sorted({r[0] for r in await cur.fetchall()})
+    out["entity_mentions"] = cur.rowcount
+    cur = await conn.execute("DELETE FROM triples WHERE workspace_id = %(ws)s AND source_drawer = ANY(%(ids)s)", p)
+    out["triples"] = cur.rowcount
+    if touched:
+        cur = await conn.execute(
+            """DELETE FROM entities e WHERE e.workspace_id = %(ws)s AND e.id = ANY(%(e)s)
+                 AND NOT EXISTS (SELECT 1 FROM entity_mentions m
+                                  WHERE m.workspace_id = e.workspace_id AND m.entity_id = e.id)
+               RETURNING e.id""", {"ws": workspace_id, "e": touched})
+        gone = [r[0] for r in await cur.fetchall()]
+        out["entities"] = len(gone)
+        if gone:
+            cur = await conn.execute(
+                """DELETE FROM triples WHERE workspace_id = %(ws)s
+                     AND (subject_id = ANY(%(e)s) OR object_id = ANY(%(e)s))""", {"ws": workspace_id, "e": gone})
+            out["triples"] += cur.rowcount
+        await conn.execute(
+            """UPDATE entities e SET mention_count = (SELECT count(*) FROM entity_mentions m
+                                                       WHERE m.workspace_id = e.workspace_id AND m.entity_id = e.id),
+                                     updated_at = now()
+                WHERE e.workspace_id = %(ws)s AND e.id = ANY(%(e)s)""", {"ws": workspace_id, "e": touched})
+    cur = await conn.execute(
+        """UPDATE memory_history SET reason = NULL, old_value = NULL, new_value = NULL
+            WHERE workspace_id = %(ws)s AND drawer_id = ANY(%(ids)s)
+              AND (reason IS NOT NULL OR old_value IS NOT NULL OR new_value IS NOT NULL)""", p)
+    out["history_scrubbed"] = cur.rowcount
+    return out
+
+
+async def detach_drawers(conn: AsyncConnection[Any], workspace_id: str, ids: list[str], session_ids: list[str],
+                         repoint: list[str]) -> int:
+    """Drawers whose text was also said in a surviving session: drop the forgotten sightings; those
+    first seen in a forgotten session take their provenance from the earliest surviving sighting and
+    lose the forgotten context (and the embedding made with it: they go back to 'raw', so maintain
+    re-drives them through embed and classify)."""
+    if not ids:
+        return 0
+    cur = await conn.execute(
+        "DELETE FROM drawer_sources WHERE workspace_id = %s AND drawer_id = ANY(%s) AND session_id = ANY(%s)",
+        (workspace_id, ids, session_ids))
+    n = cur.rowcount
+    if repoint:
+        await conn.execute(
+            """UPDATE drawers d
+                  SET session_id = s.session_id, seq = s.seq, user_id = ss.user_id, agent_id = ss.agent_id,
+                      context = NULL, embedding = NULL, embedding_model = NULL, state = 'raw', retry_count = 0,
+                      updated_at = now()
+                 FROM (SELECT DISTINCT ON (drawer_id) drawer_id, session_id, seq FROM drawer_sources
+                        WHERE workspace_id = %(ws)s AND drawer_id = ANY(%(ids)s)
+                        ORDER BY drawer_id, session_id, seq) s
+                 JOIN sessions ss ON ss.workspace_id = %(ws)s AND ss.session_id = s.session_id
+                WHERE d.workspace_id = %(ws)s AND d.id = s.drawer_id""",
+            {"ws": workspace_id, "ids": repoint})
+    return n
+
+
+async def delete_sessions(conn: AsyncConnection[Any], workspace_id: str, session_ids: list[str]) -> dict[str, Any]:
+    """Episodes (summary and L0 abstract), messages and the sessions themselves. Returns counts and
+    the messages' content hashes (kept in memory only, for --verify)."""
+    p = {"ws": workspace_id, "s": session_ids}
+    cur = await conn.execute("DELETE FROM episodes WHERE workspace_id = %(ws)s AND session_id = ANY(%(s)s)", p)
+    episodes = cur.rowcount
+    cur = await conn.execute(
+        "DELETE FROM messages WHERE workspace_id = %(ws)s AND session_id = ANY(%(s)s) RETURNING content_hash", p)
+    hashes = {r[0] for r in await cur.fetchall()}
+    messages = cur.rowcount
+    cur = await conn.execute("DELETE FROM sessions WHERE workspace_id = %(ws)s AND session_id = ANY(%(s)s)", p)
+    return {"episodes": episodes, "messages": messages, "sessions": cur.rowcount, "hashes": hashes}
+
+
+async def drop_cache_entries(conn: AsyncConnection[Any], workspace_id: str, hashes: list[str],
+                             keep: set[str]) -> int:
+    """Embedding-cache entries of the forgotten texts that no remaining drawer embeds."""
+    gone = [h for h in hashes if h not in keep]
+    if not gone:
+        return 0
+    cur = await conn.execute(
+        "DELETE FROM embedding_cache WHERE workspace_id = %s AND content_hash = ANY(%s)", (workspace_id, gone))
+    return cur.rowcount
+
+
+async def drawers_with_content(conn: AsyncConnection[Any], workspace_id: str,
+                               content_hashes: list[str]) -> list[tuple[str, str | None, str | None]]:
+    """Remaining drawers holding one of these texts: (content, speaker, context), to keep their cache."""
+    cur = await conn.execute(
+        "SELECT content, speaker, context FROM drawers WHERE workspace_id = %s AND content_hash = ANY(%s)",
+        (workspace_id, content_hashes))
+    return [(r[0], r[1], r[2]) for r in await cur.fetchall()]
+
+
+# What of a forgotten workspace is left once its sessions went, and each table's key after workspace_id.
+WORKSPACE_TABLES: dict[str, str] = {
+    "drawers": "id", "embedding_cache": "model, content_hash", "entity_mentions": "entity_id, drawer_id",
+    "triples": "id", "entities": "id", "episodes": "id", "identities": "workspace_id",
+    "type_centroids": "memory_type",
+}
+
+
+async def delete_workspace_batch(conn: AsyncConnection[Any], workspace_id: str, table: str, limit: int) -> int:
+    """A batch of what is left of a forgotten workspace in ``table`` (by primary key)."""
+    key = WORKSPACE_TABLES[table]
+    cur = await conn.execute(
+        f"""DELETE FROM {table} WHERE workspace_id = %(ws)s AND ({key}) IN (
+               SELECT {key} FROM {table} WHERE workspace_id = %(ws)s LIMIT %(n)s)""",  # noqa: S608 - fixed names
+        {"ws": workspace_id, "n": limit})
+    return cur.rowcount
+
+
+async def scrub_history_batch(conn: AsyncConnection[Any], workspace_id: str, limit: int) -> int:
+    """Take the content out of a batch of a forgotten workspace's history rows (the rows stay)."""
+    cur = await conn.execute(
+        """UPDATE memory_history SET reason = NULL, old_value = NULL, new_value = NULL
+            WHERE workspace_id = %(ws)s AND id IN (
+                SELECT id FROM memory_history WHERE workspace_id = %(ws)s
+                   AND (reason IS NOT NULL OR old_value IS NOT NULL OR new_value IS NOT NULL) LIMIT %(n)s)""",
+        {"ws": workspace_id, "n": limit})
+    return cur.rowcount

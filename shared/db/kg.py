@@ -1,0 +1,363 @@
+"""Temporal knowledge graph in SQL: add, invalidate, query (as of a time), timeline, stats.
+
+Every function runs inside the caller's workspace transaction (``shared.db.tenancy.workspace_tx``)
+and validates its input with ``shared.memory.kg`` first, so bad input is a ``KgError`` with a clear
+message, never a half-written graph. Facts are only ever added or ended, never rewritten: that is
+what keeps "what did we use before PostgreSQL?" answerable after the switch.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from datetime import date, datetime
+from typing import Any, NamedTuple
+
+from psycopg import AsyncConnection
+
+from shared.db.drawers import record_history
+from shared.memory.kg import (
+    Direction,
+    Fact,
+    KgError,
+    KgStats,
+    TripleAdded,
+    anchor_word,
+    as_of_window,
+    entity_id,
+    match_key,
+    normalize_predicate,
+    parse_direction,
+    parse_when,
+    pick_links,
+    text_words,
+    triple_id,
+    validate_name,
+)
+
+__all__ = [
+    "LinkResult",
+    "add_aliases",
+    "add_triple",
+    "ensure_entities",
+    "entity_timeline",
+    "invalidate_triple",
+    "kg_stats",
+    "link_drawers",
+    "query_entity",
+    "resolve_entity",
+]
+
+When = datetime | date | str | None
+
+# One column list for every read, so a Fact always comes back the same way.
+_FACT_SELECT = """
+    SELECT t.id, s.name, t.subject_id, t.predicate, o.name, t.object_id, t.valid_from, t.valid_to,
+           (t.valid_to IS NULL OR t.valid_to > now()) AS current, {direction} AS direction, t.confidence,
+           t.source_drawer, t.source_episode, t.source_session, t.source_seq, t.created_at, t.invalidated_at
+      FROM {source} t
+      JOIN entities s ON s.workspace_id = t.workspace_id AND s.id = t.subject_id
+      JOIN entities o ON o.workspace_id = t.workspace_id AND o.id = t.object_id
+"""
+_FACT_FIELDS = ("id", "subject", "subject_id", "predicate", "object", "object_id", "valid_from", "valid_to",
+                "current", "direction", "confidence", "source_drawer", "source_episode", "source_session",
+                "source_seq", "created_at", "invalidated_at")
+
+
+# An entity's edges, each branch a range scan of its index; a false flag skips the branch (a one-time
+# filter), and a null window bound means no bound. A self-loop is listed once, as outgoing.
+_EDGES = """(
+    SELECT *, 'outgoing'::text AS dir FROM triples
+     WHERE %(out)s AND workspace_id = %(ws)s AND subject_id = %(e)s
+       AND (%(hi)s::timestamptz IS NULL OR valid_from IS NULL OR valid_from <= %(hi)s)
+       AND (%(lo)s::timestamptz IS NULL OR valid_to IS NULL OR valid_to >= %(lo)s)
+    UNION ALL
+    SELECT *, 'incoming'::text AS dir FROM triples
+     WHERE %(in)s AND workspace_id = %(ws)s AND object_id = %(e)s AND NOT (%(both)s AND subject_id = %(e)s)
+       AND (%(hi)s::timestamptz IS NULL OR valid_from IS NULL OR valid_from <= %(hi)s)
+       AND (%(lo)s::timestamptz IS NULL OR valid_to IS NULL OR valid_to >= %(lo)s)
+)"""
+
+
+def _fact(row: tuple[Any, ...]) -> Fact:
+    return Fact(**dict(zip(_FACT_FIELDS, row, strict=True)))
+
+
+async def _fact_by_id(conn: AsyncConnection[Any], workspace_id: str, tid: str) -> Fact:
+    cur = await conn.execute(
+        _FACT_SELECT.format(direction="NULL::text", source="triples")
+        + " WHERE t.workspace_id = %s AND t.id = %s", (workspace_id, tid))
+    row = await cur.fetchone()
+    assert row is not None, tid
+    return _fact(row)
+
+
+async def ensure_entities(
+    conn: AsyncConnection[Any], workspace_id: str, entities: list[tuple[str, str]]
+) -> dict[str, bool]:
+    """Create the (name, type) entities that do not exist yet; returns id → created by this call.
+
+    An existing entity keeps its name and gains a type only where it had none ('unknown').
+    """
+    out: dict[str, bool] = {}
+    for name, etype in entities:
+        eid = entity_id(workspace_id, name)
+        cur = await conn.execute(
+            "INSERT INTO entities (workspace_id, id, name, entity_type) VALUES (%s, %s, %s, %s)"
+            " ON CONFLICT (workspace_id, id) DO NOTHING RETURNING id",
+            (workspace_id, eid, name, etype or "unknown"),
+        )
+        created = await cur.fetchone() is not None
+        if created:
+            await add_aliases(conn, workspace_id, eid, [name])
+        if not created and etype and etype != "unknown":
+            await conn.execute(
+                "UPDATE entities SET entity_type = %s, updated_at = now()"
+                " WHERE workspace_id = %s AND id = %s AND entity_type = 'unknown'", (etype, workspace_id, eid))
+        out[eid] = out.get(eid, False) or created
+    return out
+
+
+async def add_aliases(conn: AsyncConnection[Any], workspace_id: str, eid: str, aliases: list[str]) -> int:
+    """Let the linker and name lookups find entity ``eid`` under each of ``aliases``; returns how
+    many were new. Aliases without a word in them are skipped."""
+    rows = [(workspace_id, k, anchor_word(k), eid, a, any(c.isupper() for c in a))
+            for a in aliases if (k := match_key(a))]
+    if not rows:
+        return 0
+    added = 0
+    async with conn.cursor() as cur:
+        await cur.executemany(
+            "INSERT INTO entity_aliases (workspace_id, alias_key, anchor, entity_id, alias, cased)"
+            " VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING RETURNING 1", rows, returning=True)
+        while True:
+            added += len(await cur.fetchall())
+            if not cur.nextset():
+                break
+    return added
+
+
+class LinkResult(NamedTuple):
+    """What ``link_drawers`` found: drawer → entities it mentions, and how many links were new."""
+
+    links: dict[str, set[str]]
+    new_mentions: int
+
+
+async def link_drawers(conn: AsyncConnection[Any], workspace_id: str, drawers: list[tuple[str, str]]) -> LinkResult:
+    """The inline linker (no LLM): link each (drawer id, content) to the workspace's existing
+    entities whose name or alias occurs in it, as whole words. Never creates an entity.
+
+    One index probe of ``entity_aliases`` by the batch's distinct words (a name's anchor word must be
+    among them), then whole-word matching of the few names that come back. Idempotent, so a
+    redelivered batch adds nothing; the drawers' entity_count follows new links.
+    """
+    texts = {did: text_words(text) for did, text in drawers}
+    probe = sorted({w for t in texts.values() for w in t.words})
+    if not probe:
+        return LinkResult({}, 0)
+    cur = await conn.execute(
+        "SELECT alias_key, entity_id, cased FROM entity_aliases WHERE workspace_id = %s AND anchor = ANY(%s)",
+        (workspace_id, probe))
+    aliases = [(str(k), str(e), bool(c)) for k, e, c in await cur.fetchall()]
+    links = {did: ids for did, t in texts.items() if (ids := pick_links(t, aliases))}
+    pairs = sorted({(eid, did) for did, ids in links.items() for eid in ids})
+    if not pairs:
+        return LinkResult({}, 0)
+    cur = await conn.execute(
+        """INSERT INTO entity_mentions (workspace_id, entity_id, drawer_id)
+           SELECT %s, e, d FROM unnest(%s::text[], %s::text[]) AS p(e, d)
+           ON CONFLICT DO NOTHING RETURNING entity_id, drawer_id""",
+        (workspace_id, [e for e, _ in pairs], [d for _, d in pairs]))
+    new = await cur.fetchall()
+    if new:
+        # Only the batch's own drawers are written. Entity rows are not: a speaker's entity is named
+        # in every session, and bumping its mention_count here made every ingest transaction wait on
+        # that one row; the count is refreshed by the recount on entity.upserted (cluster).
+        by_drawer = Counter(str(r[1]) for r in new)
+        ids = sorted(by_drawer)
+        await conn.execute(
+            """UPDATE drawers d SET entity_count = d.entity_count + n.k
+                 FROM unnest(%s::text[], %s::int[]) AS n(id, k)
+                WHERE d.workspace_id = %s AND d.id = n.id""",
+            (ids, [by_drawer[i] for i in ids], workspace_id))
+    return LinkResult(links, len(new))
+
+
+async def resolve_entity(conn: AsyncConnection[Any], workspace_id: str, name: str) -> str | None:
+    """The id of the entity called ``name`` (or, unambiguously, aliased so) in the workspace; None
+    when there is none."""
+    clean = validate_name(name)
+    eid = entity_id(workspace_id, clean)
+    cur = await conn.execute("SELECT id FROM entities WHERE workspace_id = %s AND id = %s", (workspace_id, eid))
+    row = await cur.fetchone()
+    if row:
+        return str(row[0])
+    # Known by another name (an alias): only when exactly one entity goes by it.
+    cur = await conn.execute(
+        "SELECT entity_id FROM entity_aliases WHERE workspace_id = %s AND alias_key = %s LIMIT 2",
+        (workspace_id, match_key(clean)))
+    rows = await cur.fetchall()
+    return str(rows[0][0]) if len(rows) == 1 else None
+
+
+async def add_triple(
+    conn: AsyncConnection[Any], workspace_id: str, subject: str, predicate: str, obj: str, *,
+    valid_from: When = None, valid_to: When = None, confidence: float = 1.0,
+    subject_type: str = "unknown", object_type: str = "unknown",
+    source_drawer: str | None = None, source_episode: str | None = None,
+    source_session: str | None = None, source_seq: int | None = None,
+) -> TripleAdded:
+    """Record ``subject --predicate--> obj``, creating either entity when it does not exist.
+
+    ``valid_from`` defaults to when the statement was said: the source message's time (named by
+    ``source_session``/``source_seq``, or the first sighting of ``source_drawer``), else the drawer's
+    ``occurred_at``, else now. A statement that already holds at that time is not added twice (the
+    existing fact is returned); one said earlier than the current fact's start moves that start back.
+    ``valid_to`` records a fact that has already ended.
+    """
+    s_name = validate_name(subject, "subject")
+    o_name = validate_name(obj, "object")
+    pred = normalize_predicate(predicate)
+    if not isinstance(confidence, int | float) or not math.isfinite(confidence) or not 0 <= confidence <= 1:
+        raise KgError("confidence must be a number between 0 and 1")
+    vf_in = parse_when(valid_from, "valid_from")
+    vt = parse_when(valid_to, "valid_to")
+
+    cur = await conn.execute(
+        """SELECT COALESCE(%(vf)s::timestamptz, m.created_at, d.occurred_at, now()),
+                  COALESCE(%(sess)s, d.session_id), COALESCE(%(seq)s::integer, d.seq)
+             FROM (SELECT 1) one
+             LEFT JOIN drawers d ON d.workspace_id = %(ws)s AND d.id = %(drawer)s
+             LEFT JOIN messages m ON m.workspace_id = %(ws)s AND m.session_id = COALESCE(%(sess)s, d.session_id)
+                                 AND m.seq = COALESCE(%(seq)s::integer, d.seq)""",
+        {"vf": vf_in, "sess": source_session, "seq": source_seq, "ws": workspace_id, "drawer": source_drawer},
+    )
+    row = await cur.fetchone()
+    assert row is not None
+    vf, source_session, source_seq = row
+    if vt is not None and vt < vf:
+        raise KgError(f"valid_to {vt.isoformat()} is before valid_from {vf.isoformat()}")
+
+    created_entities = await ensure_entities(conn, workspace_id, [(s_name, subject_type), (o_name, object_type)])
+    sid, oid = entity_id(workspace_id, s_name), entity_id(workspace_id, o_name)
+    key = {"ws": workspace_id, "s": sid, "p": pred, "o": oid, "vf": vf}
+
+    # Already true at that time (said before, or replayed): the fact stands as it is.
+    cur = await conn.execute(
+        """SELECT id FROM triples
+            WHERE workspace_id = %(ws)s AND subject_id = %(s)s AND predicate = %(p)s AND object_id = %(o)s
+              AND (valid_from IS NULL OR valid_from <= %(vf)s) AND (valid_to IS NULL OR valid_to >= %(vf)s)
+            ORDER BY valid_from DESC NULLS LAST LIMIT 1""", key)
+    found = await cur.fetchone()
+    created = False
+    if found:
+        tid = str(found[0])
+    else:
+        tid = triple_id(workspace_id, sid, pred, oid, vf)
+        cur = await conn.execute(
+            """INSERT INTO triples (workspace_id, id, subject_id, predicate, object_id, valid_from, valid_to,
+                                    confidence, source_drawer, source_episode, source_session, source_seq)
+               VALUES (%(ws)s, %(id)s, %(s)s, %(p)s, %(o)s, %(vf)s, %(vt)s, %(c)s, %(d)s, %(e)s, %(sess)s, %(seq)s)
+               ON CONFLICT DO NOTHING RETURNING id""",
+            {**key, "id": tid, "vt": vt, "c": float(confidence), "d": source_drawer, "e": source_episode,
+             "sess": source_session, "seq": source_seq},
+        )
+        created = await cur.fetchone() is not None
+        if not created and vt is None:
+            # The statement is current but was first recorded as starting later: it was said earlier.
+            cur = await conn.execute(
+                """UPDATE triples SET valid_from = %(vf)s, source_drawer = %(d)s, source_episode = %(e)s,
+                                      source_session = %(sess)s, source_seq = %(seq)s
+                    WHERE workspace_id = %(ws)s AND subject_id = %(s)s AND predicate = %(p)s AND object_id = %(o)s
+                      AND valid_to IS NULL
+                RETURNING id""",
+                {**key, "d": source_drawer, "e": source_episode, "sess": source_session, "seq": source_seq},
+            )
+            moved = await cur.fetchone()
+            if moved is not None:
+                tid = str(moved[0])
+            # else: this very row (same statement, same start) exists already and has ended.
+    return TripleAdded(fact=await _fact_by_id(conn, workspace_id, tid), created=created,
+                       subject_created=created_entities[sid], object_created=created_entities.get(oid, False))
+
+
+async def invalidate_triple(
+    conn: AsyncConnection[Any], workspace_id: str, subject: str, predicate: str, obj: str, *,
+    ended: When = None, actor: str = "api",
+) -> list[Fact]:
+    """End the current ``subject --predicate--> obj`` fact at ``ended`` (default now): sets valid_to,
+    keeps the row. Returns the facts ended (empty when none was current); audited in memory_history."""
+    sid = entity_id(workspace_id, validate_name(subject, "subject"))
+    oid = entity_id(workspace_id, validate_name(obj, "object"))
+    pred = normalize_predicate(predicate)
+    end = parse_when(ended, "ended")
+    cur = await conn.execute(
+        """SELECT id, valid_from, COALESCE(%s::timestamptz, now()) FROM triples
+            WHERE workspace_id = %s AND subject_id = %s AND predicate = %s AND object_id = %s AND valid_to IS NULL
+              FOR UPDATE""", (end, workspace_id, sid, pred, oid))
+    rows = await cur.fetchall()
+    out = []
+    for tid, vf, end_at in rows:
+        if vf is not None and end_at < vf:
+            raise KgError(f"the fact began at {vf.isoformat()}, after the end given ({end_at.isoformat()})")
+        await conn.execute(
+            "UPDATE triples SET valid_to = %s, invalidated_at = now() WHERE workspace_id = %s AND id = %s",
+            (end_at, workspace_id, tid))
+        await record_history(conn, workspace_id, drawer_id=None, action="KG_INVALIDATE", actor=actor,
+                             event_id=f"kg:{tid}", reason=f"{subject} {pred} {obj} ended",
+                             new_value={"triple_id": tid, "valid_to": end_at.isoformat()})
+        out.append(await _fact_by_id(conn, workspace_id, tid))
+    return out
+
+
+async def query_entity(
+    conn: AsyncConnection[Any], workspace_id: str, name: str, *, as_of: When = None,
+    direction: Direction | str = "both", limit: int = 200,
+) -> list[Fact]:
+    """The entity's relations (outgoing: it is the subject; incoming: the object), ordered by
+    valid_from. With ``as_of``, only the facts that held then, ended ones included."""
+    d = parse_direction(direction)
+    window = as_of_window(as_of)
+    eid = await resolve_entity(conn, workspace_id, name)
+    if eid is None:
+        return []
+    lo, hi = window if window else (None, None)
+    cur = await conn.execute(
+        _FACT_SELECT.format(direction="t.dir", source=_EDGES)
+        + " ORDER BY t.valid_from NULLS FIRST, t.created_at, t.id LIMIT %(limit)s",
+        {"ws": workspace_id, "e": eid, "lo": lo, "hi": hi, "out": d != "incoming", "in": d != "outgoing",
+         "both": d == "both", "limit": max(1, min(int(limit), 1000))})
+    return [_fact(r) for r in await cur.fetchall()]
+
+
+async def entity_timeline(
+    conn: AsyncConnection[Any], workspace_id: str, name: str | None = None, *, limit: int = 100
+) -> list[Fact]:
+    """Every fact about the entity (or the whole workspace when ``name`` is None), in the order they
+    started; ended facts are included with their end."""
+    if name is not None:
+        return await query_entity(conn, workspace_id, name, direction="both", limit=limit)
+    cur = await conn.execute(
+        _FACT_SELECT.format(direction="NULL::text", source="triples")
+        + " WHERE t.workspace_id = %s ORDER BY t.valid_from NULLS FIRST, t.created_at, t.id LIMIT %s",
+        (workspace_id, max(1, min(int(limit), 1000))))
+    return [_fact(r) for r in await cur.fetchall()]
+
+
+async def kg_stats(conn: AsyncConnection[Any], workspace_id: str) -> KgStats:
+    """Entity, fact and mention counts, and how often each relation is used."""
+    cur = await conn.execute(
+        """SELECT (SELECT count(*) FROM entities WHERE workspace_id = %(ws)s),
+                  (SELECT count(*) FROM entity_mentions WHERE workspace_id = %(ws)s),
+                  count(*), count(*) FILTER (WHERE valid_to IS NULL OR valid_to > now())
+             FROM triples WHERE workspace_id = %(ws)s""", {"ws": workspace_id})
+    row = await cur.fetchone()
+    assert row is not None
+    entities, mentions, triples, current = (int(v) for v in row)
+    cur = await conn.execute(
+        "SELECT predicate, count(*) FROM triples WHERE workspace_id = %s GROUP BY predicate"
+        " ORDER BY count(*) DESC, predicate", (workspace_id,))
+    types = {str(p): int(n) for p, n in await cur.fetchall()}
+    return KgStats(entities=entities, triples=triples, current_facts=current, expired_facts=triples - current,
+                   mentions=mentions, relationship_types=types)

@@ -1,0 +1,68 @@
+"""What a workspace's store is made of: the memory-quality report (``palace quality``, the API).
+
+Everything is counted from the rows themselves (drawers, messages, memory_history, llm_usage), so
+the report cannot drift from what recall actually sees.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from psycopg import AsyncConnection
+
+__all__ = ["quality_report"]
+
+
+async def _rows(conn: AsyncConnection[Any], sql: str, params: tuple[Any, ...]) -> list[tuple[Any, ...]]:
+    return await (await conn.execute(sql, params)).fetchall()
+
+
+async def quality_report(conn: AsyncConnection[Any], workspace_id: str, *, top_reasons: int = 20) -> dict[str, Any]:
+    """Counts by type and tier, noise dropped, merges, supersessions, failures with reasons, write
+    proposals by decision and outcome, every audited action, and LLM cost."""
+    ws = (workspace_id,)
+    by_type_tier = await _rows(conn, """
+        SELECT coalesce(memory_type, 'unclassified'), coalesce(pipeline_tier, 'none'), count(*)
+          FROM drawers WHERE workspace_id = %s AND deleted_at IS NULL AND state = 'processed'
+         GROUP BY 1, 2 ORDER BY 3 DESC, 1, 2""", ws)
+    by_state = dict(await _rows(conn, """
+        SELECT state, count(*) FROM drawers WHERE workspace_id = %s AND deleted_at IS NULL GROUP BY 1""", ws))
+    msgs = (await _rows(conn, """
+        SELECT count(*), count(*) FILTER (WHERE is_noise) FROM messages WHERE workspace_id = %s""", ws))[0]
+    lifecycle = (await _rows(conn, """
+        SELECT count(*) FILTER (WHERE superseded_by IS NOT NULL AND deleted_at IS NULL),
+               count(*) FILTER (WHERE deleted_at IS NOT NULL),
+               count(*) FILTER (WHERE pinned AND deleted_at IS NULL)
+          FROM drawers WHERE workspace_id = %s""", ws))[0]
+    reasons = await _rows(conn, """
+        SELECT left(coalesce(failure_reason, 'unknown'), 200), count(*) FROM drawers
+         WHERE workspace_id = %s AND state = 'failed' AND deleted_at IS NULL
+         GROUP BY 1 ORDER BY 2 DESC, 1 LIMIT %s""", (workspace_id, top_reasons))
+    actions = await _rows(conn, """
+        SELECT action, actor, count(*) FROM memory_history WHERE workspace_id = %s
+         GROUP BY 1, 2 ORDER BY 1, 2""", ws)
+    proposals = await _rows(conn, """
+        SELECT action, coalesce(new_value->>'outcome', 'unknown'), count(*) FROM memory_history
+         WHERE workspace_id = %s AND action IN ('ADD', 'UPDATE', 'DELETE', 'NONE', 'INVALID')
+         GROUP BY 1, 2 ORDER BY 1, 2""", ws)
+    cost = await _rows(conn, """
+        SELECT purpose, model, sum(calls_ok), sum(calls_failed), sum(tokens_in), sum(tokens_out), sum(seconds)
+          FROM llm_usage WHERE workspace_id = %s GROUP BY 1, 2 ORDER BY 1, 2""", ws)
+    processed = sum(n for _, _, n in by_type_tier)
+    return {
+        "workspace_id": workspace_id,
+        "drawers": {"by_state": by_state, "processed": processed,
+                    "by_type_and_tier": [{"memory_type": t, "tier": p, "count": n} for t, p, n in by_type_tier]},
+        "noise": {"messages": msgs[0], "dropped_as_noise": msgs[1]},
+        "near_duplicates_merged": by_state.get("merged", 0),
+        "superseded": lifecycle[0],
+        "deleted": lifecycle[1],
+        "pinned": lifecycle[2],
+        "failed": {"count": by_state.get("failed", 0),
+                   "reasons": [{"reason": r, "count": n} for r, n in reasons]},
+        "proposals": [{"decision": a, "outcome": o, "count": n} for a, o, n in proposals],
+        "audit": [{"action": a, "actor": who, "count": n} for a, who, n in actions],
+        "llm_cost": [{"purpose": p, "model": m, "calls_ok": int(ok), "calls_failed": int(bad), "tokens_in": int(tin),
+                      "tokens_out": int(tout), "seconds": round(float(sec), 3)}
+                     for p, m, ok, bad, tin, tout, sec in cost],
+    }

@@ -1,0 +1,371 @@
+"""Forget: remove a drawer, session, user, agent or whole workspace from every place memory lives,
+and prove it (``verify``).
+
+Order of work, each step in short transactions so it runs beside a busy pipeline:
+
+1. tombstone the scope (``shared.db.forget``: the pipeline checks tombstones where it would write,
+   so an event in flight, redelivered or re-driven from the DLQ cannot re-create anything) and open
+   the audit record;
+2. delete the JetStream events (pipeline and dead-letter streams) that carry the scope, learning
+   from them sessions that were still in flight;
+3. a batch of sessions at a time: tombstone them, delete their drawers (unless the same text was also
+   said in a session that stays: then only the forgotten sightings go), everything derived from the
+   drawers, the embedding-cache entries no remaining drawer uses, episodes, messages and sessions;
+4. for a whole workspace, whatever else it holds; a second pass over the streams for events
+   published while this ran; close the audit record with counts (never content).
+
+What was deleted (ids, content hashes, a few contents and vectors to probe the search indexes) is
+returned in memory for ``verify`` and never stored.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import uuid
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import nats
+from nats.js.errors import APIError, NotFoundError
+from psycopg_pool import AsyncConnectionPool
+
+from shared.config import Settings
+from shared.db import forget as sql
+from shared.db.drawers import as_array
+from shared.db.search import SearchParams, candidates
+from shared.db.tenancy import workspace_tx
+from shared.db.vector_indexes import vector_index_ready
+from shared.ids import content_hash, stable_id
+from shared.logging import get_logger
+from shared.memory.filing import SessionPlan, embedding_text
+
+__all__ = ["ForgetResult", "Scope", "Targets", "drop_forgotten_drawers", "forget", "verify"]
+
+log = get_logger("palace.forget")
+Progress = Callable[[str, int], None]
+PROBES = 10
+# JetStream's answers when a message went away between reading and deleting it: "sequence not found"
+# (JSSequenceNotFoundErr) and "no message found" (the delete found nothing to remove).
+_ALREADY_GONE = {10043, 10057}
+
+
+@dataclass(frozen=True)
+class Scope:
+    """What to forget: ``kind`` is workspace (value '*'), user, agent, session or drawer."""
+
+    workspace_id: str
+    kind: str
+    value: str
+
+    def __post_init__(self) -> None:
+        if not self.workspace_id:
+            raise ValueError("forget needs a workspace")
+        if self.kind not in sql.KINDS:
+            raise ValueError(f"unknown scope {self.kind!r}; one of {', '.join(sql.KINDS)}")
+        if not self.value:
+            raise ValueError(f"forget by {self.kind} needs a value")
+
+
+@dataclass
+class Targets:
+    """Identifiers and fingerprints of what was forgotten: what ``verify`` looks for. In memory only."""
+
+    session_ids: set[str] = field(default_factory=set)
+    drawer_ids: set[str] = field(default_factory=set)
+    episode_ids: set[str] = field(default_factory=set)
+    content_hashes: set[str] = field(default_factory=set)
+    embed_hashes: set[str] = field(default_factory=set)
+    probes: list[tuple[str, Any]] = field(default_factory=list)
+
+
+@dataclass
+class ForgetResult:
+    forget_id: str
+    scope: Scope
+    counts: dict[str, int]
+    targets: Targets
+
+
+def drop_forgotten_drawers(plan: SessionPlan, forgotten_ids: set[str]) -> SessionPlan:
+    """The plan without drawers forgotten one by one, their sightings, and the messages that held only
+    them (a redelivered session must not bring a forgotten drawer's text back)."""
+    if not forgotten_ids:
+        return plan
+    sources = [s for s in plan.sources if s.drawer_id not in forgotten_ids]
+    dropped_seqs = {s.seq for s in plan.sources if s.drawer_id in forgotten_ids} - {s.seq for s in sources}
+    return SessionPlan(plan.event, plan.session_hash, [m for m in plan.messages if m.seq not in dropped_seqs],
+                       [d for d in plan.drawers if d.id not in forgotten_ids], sources)
+
+
+# --- streams -----------------------------------------------------------------------------------
+
+
+def _matcher(scope: Scope, t: Targets) -> Callable[[dict[str, Any]], bool]:
+    def match(body: dict[str, Any]) -> bool:
+        if body.get("workspace_id") != scope.workspace_id:
+            return False
+        if scope.kind == "workspace":
+            return True
+        if scope.kind in ("user", "agent") and body.get(f"{scope.kind}_id") == scope.value:
+            return True
+        if body.get("session_id") in t.session_ids or body.get("source_episode_id") in t.episode_ids:
+            return True
+        ids = body.get("drawer_ids") or []
+        if ids and t.drawer_ids and all(i in t.drawer_ids for i in ids):
+            return True
+        msgs = body.get("messages") or []
+        return bool(t.content_hashes and any(content_hash(m.get("content", "")) in t.content_hashes
+                                             for m in msgs if isinstance(m, dict)))
+    return match
+
+
+async def _scan(js: Any, stream: str, match: Callable[[dict[str, Any]], bool]) -> list[tuple[int, dict[str, Any]]]:
+    """Messages of ``stream`` whose JSON body matches (stream order)."""
+    try:
+        info = await js.stream_info(stream)
+    except NotFoundError:
+        return []
+    out: list[tuple[int, dict[str, Any]]] = []
+    if not info.state.messages:
+        return out
+    for seq in range(info.state.first_seq, info.state.last_seq + 1):
+        try:
+            m = await js.get_msg(stream, seq)
+        except NotFoundError:
+            continue
+        try:
+            body = json.loads(m.data or b"")
+        except ValueError:
+            continue
+        if isinstance(body, dict) and match(body):
+            out.append((seq, body))
+    return out
+
+
+async def _purge_streams(settings: Settings, js: Any, scope: Scope, t: Targets) -> tuple[int, set[str]]:
+    """Delete the events carrying the scope from both streams; return how many and the sessions they
+    name (sessions still in flight, unknown to the database yet)."""
+    match = _matcher(scope, t)
+    deleted, sessions = 0, set()
+    for stream in (settings.stream_name, settings.dlq_stream_name):
+        for seq, body in await _scan(js, stream, match):
+            if body.get("session_id"):
+                sessions.add(str(body["session_id"]))
+            try:
+                await js.delete_msg(stream, seq)
+                deleted += 1
+            except NotFoundError:
+                pass
+            except APIError as e:
+                if e.err_code not in _ALREADY_GONE:
+                    raise
+                # Acked by every consumer (interest retention removed it) between the scan and now.
+    return deleted, sessions
+
+
+# --- database ----------------------------------------------------------------------------------
+
+
+def _ehash(content: str, speaker: str | None, context: str | None) -> str:
+    return content_hash(embedding_text(content, speaker, context))
+
+
+async def _forget_batch(pool: AsyncConnectionPool, scope: Scope, session_ids: list[str], drawer_ids: list[str],
+                        t: Targets, counts: Counter[str]) -> None:
+    """One short transaction: tombstone these sessions, then delete them and their drawers."""
+    ws = scope.workspace_id
+    async with workspace_tx(pool, ws) as conn:
+        # The exclusive lock also orders this batch after writers in flight (shared.db.forget).
+        await sql.write_tombstones(conn, ws, t_id(scope), "session", session_ids)
+        if session_ids:
+            drawer_ids = sorted(set(drawer_ids) | set(await sql.drawers_of_sessions(conn, ws, session_ids)))
+        fates = await sql.drawer_fates(conn, ws, drawer_ids, session_ids,
+                                       whole_workspace=scope.kind in ("workspace", "drawer"))
+        gone = [f for f in fates if not f["shared"]]
+        kept = [f for f in fates if f["shared"]]
+        stale = {_ehash(f["content"], f["speaker"], f["context"]) for f in gone}
+        stale |= {_ehash(f["content"], f["speaker"], f["context"]) for f in kept if f["first_here"] and f["context"]}
+        if scope.kind == "drawer" and gone:
+            # The raw messages the drawer was cut from go with it (the rest of the session stays).
+            cur = await conn.execute(
+                """DELETE FROM messages m USING drawer_sources s
+                    WHERE s.workspace_id = %(ws)s AND s.drawer_id = ANY(%(ids)s)
+                      AND m.workspace_id = s.workspace_id AND m.session_id = s.session_id AND m.seq = s.seq
+                   RETURNING m.content_hash, m.session_id""", {"ws": ws, "ids": [f["id"] for f in gone]})
+            rows = await cur.fetchall()
+            counts["messages"] += len(rows)
+            t.content_hashes |= {r[0] for r in rows}
+            cur = await conn.execute("DELETE FROM episodes WHERE workspace_id = %s AND session_id = ANY(%s)",
+                                     (ws, sorted({r[1] for r in rows})))
+            counts["episodes"] += cur.rowcount
+        counts.update(await sql.delete_drawers(conn, ws, [f["id"] for f in gone]))
+        counts["drawer_sightings_detached"] += await sql.detach_drawers(
+            conn, ws, [f["id"] for f in kept], session_ids, [f["id"] for f in kept if f["first_here"]])
+        if session_ids:
+            r = await sql.delete_sessions(conn, ws, session_ids)
+            t.content_hashes |= r.pop("hashes")
+            counts.update(r)
+        remaining = await sql.drawers_with_content(conn, ws, sorted({f["content_hash"] for f in fates}))
+        keep = {_ehash(c, s, x) for c, s, x in remaining}
+        counts["embedding_cache"] += await sql.drop_cache_entries(conn, ws, sorted(stale), keep)
+    t.session_ids |= set(session_ids)
+    t.episode_ids |= {stable_id("episode", ws, s) for s in session_ids}
+    t.drawer_ids |= {f["id"] for f in gone}
+    t.content_hashes |= {f["content_hash"] for f in gone}
+    t.embed_hashes |= stale - keep
+    for f in gone:
+        if len(t.probes) < PROBES and f["embedding"] is not None:
+            t.probes.append((f["content"], f["embedding"]))
+
+
+def t_id(scope: Scope) -> str:
+    """The tombstones of one scope share an id, so re-running a forget is recognisably the same one."""
+    return stable_id("forget", scope.workspace_id, scope.kind, scope.value)
+
+
+async def forget(pool: AsyncConnectionPool, settings: Settings, nats_url: str, scope: Scope, *,
+                 requested_by: str, progress: Progress | None = None) -> ForgetResult:
+    """Forget ``scope`` everywhere (idempotent: forgetting again finds nothing more to remove)."""
+    ws = scope.workspace_id
+    forget_id = uuid.uuid4().hex
+    counts: Counter[str] = Counter()
+    t = Targets()
+    step = progress or (lambda _what, _n: None)
+    async with workspace_tx(pool, ws) as conn:
+        await sql.start_audit(conn, ws, forget_id, requested_by, scope.kind, scope.value)
+        await sql.write_tombstones(conn, ws, t_id(scope), scope.kind, [scope.value])
+        if scope.kind == "session":
+            await sql.write_tombstones(conn, ws, t_id(scope), "session", [scope.value])
+    try:
+        nc = await nats.connect(nats_url.split(","), connect_timeout=5, max_reconnect_attempts=3)
+        try:
+            js = nc.jetstream()
+            n, in_flight = await _purge_streams(settings, js, scope, t)
+            counts["stream_events"] += n
+            if scope.kind in ("user", "agent") and in_flight:
+                async with workspace_tx(pool, ws) as conn:
+                    await sql.write_tombstones(conn, ws, t_id(scope), "session", sorted(in_flight))
+                t.session_ids |= in_flight
+            step("streams", counts["stream_events"])
+            batch = max(1, settings.maintain_batch // 20)
+            if scope.kind == "drawer":
+                async with workspace_tx(pool, ws) as conn:
+                    await sql.write_tombstones(conn, ws, t_id(scope), "drawer", [scope.value])
+                await _forget_batch(pool, scope, [], [scope.value], t, counts)
+            else:
+                after = ""
+                while True:
+                    async with workspace_tx(pool, ws) as conn:
+                        sessions = await sql.scope_sessions(conn, ws, scope.kind, scope.value, after, batch)
+                    if not sessions:
+                        break
+                    await _forget_batch(pool, scope, sessions, [], t, counts)
+                    after = sessions[-1]
+                    step("sessions", counts["sessions"])
+            if scope.kind == "workspace":
+                for table in sql.WORKSPACE_TABLES:
+                    while True:
+                        async with workspace_tx(pool, ws) as conn:
+                            n = await sql.delete_workspace_batch(conn, ws, table, settings.maintain_batch)
+                        counts[table] += n
+                        if not n:
+                            break
+                    step(table, counts[table])
+                while True:
+                    async with workspace_tx(pool, ws) as conn:
+                        n = await sql.scrub_history_batch(conn, ws, settings.maintain_batch)
+                    counts["history_scrubbed"] += n
+                    if not n:
+                        break
+            # Events published while this ran (by handlers that committed just before the tombstones).
+            n, _ = await _purge_streams(settings, js, scope, t)
+            counts["stream_events"] += n
+        finally:
+            await nc.close()
+        # Texts the forgotten content shares with what stays are not the forgotten user's alone.
+        async with workspace_tx(pool, ws) as conn:
+            cur = await conn.execute(
+                """SELECT content_hash FROM messages WHERE workspace_id = %(ws)s AND content_hash = ANY(%(h)s)
+                   UNION SELECT content_hash FROM drawers WHERE workspace_id = %(ws)s AND content_hash = ANY(%(h)s)""",
+                {"ws": ws, "h": sorted(t.content_hashes)})
+            t.content_hashes -= {r[0] for r in await cur.fetchall()}
+            await sql.finish_audit(conn, ws, forget_id, dict(counts))
+    except BaseException:
+        with contextlib.suppress(Exception):
+            async with workspace_tx(pool, ws) as conn:
+                await sql.finish_audit(conn, ws, forget_id, dict(counts), status="failed")
+        raise
+    log.info("forgotten", workspace=ws, scope=scope.kind, forget_id=forget_id, **counts)
+    return ForgetResult(forget_id, scope, dict(counts), t)
+
+
+# --- proof -------------------------------------------------------------------------------------
+
+
+async def verify(pool: AsyncConnectionPool, settings: Settings, nats_url: str, scope: Scope,
+                 t: Targets) -> dict[str, int]:
+    """Look for the forgotten identifiers and content hashes in every table, the embedding cache,
+    the vector and full-text indexes (probing them with forgotten texts and vectors) and both
+    streams. Returns place -> rows found: all zero means nothing remains."""
+    ws = scope.workspace_id
+    whole = scope.kind == "workspace"
+    p = {"ws": ws, "s": sorted(t.session_ids), "d": sorted(t.drawer_ids), "h": sorted(t.content_hashes),
+         "eh": sorted(t.embed_hashes), "u": scope.value if scope.kind == "user" else None,
+         "a": scope.value if scope.kind == "agent" else None, "all": whole}
+    checks = {
+        "sessions": "SELECT count(*) FROM sessions WHERE workspace_id = %(ws)s AND (%(all)s OR session_id = ANY(%(s)s)"
+                    " OR user_id = %(u)s OR agent_id = %(a)s)",
+        "messages": "SELECT count(*) FROM messages WHERE workspace_id = %(ws)s AND (%(all)s OR session_id = ANY(%(s)s)"
+                    " OR content_hash = ANY(%(h)s))",
+        "drawers": "SELECT count(*) FROM drawers WHERE workspace_id = %(ws)s AND (%(all)s OR id = ANY(%(d)s)"
+                   " OR content_hash = ANY(%(h)s) OR user_id = %(u)s OR agent_id = %(a)s OR session_id = ANY(%(s)s))",
+        "drawer_sources": "SELECT count(*) FROM drawer_sources WHERE workspace_id = %(ws)s AND (%(all)s"
+                          " OR session_id = ANY(%(s)s) OR drawer_id = ANY(%(d)s))",
+        "embedding_cache": "SELECT count(*) FROM embedding_cache WHERE workspace_id = %(ws)s AND (%(all)s"
+                           " OR content_hash = ANY(%(eh)s))",
+        "episodes": "SELECT count(*) FROM episodes WHERE workspace_id = %(ws)s AND (%(all)s OR session_id = ANY(%(s)s)"
+                    " OR agent_id = %(a)s)",
+        "entity_mentions": "SELECT count(*) FROM entity_mentions WHERE workspace_id = %(ws)s AND (%(all)s"
+                           " OR drawer_id = ANY(%(d)s))",
+        "entities": "SELECT count(*) FROM entities WHERE workspace_id = %(ws)s AND %(all)s",
+        "triples": "SELECT count(*) FROM triples WHERE workspace_id = %(ws)s AND (%(all)s"
+                   " OR source_drawer = ANY(%(d)s))",
+        "memory_history_content": "SELECT count(*) FROM memory_history WHERE workspace_id = %(ws)s"
+                                  " AND (%(all)s OR drawer_id = ANY(%(d)s))"
+                                  " AND (reason IS NOT NULL OR old_value IS NOT NULL OR new_value IS NOT NULL)",
+        "identities": "SELECT count(*) FROM identities WHERE workspace_id = %(ws)s AND %(all)s",
+    }
+    out: dict[str, int] = {}
+    async with workspace_tx(pool, ws) as conn:
+        for place, q in checks.items():
+            cur = await conn.execute(q, p)
+            row = await cur.fetchone()
+            out[place] = int(row[0]) if row else 0
+        exact = hnsw = 0
+        indexed = await vector_index_ready(conn, ws)
+        for content, emb in t.probes:
+            # The search paths themselves (shared.db.search.candidates): nearest neighbours by exact
+            # scan and through the workspace's HNSW index when it has one, full text through the GIN
+            # index, probed with the forgotten texts and vectors.
+            for size, key in ((1, "exact"), (None, "hnsw")):
+                _, cands, _ = await candidates(conn, ws, content, as_array(emb), [], SearchParams(),
+                                               workspace_size=size, vector_index=indexed and key == "hnsw")
+                found = sum(1 for c in cands if c.id in t.drawer_ids)
+                if key == "exact":
+                    exact += found
+                else:
+                    hnsw += found
+        out["search_exact_and_full_text"] = exact
+        out["search_hnsw_and_full_text"] = hnsw
+    nc = await nats.connect(nats_url.split(","), connect_timeout=5, max_reconnect_attempts=3)
+    try:
+        js = nc.jetstream()
+        match = _matcher(scope, t)
+        out["stream_" + settings.stream_name] = len(await _scan(js, settings.stream_name, match))
+        out["stream_" + settings.dlq_stream_name] = len(await _scan(js, settings.dlq_stream_name, match))
+    finally:
+        await nc.close()
+    return out

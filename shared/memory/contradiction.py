@@ -1,0 +1,96 @@
+"""Does a newer drawer contradict an older one? (pure; the lexical detector and the LLM's prompt)
+
+Candidates come from the embedding band just below near-duplicates: close enough to be about the
+same thing, not so close that they say the same thing. Embedding closeness alone cannot tell "dark
+mode is enabled" from "dark mode is disabled", so the lexical detector asks for substantial shared
+wording plus a polarity flip: a negation on one side only, or an antonym pair across the two.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+
+from shared.memory.llm_labels import LlmParseError, strip_wrappers
+
+__all__ = ["Verdict", "build_messages", "lexical_contradiction", "parse_verdict"]
+
+_WORD = re.compile(r"[a-z0-9]+(?:'[a-z]+)?")
+_NEGATIONS = frozenset({
+    "not", "no", "never", "none", "nobody", "nothing", "neither", "nor", "without", "cannot", "stopped",
+    "don't", "doesn't", "didn't", "isn't", "aren't", "wasn't", "weren't", "won't", "can't", "couldn't",
+    "shouldn't", "wouldn't", "haven't", "hasn't", "hadn't", "longer",  # "no longer"
+})
+_ANTONYMS = (
+    ("enabled", "disabled"), ("enable", "disable"), ("allow", "deny"), ("allowed", "denied"), ("allows", "denies"),
+    ("on", "off"), ("true", "false"), ("start", "stop"), ("started", "stopped"), ("accept", "reject"),
+    ("accepted", "rejected"), ("include", "exclude"), ("included", "excluded"), ("increase", "decrease"),
+    ("like", "dislike"), ("likes", "dislikes"), ("love", "hate"), ("loves", "hates"), ("always", "never"),
+    ("open", "closed"), ("add", "remove"), ("added", "removed"), ("win", "lose"), ("won", "lost"),
+    ("pass", "fail"), ("passed", "failed"), ("public", "private"), ("required", "optional"),
+    ("available", "unavailable"), ("active", "inactive"), ("valid", "invalid"), ("approved", "rejected"),
+)
+_ANTONYM_WORDS = frozenset(w for pair in _ANTONYMS for w in pair)
+_STOP = frozenset({
+    "the", "a", "an", "and", "or", "but", "is", "are", "was", "were", "be", "been", "to", "of", "in", "for",
+    "with", "at", "by", "it", "its", "this", "that", "we", "i", "you", "he", "she", "they", "our", "my",
+    "your", "their", "as", "so", "now", "do", "does", "did", "have", "has", "had", "will", "would", "should",
+    "can", "could", "from", "about", "there", "here", "just", "also", "then", "than",
+})
+
+
+@dataclass(frozen=True)
+class Verdict:
+    contradicts: bool
+    reason: str
+
+
+def _words(text: str) -> list[str]:
+    return _WORD.findall(text.lower().replace("\u2019", "'"))
+
+
+def lexical_contradiction(older: str, newer: str, *, min_shared: int = 2, min_overlap: float = 0.6) -> Verdict:
+    """A contradiction when the two share most of their content words and their polarity differs."""
+    wa, wb = _words(older), _words(newer)
+    skip = _STOP | _NEGATIONS | _ANTONYM_WORDS
+    ca, cb = {w for w in wa if w not in skip}, {w for w in wb if w not in skip}
+    shared = ca & cb
+    if len(shared) < min_shared or not ca or not cb or len(shared) / min(len(ca), len(cb)) < min_overlap:
+        return Verdict(False, "too little shared wording")
+    na, nb = any(w in _NEGATIONS or w.endswith("n't") for w in wa), any(w in _NEGATIONS or w.endswith("n't")
+                                                                         for w in wb)
+    if na != nb:
+        return Verdict(True, f"negation on one side only; shared: {', '.join(sorted(shared)[:6])}")
+    sa, sb = set(wa), set(wb)
+    for x, y in _ANTONYMS:
+        if (x in sa and y in sb and y not in sa and x not in sb) or (y in sa and x in sb and x not in sa
+                                                                      and y not in sb):
+            return Verdict(True, f"antonyms {x}/{y}; shared: {', '.join(sorted(shared)[:6])}")
+    return Verdict(False, "same polarity")
+
+
+_SYSTEM = (
+    "Two memories of the same agent, an older and a newer one. Does the newer one contradict the older one "
+    "(so that the older one is no longer true)? Answer with JSON only: {\"contradicts\": true|false, "
+    "\"reason\": \"one line\"}."
+)
+
+
+def build_messages(older: str, newer: str) -> list[dict[str, str]]:
+    return [{"role": "system", "content": _SYSTEM},
+            {"role": "user", "content": json.dumps({"older": older, "newer": newer}, ensure_ascii=False)}]
+
+
+def parse_verdict(text: str) -> Verdict:
+    """The LLM's verdict. Raises LlmParseError when there is none (the caller falls back to lexical)."""
+    body = strip_wrappers(text)
+    start, end = body.find("{"), body.rfind("}")
+    try:
+        data = json.loads(body[start:end + 1]) if start >= 0 and end > start else None
+    except json.JSONDecodeError:
+        data = None
+    if not isinstance(data, dict) or not isinstance(data.get("contradicts"), bool):
+        raise LlmParseError(f"no verdict in answer: {body[:120]!r}")
+    reason = data.get("reason") if isinstance(data.get("reason"), str) else ""
+    return Verdict(data["contradicts"], ("llm: " + reason.strip())[:300])

@@ -1,0 +1,350 @@
+"""The classify service's three phases against real NATS and PostgreSQL, with the LLM phase on a
+local OpenAI-compatible chat server that answers well, badly, slowly or not at all.
+
+The stack's own classify and cluster processes (no LLM) are swapped for ones configured with the
+stub (decisions in full mode) for this module, and put back afterwards.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+
+import httpx
+import numpy as np
+import psycopg
+import pytest
+
+from shared.db.centroids import recompute_centroids
+from shared.db.pool import open_pool
+from shared.db.tenancy import workspace_tx
+from tests.integration.helpers import Stack, session, wait_for, ws
+from tests.openai_stub import ChatStub, StubState, serve_stub
+
+TEXTS = [
+    "Maria mentioned a decision about the Lisbon office yesterday",
+    "John said the Denver trip is a task for Friday",
+    "Caroline talked about Boston and her painting class",
+]
+
+
+def _swap(stack: Stack, env: dict[str, str], names: tuple[str, ...] = ("classify", "cluster")) -> None:
+    """Restart these services of the shared stack with ``env``."""
+    sup = stack.supervisor
+    for name in names:
+        child = sup.children.pop(name, None)
+        if child is not None:
+            child.proc.send_signal(signal.SIGTERM)
+            child.proc.wait(30)
+    sup.env = env
+    for name in names:
+        sup.spawn(name)
+    sup.wait_healthy(120)
+
+
+def test_without_llm_every_drawer_is_processed_by_the_heuristic(stack: Stack) -> None:
+    w = ws()
+    stack.publish(session(w, "s1", TEXTS))
+    stack.wait_processed(w, len(TEXTS))
+    rows = stack.sql("SELECT state, pipeline_tier, memory_type, confidence FROM drawers WHERE workspace_id = %s",
+                     (w,))
+    assert len(rows) == len(TEXTS)
+    assert {(r[0], r[1]) for r in rows} == {("processed", "heuristic")}
+    assert any(r[3] < stack.settings.heuristic_low for r in rows)  # low confidence, still processed
+    assert all(r[2] for r in rows)
+
+
+@pytest.fixture(scope="module")
+def llm(stack: Stack) -> Iterator[ChatStub]:
+    state = StubState()
+    saved_env = dict(stack.supervisor.env)
+    with serve_stub(state) as url:
+        llm_env = {**saved_env, "PALACE_LLM_BASE_URL": url, "PALACE_LLM_MODEL": "stub-chat",
+                   "PALACE_LLM_TIMEOUT_S": "1", "PALACE_LLM_ATTEMPTS": "3", "PALACE_DECISIONS_MODE": "full"}
+        _swap(stack, llm_env)
+        state.chat.env = llm_env  # type: ignore[attr-defined]
+        try:
+            yield state.chat
+        finally:
+            _swap(stack, saved_env)
+
+
+def _reset(chat: ChatStub, mode: str = "ok", script: list[str] | None = None, decision: str = "ADD") -> None:
+    chat.mode, chat.script, chat.decision = mode, list(script or []), decision
+    chat.calls, chat.modes_seen, chat.items_per_call = 0, [], []
+
+
+def _drawers(stack: Stack, w: str) -> list[tuple]:
+    return stack.sql(
+        "SELECT id, state, pipeline_tier, memory_type, importance, summary, failure_reason, content, metadata"
+        " FROM drawers WHERE workspace_id = %s ORDER BY seq", (w,))
+
+
+def _usage(stack: Stack, w: str) -> tuple:
+    return stack.sql("SELECT coalesce(sum(calls_ok), 0), coalesce(sum(calls_failed), 0), coalesce(sum(tokens_in), 0),"
+                     " coalesce(sum(tokens_out), 0) FROM llm_usage WHERE workspace_id = %s AND purpose = 'classify'",
+                     (w,))[0]
+
+
+def test_good_answers_label_in_one_batch_with_entities_triples_and_cost(stack: Stack, llm: ChatStub) -> None:
+    _reset(llm)
+    w = ws()
+    stack.publish(session(w, "s1", TEXTS))
+    stack.wait_processed(w, len(TEXTS))
+    rows = _drawers(stack, w)
+    assert [r[2] for r in rows] == ["llm"] * 3
+    assert [r[3] for r in rows] == ["decision", "task", "fact"]  # the stub's labels, not the heuristic's
+    assert all(r[5] for r in rows) and all(r[4] == 4 for r in rows)
+    assert llm.calls == 1 and llm.items_per_call == [3]  # one batched call for the workspace's drawers
+    ents = {r[0] for r in stack.sql("SELECT name FROM entities WHERE workspace_id = %s", (w,))}
+    assert {"Maria", "Lisbon", "John", "Denver", "Caroline", "Boston"} <= ents
+    triples = stack.sql("SELECT count(*) FROM triples WHERE workspace_id = %s", (w,))[0][0]
+    assert triples == 3
+    assert [r[0] for r in stack.sql("SELECT triple_count FROM drawers WHERE workspace_id = %s", (w,))] == [1, 1, 1]
+    ok, failed, tin, tout = _usage(stack, w)
+    assert (ok, failed) == (1, 0) and tin > 0 and tout > 0
+    hist = stack.sql("SELECT reason FROM memory_history WHERE workspace_id = %s AND action = 'CLASSIFY'", (w,))
+    assert len(hist) == 3 and all(h[0].startswith("llm") for h in hist)
+    port = stack.supervisor.port_of("classify")
+    metrics = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5, follow_redirects=True).text
+    assert 'palace_llm_calls_total{outcome="ok",purpose="classify"}' in metrics
+    assert 'palace_llm_tokens_total{direction="in",purpose="classify"}' in metrics
+
+
+def test_unparseable_batch_falls_back_to_one_call_per_drawer(stack: Stack, llm: ChatStub) -> None:
+    _reset(llm, "batch_broken")
+    w = ws()
+    stack.publish(session(w, "s1", TEXTS))
+    stack.wait_processed(w, len(TEXTS))
+    rows = _drawers(stack, w)
+    assert [r[2] for r in rows] == ["llm"] * 3
+    assert llm.items_per_call == [3, 1, 1, 1]
+
+
+def test_hallucinated_ids_are_ignored_and_their_drawers_asked_again(stack: Stack, llm: ChatStub) -> None:
+    _reset(llm, "hallucinated")
+    w = ws()
+    stack.publish(session(w, "s1", TEXTS))
+    stack.wait_processed(w, len(TEXTS))
+    rows = _drawers(stack, w)
+    assert [r[2] for r in rows] == ["llm"] * 3 and [r[3] for r in rows] == ["decision", "task", "fact"]
+    assert llm.items_per_call == [3, 1, 1, 1]
+    # no drawer, entity or mention was created for an invented id
+    assert stack.sql("SELECT count(*) FROM entity_mentions m WHERE workspace_id = %s AND NOT EXISTS"
+                     " (SELECT 1 FROM drawers d WHERE d.workspace_id = m.workspace_id AND d.id = m.drawer_id)",
+                     (w,))[0][0] == 0
+
+
+def test_partial_answers_keep_what_is_valid_with_warnings(stack: Stack, llm: ChatStub) -> None:
+    _reset(llm, "partial")
+    w = ws()
+    stack.publish(session(w, "s1", TEXTS[:1]))
+    stack.wait_processed(w, 1)
+    (row,) = _drawers(stack, w)
+    assert (row[2], row[3]) == ("llm", "decision")
+    assert row[4] != 7  # out-of-range importance dropped, the heuristic's kept
+    assert len(row[8]["llm_warnings"]) == 2  # importance and the broken triple
+    assert stack.sql("SELECT count(*) FROM triples WHERE workspace_id = %s", (w,))[0][0] == 1
+
+
+def test_timeouts_and_429_are_retried_then_succeed(stack: Stack, llm: ChatStub) -> None:
+    _reset(llm, "ok", ["slow", "fail429"])
+    w = ws()
+    stack.publish(session(w, "s1", TEXTS[:2]))
+    stack.wait_processed(w, 2)
+    assert [r[2] for r in _drawers(stack, w)] == ["llm", "llm"]
+    assert llm.modes_seen[:3] == ["slow", "fail429", "ok"]
+    ok, failed, _, _ = _usage(stack, w)
+    assert (ok, failed) == (1, 2)
+
+
+def test_server_errors_fail_the_drawer_after_three_attempts_never_deleting_it(stack: Stack, llm: ChatStub) -> None:
+    _reset(llm, "fail500")
+    w = ws()
+    stack.publish(session(w, "s1", TEXTS[:1]))
+    wait_for(lambda: [r[1] for r in _drawers(stack, w)] == ["failed"], 90, "drawer failed by the LLM phase")
+    (row,) = _drawers(stack, w)
+    assert row[7] == TEXTS[0]  # the raw content is intact
+    assert row[6].startswith("llm: InternalServerError")
+    assert row[3] is not None and row[2] == "heuristic"  # the heuristic label stands
+    assert row[8]["llm_failures"] == 3
+    assert llm.calls == 9  # 3 deliveries x 3 tries (5xx is transient)
+    ok, failed, _, _ = _usage(stack, w)
+    assert (ok, failed) == (0, 9)
+    hist = stack.sql("SELECT reason FROM memory_history WHERE workspace_id = %s AND action = 'FAIL'", (w,))
+    assert len(hist) == 1 and "InternalServerError" in hist[0][0]
+
+
+@pytest.mark.parametrize("mode", ["fail400", "fail401", "malformed"])
+def test_permanent_errors_are_not_retried_within_an_attempt(stack: Stack, llm: ChatStub, mode: str) -> None:
+    _reset(llm, mode)
+    w = ws()
+    stack.publish(session(w, "s1", TEXTS[:1]))
+    wait_for(lambda: [r[1] for r in _drawers(stack, w)] == ["failed"], 90, "drawer failed by the LLM phase")
+    (row,) = _drawers(stack, w)
+    assert row[7] == TEXTS[0] and row[6].startswith("llm: ")
+    assert llm.calls == 3  # one call per delivery: 4xx and unreadable answers are not retried in place
+
+
+def test_centroid_recompute_is_a_no_op_on_an_unchanged_training_set(stack: Stack) -> None:
+    w = ws()
+    dim = stack.settings.embed_dim
+    rng = np.random.default_rng(0)
+    with psycopg.connect(stack.database_url) as conn:
+        for i in range(60):
+            v = rng.normal(size=dim).astype(np.float32)
+            conn.execute(
+                "INSERT INTO drawers (workspace_id, id, content, content_hash, embedding, state, memory_type,"
+                " pipeline_tier) VALUES (%s, %s, %s, %s, %s::vector, 'processed', %s, %s)",
+                (w, f"d{i}", f"text {i}", f"h{i}", str(v.tolist()), "task" if i % 2 else "fact",
+                 "llm" if i < 50 else "heuristic"))
+
+    async def go() -> tuple[bool, bool, bool, list[tuple]]:
+        pool = await open_pool(stack.database_url, name="test-centroids")
+        try:
+            async with workspace_tx(pool, w) as conn:
+                first = await recompute_centroids(conn, w)
+            async with workspace_tx(pool, w) as conn:
+                second = await recompute_centroids(conn, w)
+            with psycopg.connect(stack.database_url) as c:
+                c.execute("UPDATE drawers SET memory_type = 'decision' WHERE workspace_id = %s AND id = 'd0'", (w,))
+            async with workspace_tx(pool, w) as conn:
+                third = await recompute_centroids(conn, w)
+            async with workspace_tx(pool, w) as conn:
+                cur = await conn.execute("SELECT memory_type, sample_count FROM type_centroids WHERE"
+                                         " workspace_id = %s ORDER BY 1", (w,))
+                rows = await cur.fetchall()
+        finally:
+            await pool.close()
+        return first, second, third, rows
+
+    first, second, third, rows = asyncio.run(go())
+    assert (first, second, third) == (True, False, True)
+    assert rows == [("decision", 1), ("fact", 24), ("task", 25)]  # only the 50 LLM-labelled drawers train
+
+
+def test_quality_report_over_api_and_cli(stack: Stack, llm: ChatStub) -> None:
+    _reset(llm)
+    w = ws()
+    stack.publish(session(w, "s1", [*TEXTS, "thanks", "ok"]))
+    stack.wait_processed(w, len(TEXTS))
+    _reset(llm, "fail400")
+    stack.publish(session(w, "s2", ["Priya said the Oslo migration is a problem for the team"]))
+    wait_for(lambda: stack.sql("SELECT count(*) FROM drawers WHERE workspace_id = %s AND state = 'failed'",
+                               (w,))[0][0] == 1, 90, "one failed drawer")
+    r = httpx.get(f"{stack.api_url}/v1/workspaces/{w}/quality", timeout=30)
+    assert r.status_code == 200
+    rep = r.json()
+    assert rep["drawers"]["processed"] == 3
+    assert {(x["memory_type"], x["tier"], x["count"]) for x in rep["drawers"]["by_type_and_tier"]} == {
+        ("decision", "llm", 1), ("task", "llm", 1), ("fact", "llm", 1)}
+    assert rep["noise"] == {"messages": 6, "dropped_as_noise": 2}
+    assert rep["failed"]["count"] == 1
+    (reason,) = rep["failed"]["reasons"]
+    assert reason["count"] == 1 and reason["reason"].startswith("llm: BadRequestError")
+    cost = {c["purpose"]: c for c in rep["llm_cost"]}["classify"]
+    assert (cost["model"], cost["calls_ok"], cost["calls_failed"]) == ("stub-chat", 1, 3)
+    assert cost["tokens_in"] > 0 and cost["tokens_out"] > 0
+    audit = {(a["action"], a["actor"]): a["count"] for a in rep["audit"]}
+    assert audit[("CLASSIFY", "classify")] == 3 and audit[("FAIL", "classify")] == 1
+    assert audit[("ADD", "cluster")] == 3  # the failed drawer was never processed: no decision on it
+    assert {(p["decision"], p["outcome"]) for p in rep["proposals"]} == {("ADD", "applied")}
+    assert rep["near_duplicates_merged"] == 0 and rep["superseded"] == 0
+    env = {**os.environ, "PALACE_DATABASE_URL": stack.database_url, "PALACE_NATS_URL": stack.nats_url}
+    out = subprocess.run([sys.executable, "-m", "services.cli", "quality", "-w", w, "--json"], env=env,
+                         capture_output=True, text=True, timeout=120, check=True).stdout
+    assert json.loads(out) == rep
+    table = subprocess.run([sys.executable, "-m", "services.cli", "quality", "-w", w], env=env,
+                           capture_output=True, text=True, timeout=120, check=True).stdout
+    assert "BadRequestError" in table and "stub-chat" in table
+    assert httpx.get(f"{stack.api_url}/v1/workspaces/bad%20id/quality", timeout=10).status_code == 422
+
+
+def _history(stack: Stack, w: str, action: str) -> list[tuple]:
+    return stack.sql("SELECT id, drawer_id, reason, old_value, new_value FROM memory_history WHERE workspace_id = %s"
+                     " AND action = %s ORDER BY created_at", (w, action))
+
+
+def _cli(stack: Stack, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PALACE_DATABASE_URL": stack.database_url, "PALACE_NATS_URL": stack.nats_url}
+    return subprocess.run([sys.executable, "-m", "services.cli", *args], env=env, capture_output=True, text=True,
+                          timeout=120)
+
+
+def _two_sessions(stack: Stack, llm: ChatStub, decision: str, *, pin_first: bool = False) -> tuple[str, str, str]:
+    _reset(llm, decision=decision)
+    w = ws()
+    first, second = "Maria prefers green tea in the morning", "Maria now prefers black coffee in the morning"
+    stack.publish(session(w, "s1", [first]))
+    stack.wait_processed(w, 1)
+    old_id = stack.sql("SELECT id FROM drawers WHERE workspace_id = %s", (w,))[0][0]
+    if pin_first:
+        stack.sql("UPDATE drawers SET pinned = true WHERE workspace_id = %s AND id = %s RETURNING id", (w, old_id))
+    stack.publish(session(w, "s2", [second]))
+    stack.wait_processed(w, 2)
+    wait_for(lambda: _history(stack, w, decision if decision in ("ADD", "UPDATE", "DELETE", "NONE") else "DELETE"),
+             60, f"a {decision} proposal audited")
+    return w, old_id, first
+
+
+def test_update_in_full_mode_is_archived_and_revert_restores_the_exact_prior_state(
+        stack: Stack, llm: ChatStub) -> None:
+    w, old_id, first = _two_sessions(stack, llm, "UPDATE")
+    (hid, drawer, reason, old_value, new_value), = _history(stack, w, "UPDATE")
+    before = (np.asarray(old_value["embedding"], dtype=np.float32), old_value["content_hash"])
+    new_emb = stack.sql("SELECT embedding::text FROM drawers WHERE workspace_id = %s AND id <> %s", (w, old_id))[0][0]
+    assert drawer == old_id and reason.startswith("applied: stub says UPDATE")
+    assert old_value["content"] == first and new_value["outcome"] == "applied"
+    content, chash, emb = stack.sql("SELECT content, content_hash, embedding::text FROM drawers"
+                                    " WHERE workspace_id = %s AND id = %s", (w, old_id))[0]
+    assert content.startswith(first + " (now: ") and chash != before[1]
+    assert emb == new_emb  # the embedding follows the new content (the newer drawer's vector)
+    assert llm.decision_calls >= 1
+    listed = json.loads(_cli(stack, "history", "-w", w, "--action", "update", "--json").stdout)
+    assert [r["id"] for r in listed] == [hid] and "embedding" not in listed[0]["old_value"]
+    out = _cli(stack, "revert", hid, "-w", w)
+    assert out.returncode == 0, out.stderr
+    content, chash, emb, deleted = stack.sql("SELECT content, content_hash, embedding::text, deleted_at FROM drawers"
+                                             " WHERE workspace_id = %s AND id = %s", (w, old_id))[0]
+    assert (content, chash, deleted) == (first, before[1], None)
+    assert np.array_equal(np.asarray(json.loads(emb), dtype=np.float32), before[0])
+    (rev,) = _history(stack, w, "REVERT")
+    # the revert archived what it replaced, so it can be reverted in turn
+    assert rev[3]["content"].startswith(first + " (now: ") and rev[4] == {"reverted": hid}
+    bad = _cli(stack, "revert", "no-such-entry", "-w", w)
+    assert bad.returncode == 1 and "no audit entry" in bad.stderr
+
+
+def test_pinned_memories_are_never_deleted(stack: Stack, llm: ChatStub) -> None:
+    w, old_id, _ = _two_sessions(stack, llm, "DELETE", pin_first=True)
+    (row,) = _history(stack, w, "DELETE")
+    assert row[2] == "dropped: pinned memories are never deleted" and row[3] is None
+    assert stack.sql("SELECT deleted_at FROM drawers WHERE workspace_id = %s AND id = %s", (w, old_id)) == [(None,)]
+
+
+@pytest.mark.parametrize(("decision", "why"), [("HALLUCINATE", "is not one of the candidates"),
+                                               ("LOWCONF", "under the gate")])
+def test_invalid_proposals_are_dropped_and_audited(stack: Stack, llm: ChatStub, decision: str, why: str) -> None:
+    w, old_id, first = _two_sessions(stack, llm, decision)
+    (row,) = _history(stack, w, "DELETE")
+    assert row[2].startswith("dropped: ") and why in row[2]
+    assert stack.sql("SELECT content, deleted_at FROM drawers WHERE workspace_id = %s AND id = %s",
+                     (w, old_id)) == [(first, None)]
+
+
+def test_shadow_mode_proposes_and_audits_but_writes_nothing(stack: Stack, llm: ChatStub) -> None:
+    env = llm.env  # type: ignore[attr-defined]
+    _swap(stack, {**env, "PALACE_DECISIONS_MODE": "shadow"}, ("cluster",))
+    try:
+        w, old_id, first = _two_sessions(stack, llm, "DELETE")
+    finally:
+        _swap(stack, env, ("cluster",))
+    (row,) = _history(stack, w, "DELETE")
+    assert row[2] == "shadow: stub says DELETE" and row[4]["outcome"] == "shadow" and row[3] is None
+    assert stack.sql("SELECT content, deleted_at, state FROM drawers WHERE workspace_id = %s AND id = %s",
+                     (w, old_id)) == [(first, None, "processed")]

@@ -1,0 +1,236 @@
+"""Forget against the real stack: a user forgotten while their sessions are still being published and
+processed leaves nothing anywhere once the pipeline drains (proved by ``verify``), every other user's
+data is intact (counts and content hashes compared), and nothing comes back after a redelivery or a
+dead-letter re-drive. Also: the API route, drawer and workspace scopes, idempotence, the audit."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+import uuid
+from datetime import UTC, datetime
+from typing import Any
+
+import httpx
+import nats
+
+from shared.consumers import CONSUMERS
+from shared.db.pool import open_pool
+from shared.dlq import redrive
+from shared.events import DeadLetterInfo
+from shared.forget import ForgetResult, Scope, Targets, forget, verify
+from shared.ids import content_hash
+from tests.integration.helpers import Stack, session, wait_for, ws
+
+SHARED_LINE = "the quarterly offsite moves to the lighthouse in Brest next spring"
+
+
+def _texts(who: str, i: int) -> list[str]:
+    tag = uuid.uuid4().hex[:6]
+    return [f"{who} keeps the {tag} violin bow in the cedar drawer number {i}",
+            f"Noted: {who} practises scales every morning before the {tag} rehearsal",
+            f"{who} said the {tag} tram pass expires at the end of month {i}"]
+
+
+def _publish_user(stack: Stack, w: str, user: str, n: int, prefix: str, shared: bool = False) -> list[list[str]]:
+    out = []
+    for i in range(n):
+        texts = _texts(user, i) + ([SHARED_LINE] if shared and i == 0 else [])
+        stack.publish(session(w, f"{prefix}-{i}", texts, user_id=user, agent_id=f"agent-{user}",
+                              event_id=uuid.uuid4().hex))
+        out.append(texts)
+    return out
+
+
+def _drained(stack: Stack) -> bool:
+    async def go() -> bool:
+        nc = await nats.connect(stack.nats_url)
+        try:
+            js = nc.jetstream()
+            for c in CONSUMERS:
+                info = await js.consumer_info(stack.settings.stream_name, c.durable)
+                if info.num_pending or info.num_ack_pending:
+                    return False
+            return True
+        finally:
+            await nc.close()
+    return asyncio.run(go())
+
+
+def _dlq_count(stack: Stack, w: str) -> int:
+    from shared.dlq import list_dead_letters
+
+    return len([d for d in asyncio.run(list_dead_letters(stack.settings, stack.nats_url, limit=100_000))
+                if d.info.workspace_id == w])
+
+
+def _fingerprint(stack: Stack, w: str, user: str) -> dict[str, Any]:
+    """Everything of one user, as counts and content hashes."""
+    q = {
+        "sessions": "SELECT session_id, content_hash FROM sessions WHERE workspace_id = %s AND user_id = %s",
+        "messages": """SELECT m.session_id, m.seq, m.content_hash FROM messages m JOIN sessions s USING (workspace_id,
+                        session_id) WHERE m.workspace_id = %s AND s.user_id = %s""",
+        "drawers": """SELECT DISTINCT d.id, d.content_hash, d.deleted_at IS NULL FROM drawers d
+                        JOIN drawer_sources ds ON ds.workspace_id = d.workspace_id AND ds.drawer_id = d.id
+                        JOIN sessions s ON s.workspace_id = ds.workspace_id AND s.session_id = ds.session_id
+                       WHERE d.workspace_id = %s AND s.user_id = %s""",
+        "episodes": """SELECT e.id, e.abstract FROM episodes e JOIN sessions s USING (workspace_id, session_id)
+                        WHERE e.workspace_id = %s AND s.user_id = %s""",
+    }
+    return {k: sorted(stack.sql(v, (w, user))) for k, v in q.items()}
+
+
+def _run_forget(stack: Stack, scope: Scope) -> tuple[ForgetResult, dict[str, int]]:
+    async def go() -> tuple[ForgetResult, dict[str, int]]:
+        pool = await open_pool(stack.database_url, name="test-forget", max_size=2)
+        try:
+            r = await forget(pool, stack.settings, stack.nats_url, scope, requested_by="test")
+            return r, await verify(pool, stack.settings, stack.nats_url, scope, r.targets)
+        finally:
+            await pool.close()
+    return asyncio.run(go())
+
+
+def _verify(stack: Stack, scope: Scope, targets: Targets) -> dict[str, int]:
+    async def go() -> dict[str, int]:
+        pool = await open_pool(stack.database_url, name="test-verify", max_size=1)
+        try:
+            return await verify(pool, stack.settings, stack.nats_url, scope, targets)
+        finally:
+            await pool.close()
+    return asyncio.run(go())
+
+
+def _dead_letter(stack: Stack, event: dict[str, Any]) -> int:
+    """Put an event into the DLQ as the consumers do (a failure that landed after the forget)."""
+    import json
+
+    info = DeadLetterInfo(subject="session.completed", service="ingest", reason="test", error_type="test",
+                          deliveries=3, failed_at=datetime.now(UTC), workspace_id=event["workspace_id"],
+                          size=10)
+    headers = {f"Palace-{k}": str(v) for k, v in info.model_dump(mode="json", exclude_none=True).items()}
+
+    async def go() -> int:
+        nc = await nats.connect(stack.nats_url)
+        try:
+            ack = await nc.jetstream().publish("dlq.session.completed", json.dumps(event).encode(), headers=headers,
+                                               stream=stack.settings.dlq_stream_name)
+            return int(ack.seq)
+        finally:
+            await nc.close()
+    return asyncio.run(go())
+
+
+def test_forgetting_a_user_mid_stream_leaves_nothing_and_spares_everyone_else(stack: Stack) -> None:
+    w = ws()
+    alice, bob = "alice", "bob"
+    early = _publish_user(stack, w, alice, 3, "a-early", shared=True)
+    bob_texts = _publish_user(stack, w, bob, 3, "b", shared=True)
+    # One alice event goes to the DLQ (a session without messages is invalid): forget must take it
+    # out of there too.
+    stack.publish({"workspace_id": w, "session_id": "a-poison", "user_id": alice, "messages": []})
+    stack.wait_processed(w, 3 * 3 * 2 + 1)
+    wait_for(lambda: _dlq_count(stack, w) == 1, 30, "alice's dead letter")
+    wait_for(lambda: _drained(stack), 60, "pipeline drained")
+    bob_before = _fingerprint(stack, w, bob)
+    assert bob_before["drawers"] and bob_before["messages"]
+    alice_hashes = {content_hash(t) for s in early for t in s if t != SHARED_LINE}
+
+    # Alice keeps publishing while she is forgotten.
+    stop = threading.Event()
+    late: list[list[str]] = []
+
+    def publisher() -> None:
+        i = 0
+        while not stop.is_set() and i < 30:
+            late.extend(_publish_user(stack, w, alice, 1, f"a-late-{i}"))
+            i += 1
+            time.sleep(0.05)
+
+    th = threading.Thread(target=publisher)
+    th.start()
+    time.sleep(0.5)
+    result, _ = _run_forget(stack, Scope(w, "user", alice))
+    time.sleep(0.5)
+    stop.set()
+    th.join()
+    alice_hashes |= {content_hash(t) for s in late for t in s}
+    assert result.counts["sessions"] >= 3 and result.counts["drawers"] >= 9
+    assert result.counts["stream_events"] >= 1 and _dlq_count(stack, w) == 0
+
+    # Once the pipeline drains, nothing of alice remains anywhere (the late sessions included).
+    wait_for(lambda: _drained(stack), 90, "pipeline drained after the forget")
+    result.targets.content_hashes |= alice_hashes
+    remaining = _verify(stack, Scope(w, "user", alice), result.targets)
+    assert not any(remaining.values()), remaining
+    assert stack.sql("SELECT count(*) FROM drawers WHERE workspace_id = %s AND user_id = %s", (w, alice))[0][0] == 0
+    assert stack.sql("SELECT count(*) FROM messages WHERE workspace_id = %s AND content_hash = ANY(%s)",
+                     (w, sorted(alice_hashes)))[0][0] == 0
+
+    # Bob is untouched: same sessions, messages, drawers (the line both said stays, as bob's).
+    wait_for(lambda: stack.sql("SELECT count(*) FROM drawers WHERE workspace_id = %s AND state = 'raw'",
+                               (w,))[0][0] == 0, 60, "the shared drawer re-embedded")
+    assert _fingerprint(stack, w, bob) == bob_before
+    shared = stack.sql("SELECT user_id, session_id, context FROM drawers WHERE workspace_id = %s AND content_hash = %s",
+                       (w, content_hash(SHARED_LINE)))
+    assert shared and shared[0][0] == bob and shared[0][1].startswith("b-")
+    assert {content_hash(t) for s in bob_texts for t in s} <= {
+        r[0] for r in stack.sql("SELECT content_hash FROM messages WHERE workspace_id = %s", (w,))}
+    assert any(h["session_id"].startswith("b-") for h in stack.search(w, "violin bow cedar drawer", k=10))
+
+    # A redelivery (same session, new event id) and a dead-letter re-drive bring nothing back.
+    stack.publish(session(w, "a-early-0", early[0], user_id=alice, event_id=uuid.uuid4().hex))
+    seq = _dead_letter(stack, session(w, "a-early-1", early[1], user_id=alice, event_id=uuid.uuid4().hex))
+    assert asyncio.run(redrive(stack.settings, stack.nats_url, [seq])) == 1
+    stack.publish(session(w, "a-brand-new", _texts(alice, 99), user_id=alice, event_id=uuid.uuid4().hex))
+    time.sleep(1)
+    wait_for(lambda: _drained(stack), 60, "pipeline drained after the replays")
+    assert stack.sql("SELECT count(*) FROM sessions WHERE workspace_id = %s AND user_id = %s", (w, alice))[0][0] == 0
+    assert stack.sql("SELECT count(*) FROM drawers WHERE workspace_id = %s AND user_id = %s", (w, alice))[0][0] == 0
+
+    # Idempotent, and audited with counts only.
+    again, remaining = _run_forget(stack, Scope(w, "user", alice))
+    assert not any(remaining.values()), remaining
+    assert not again.counts.get("drawers") and not again.counts.get("sessions")
+    audits = stack.sql("SELECT requested_by, scope_kind, scope_value, status, counts FROM forget_audit "
+                       "WHERE workspace_id = %s ORDER BY started_at", (w,))
+    assert [a[:4] for a in audits] == [("test", "user", alice, "done")] * 2
+    assert audits[0][4]["drawers"] == result.counts["drawers"]
+    assert all(isinstance(v, int) for v in audits[0][4].values())
+
+
+def test_forget_by_drawer_and_whole_workspace_through_the_api(stack: Stack) -> None:
+    w, other = ws(), ws()
+    _publish_user(stack, w, "carol", 2, "c")
+    _publish_user(stack, other, "dave", 1, "d")
+    stack.wait_processed(w, 6)
+    stack.wait_processed(other, 3)
+    other_before = _fingerprint(stack, other, "dave")
+    (did, text_hash), = stack.sql("SELECT id, content_hash FROM drawers WHERE workspace_id = %s ORDER BY id LIMIT 1",
+                                  (w,))
+    # The proof can fail: before the forget it finds the drawer everywhere it lives.
+    (content, emb), = stack.sql("SELECT content, embedding::text FROM drawers WHERE workspace_id = %s AND id = %s",
+                                (w, did))
+    before = _verify(stack, Scope(w, "drawer", did), Targets(
+        drawer_ids={did}, content_hashes={text_hash}, probes=[(content, [float(x) for x in emb[1:-1].split(",")])]))
+    assert before["drawers"] == 1 and before["messages"] == 1 and before["drawer_sources"] == 1
+    assert before["search_exact_and_full_text"] >= 1 and before["search_hnsw_and_full_text"] >= 1
+    r = httpx.post(f"{stack.api_url}/v1/forget", json={"workspace_id": w, "drawer_id": did, "verify": True},
+                   timeout=60)
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["counts"]["drawers"] == 1 and body["counts"]["messages"] == 1
+    assert not any(body["remaining"].values()), body["remaining"]
+    assert stack.sql("SELECT count(*) FROM messages WHERE workspace_id = %s AND content_hash = %s",
+                     (w, text_hash))[0][0] == 0
+    assert stack.sql("SELECT count(*) FROM drawers WHERE workspace_id = %s", (w,))[0][0] == 5
+
+    r = httpx.post(f"{stack.api_url}/v1/forget", json={"workspace_id": w, "all": True, "verify": True}, timeout=60)
+    assert r.status_code == 200, r.text
+    assert not any(r.json()["remaining"].values()), r.json()["remaining"]
+    for table in ("sessions", "messages", "drawers", "embedding_cache", "episodes", "entities", "entity_mentions"):
+        assert stack.sql(f"SELECT count(*) FROM {table} WHERE workspace_id = %s", (w,))[0][0] == 0, table  # noqa: S608
+    assert _fingerprint(stack, other, "dave") == other_before
+    bad = httpx.post(f"{stack.api_url}/v1/forget", json={"workspace_id": w, "user_id": "x", "all": True}, timeout=10)
+    assert bad.status_code == 422

@@ -1,0 +1,285 @@
+"""Memory lifecycle against the real PostgreSQL: decay and prune follow their rules in small batches,
+never under the floor or the per-workspace minimum; a pruned drawer leaves search and is restored
+exactly; expiry ends episodes and the archive past retention; every batch query uses an index."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+from typing import Any
+
+import psycopg
+import pytest
+
+from shared.config import Settings
+from shared.db.pool import open_pool
+from shared.lifecycle import JOBS, restore, run_job
+from tests.integration.helpers import Stack, wait_for, ws
+
+DIM = 384
+
+
+def _vec(seed: int) -> str:
+    r = random.Random(seed)
+    v = [r.gauss(0, 1) for _ in range(DIM)]
+    n = sum(x * x for x in v) ** 0.5
+    return "[" + ",".join(f"{x / n:.6f}" for x in v) + "]"
+
+
+def _insert(stack: Stack, workspace: str, rows: list[dict[str, Any]]) -> None:
+    """Drawers written straight into the table (as the pipeline leaves them), with chosen ages."""
+    with psycopg.connect(stack.database_url) as conn, conn.cursor() as cur:
+        cur.executemany(
+            """INSERT INTO drawers (workspace_id, id, content, content_hash, embedding, embedding_model, state,
+                                    memory_type, importance, filed_at, last_accessed_at, access_count, pinned,
+                                    session_id, seq, user_id)
+               VALUES (%(ws)s, %(id)s, %(content)s, md5(%(content)s), %(emb)s::vector, 'test', %(state)s, 'fact',
+                       %(importance)s, now() - make_interval(days => %(age)s),
+                       CASE WHEN %(accessed)s::int IS NULL THEN NULL
+                            ELSE now() - make_interval(days => %(accessed)s::int) END,
+                       %(access_count)s, %(pinned)s, 's1', %(seq)s, 'u1')""",
+            [{"ws": workspace, "state": "processed", "age": 40, "accessed": None, "access_count": 0, "importance": 3.0,
+              "pinned": False, "emb": _vec(i), "seq": i, **r} for i, r in enumerate(rows)],
+        )
+        cur.executemany(
+            "INSERT INTO drawer_sources (workspace_id, drawer_id, session_id, seq) VALUES (%s, %s, 's1', %s)",
+            [(workspace, r["id"], i) for i, r in enumerate(rows)],
+        )
+
+
+def _run(stack: Stack, name: str, **overrides: Any) -> dict[str, int]:
+    s = stack.settings.model_copy(update=overrides)
+
+    async def go() -> dict[str, int] | None:
+        pool = await open_pool(stack.database_url, name="test-lifecycle", max_size=2, role=s.db_role)
+        try:
+            return await run_job(JOBS[name], pool=pool, settings=s, holder="test", manual=True)
+        finally:
+            await pool.close()
+
+    out = asyncio.run(go())
+    assert out is not None, f"{name}: lease not won"
+    return out
+
+
+def _hot_updates(stack: Stack) -> int:
+    return int(stack.sql("SELECT n_tup_hot_upd FROM pg_stat_user_tables WHERE relname = 'drawers'")[0][0])
+
+
+def _importance(stack: Stack, workspace: str) -> dict[str, float]:
+    return {r[0]: round(float(r[1]), 4) for r in stack.sql(
+        "SELECT id, importance FROM drawers WHERE workspace_id = %s", (workspace,))}
+
+
+def test_decay_follows_its_rules_and_never_goes_under_the_floor(stack: Stack) -> None:
+    w = ws()
+    _insert(stack, w, [
+        {"id": "old-idle", "content": "old idle", "importance": 1.0},
+        {"id": "old-recalled", "content": "old but recalled", "importance": 1.0, "accessed": 2},
+        {"id": "old-recalled-long-ago", "content": "recalled long ago", "importance": 1.0, "accessed": 9},
+        {"id": "young", "content": "young", "importance": 1.0, "age": 10},
+        {"id": "near-floor", "content": "near the floor", "importance": 0.305},
+        {"id": "at-floor", "content": "at the floor", "importance": 0.3},
+        {"id": "pinned", "content": "pinned", "importance": 1.0, "pinned": True},
+        {"id": "archived", "content": "archived", "importance": 1.0},
+    ])
+    stack.sql("UPDATE drawers SET deleted_at = now() WHERE workspace_id = %s AND id = 'archived' RETURNING 1", (w,))
+    at_floor_written = stack.sql("SELECT updated_at FROM drawers WHERE workspace_id = %s AND id = 'at-floor'", (w,))
+    # Batches of 3 keys: the walk crosses many spans (other tests' workspaces too) and must cover all.
+    hot_before = _hot_updates(stack)
+    out = _run(stack, "decay", maintain_batch=3)
+    assert out["decayed"] >= 3
+    # Decay's rewrites are HOT (no index touched, the HNSW graph included): most of them at least.
+    wait_for(lambda: _hot_updates(stack) - hot_before >= out["decayed"] // 2, 15, "HOT updates counted")
+    imp = _importance(stack, w)
+    assert imp == {"old-idle": 0.98, "old-recalled": 1.0, "old-recalled-long-ago": 0.98, "young": 1.0,
+                   "near-floor": 0.3, "at-floor": 0.3, "pinned": 1.0, "archived": 1.0}
+    for _ in range(3):
+        _run(stack, "decay", maintain_batch=50)
+    imp = _importance(stack, w)
+    assert imp["old-idle"] == round(0.98 ** 4, 4)
+    assert imp["near-floor"] == 0.3 and imp["at-floor"] == 0.3
+    assert min(imp.values()) >= 0.3
+    # Once at the floor a drawer is left alone (not rewritten every run).
+    assert stack.sql("SELECT updated_at FROM drawers WHERE workspace_id = %s AND id = 'at-floor'",
+                     (w,)) == at_floor_written
+
+
+SNAPSHOT = """SELECT id, content, content_hash, embedding::text, embedding_model, state, memory_type, importance,
+                     access_count, last_accessed_at, filed_at, updated_at, session_id, seq, user_id, pinned,
+                     (SELECT json_agg(json_build_array(s.session_id, s.seq) ORDER BY s.seq)
+                        FROM drawer_sources s WHERE s.workspace_id = d.workspace_id AND s.drawer_id = d.id)
+                FROM drawers d WHERE workspace_id = %s AND id = ANY(%s) ORDER BY id"""
+
+
+def test_prune_archives_keeps_the_minimum_and_restore_is_exact(stack: Stack) -> None:
+    w, small = ws(), ws()
+    low = [{"id": f"low-{i:02d}", "content": f"quokka marmalade note {i}", "importance": 0.1 + i / 100}
+           for i in range(20)]
+    recalled = [{"id": f"rec-{i}", "content": f"recalled low {i}", "importance": 0.1, "access_count": 5}
+                for i in range(5)]
+    high = [{"id": f"high-{i:03d}", "content": f"important {i}", "importance": 3.0} for i in range(85)]
+    _insert(stack, w, low + recalled + high)  # 110 live drawers: 10 over the minimum
+    _insert(stack, small, [{"id": f"s-{i}", "content": f"small {i}", "importance": 0.1} for i in range(50)])
+    low_ids = [d["id"] for d in low]
+    # (A recall bumps access stats, so the snapshot is taken after it: one recall leaves them prunable.)
+    hit_ids = [h["id"] for h in stack.search(w, "quokka marmalade note", k=20)]
+    assert any(i.startswith("low-") for i in hit_ids)
+    wait_for(lambda: stack.sql("SELECT bool_and(access_count = 1) FROM drawers WHERE workspace_id = %s AND "
+                               "id = ANY(%s)", (w, hit_ids))[0][0], what="recall's access bump")
+    before = stack.sql(SNAPSHOT, (w, low_ids[:10]))
+
+    out = _run(stack, "prune", maintain_batch=4, prune_keep_min=100)
+    assert out["archived"] >= 10
+    archived = [r[0] for r in stack.sql(
+        "SELECT id FROM drawers WHERE workspace_id = %s AND deleted_at IS NOT NULL ORDER BY id", (w,))]
+    # Exactly the 10 least important eligible ones; recalled ones are never pruned.
+    assert archived == low_ids[:10]
+    assert stack.sql("SELECT count(*) FROM drawers WHERE workspace_id = %s AND deleted_at IS NULL", (w,))[0][0] == 100
+    assert stack.sql("SELECT count(*) FROM drawers WHERE workspace_id = %s AND deleted_at IS NOT NULL",
+                     (small,))[0][0] == 0
+    assert stack.sql("SELECT count(*) FROM memory_history WHERE workspace_id = %s AND action = 'ARCHIVE'",
+                     (w,))[0][0] == 10
+    # Out of every search path.
+    hits = stack.search(w, "quokka marmalade note", k=20)
+    assert not {h["id"] for h in hits} & set(archived)
+    # A second run finds the workspace at its minimum.
+    _run(stack, "prune", maintain_batch=4, prune_keep_min=100)
+    assert stack.sql("SELECT count(*) FROM drawers WHERE workspace_id = %s AND deleted_at IS NULL", (w,))[0][0] == 100
+
+    async def go() -> tuple[int, int]:
+        pool = await open_pool(stack.database_url, name="test-restore", max_size=1)
+        try:
+            s = stack.settings.model_copy(update={"maintain_batch": 3})
+            one = await restore(pool, s, w, [archived[0]])
+            rest = await restore(pool, s, w)
+            return one, rest
+        finally:
+            await pool.close()
+
+    assert asyncio.run(go()) == (1, 9)
+    assert stack.sql(SNAPSHOT, (w, low_ids[:10])) == before  # embedding, provenance, scores: all as they were
+    assert stack.sql("SELECT count(*) FROM drawers WHERE workspace_id = %s AND deleted_at IS NOT NULL",
+                     (w,))[0][0] == 0
+    assert set(archived) <= {h["id"] for h in stack.search(w, "quokka marmalade note", k=30)}
+
+
+def test_expire_ends_episodes_and_the_archive_past_retention(stack: Stack) -> None:
+    w = ws()
+    _insert(stack, w, [{"id": "gone", "content": "archived long ago"}, {"id": "kept", "content": "archived lately"},
+                       {"id": "live", "content": "live"}])
+    stack.sql("""UPDATE drawers SET deleted_at = now() - make_interval(days => CASE id WHEN 'gone' THEN 200 ELSE 10
+                 END) WHERE workspace_id = %s AND id IN ('gone', 'kept') RETURNING 1""", (w,))
+    stack.sql("""INSERT INTO episodes (workspace_id, id, session_id, summary, abstract, expires_at) VALUES
+                 (%s, 'e-old', 's-old', 'x', 'x', now() - interval '1 day'),
+                 (%s, 'e-new', 's-new', 'y', 'y', now() + interval '1 day') RETURNING 1""", (w, w))
+    out = _run(stack, "expire", maintain_batch=2)
+    assert out["episodes_expired"] >= 1 and out["archive_purged"] >= 1
+    assert [r[0] for r in stack.sql("SELECT id FROM drawers WHERE workspace_id = %s ORDER BY id", (w,))] == [
+        "kept", "live"]
+    assert stack.sql("SELECT count(*) FROM drawer_sources WHERE workspace_id = %s AND drawer_id = 'gone'",
+                     (w,))[0][0] == 0
+    assert [r[0] for r in stack.sql("SELECT id FROM episodes WHERE workspace_id = %s", (w,))] == ["e-new"]
+
+
+def test_a_held_lease_keeps_a_second_runner_out(stack: Stack) -> None:
+    s = stack.settings
+
+    async def go() -> tuple[Any, Any]:
+        pool = await open_pool(stack.database_url, name="test-lease", max_size=2)
+        try:
+            from shared.db.maintenance import take_lease
+            from shared.db.tenancy import maintenance_tx
+
+            async with maintenance_tx(pool) as conn:
+                assert await take_lease(conn, "expire", "other-replica", ttl_s=60, every_s=0)
+            blocked = await run_job(JOBS["expire"], pool=pool, settings=s, holder="test", manual=True)
+            async with maintenance_tx(pool) as conn:
+                await conn.execute("UPDATE job_leases SET expires_at = now() WHERE job = 'expire'")
+            freed = await run_job(JOBS["expire"], pool=pool, settings=s, holder="test", manual=True)
+            return blocked, freed
+        finally:
+            await pool.close()
+
+    blocked, freed = asyncio.run(go())
+    assert blocked is None and freed is not None
+
+
+@pytest.fixture(scope="module")
+def big_workspace(stack: Stack) -> str:
+    """20k drawers, analysed: at this size a sequential scan is what the planner picks without an index."""
+    w = ws()
+    with psycopg.connect(stack.database_url) as conn:
+        conn.execute(
+            """INSERT INTO drawers (workspace_id, id, content, content_hash, state, importance, filed_at, deleted_at)
+               SELECT %s, 'd' || lpad(g::text, 6, '0'), 'c' || g, md5('c' || g), 'processed', (g %% 50) / 10.0,
+                      now() - make_interval(days => g %% 60),
+                      CASE WHEN g %% 97 = 0 THEN now() - make_interval(days => g %% 300) END
+                 FROM generate_series(1, 20000) g""", (w,))
+        conn.execute("""INSERT INTO episodes (workspace_id, id, session_id, summary, abstract, expires_at)
+                        SELECT %s, 'e' || g, 's' || g, 's', 'a', now() + make_interval(days => g %% 100 - 5)
+                          FROM generate_series(1, 20000) g""", (w,))
+        conn.execute("ANALYZE drawers")
+        conn.execute("ANALYZE episodes")
+    return w
+
+
+def _plan(stack: Stack, query: str, params: Any) -> str:
+    with psycopg.connect(stack.database_url, cursor_factory=psycopg.ClientCursor) as conn:
+        conn.execute("SET LOCAL ROLE palace_maintenance")
+        rows = conn.execute("EXPLAIN (FORMAT JSON) " + query, params).fetchall()
+    return json.dumps(rows[0][0])
+
+
+@pytest.mark.parametrize("name", ["decay", "prune_span", "archive", "restore", "expire_episodes",
+                                  "oldest_expired_episode",
+                                  "purge_archive", "oldest_purgeable", "next_ws"])
+def test_every_batch_query_uses_an_index(stack: Stack, big_workspace: str, name: str) -> None:
+    from shared.db import lifecycle as sql
+
+    w = big_workspace
+    s = Settings()
+    cases: dict[str, tuple[str, Any]] = {
+        "decay": (sql.DECAY_SQL, {"ws": w, "id": "d010000", "n": 500, "floor": 0.3, "factor": 0.98,
+                                  "older": 30 * 86400.0, "idle": 7 * 86400.0}),
+        "prune_span": (sql.PRUNE_SPAN_SQL, {"ws": w, "id": "d010000", "n": 500, "below": 0.5, "acc": 3}),
+        "archive": (sql.ARCHIVE_SQL, {"ws": w, "ids": [f"d{i:06d}" for i in range(1, 500)], "below": 0.5,
+                                      "acc": 3}),
+        "restore": (sql.RESTORE_SQL, {"ws": w, "ids": None, "n": 500, "actor": "t"}),
+        "expire_episodes": (sql.EXPIRE_EPISODES_SQL, {"ws": w, "n": 500}),
+        "oldest_expired_episode": (sql.OLDEST_EXPIRED_EPISODE_SQL, ()),
+        "purge_archive": (sql.PURGE_ARCHIVE_SQL, {"ws": w, "ret": s.archive_retention_days * 86400.0, "n": 500}),
+        "oldest_purgeable": (sql.OLDEST_PURGEABLE_SQL, (s.archive_retention_days * 86400.0,)),
+        "next_ws": (sql.NEXT_WORKSPACE_SQL, (w,)),
+    }
+    query, params = cases[name]
+    plan = _plan(stack, query, params)
+    assert '"Seq Scan"' not in plan, plan
+    assert "Index" in plan, plan
+
+
+def test_operators_run_each_job_restore_and_forget_from_the_cli(stack: Stack) -> None:
+    from typer.testing import CliRunner
+
+    from services.cli import app
+
+    env = {"PALACE_DATABASE_URL": stack.database_url, "PALACE_NATS_URL": stack.nats_url}
+    runner = CliRunner()
+    for job in JOBS:
+        r = runner.invoke(app, ["maintain", job], env=env)
+        assert r.exit_code == 0, r.output
+        assert f"maintain {job}" in r.output
+    w = ws()
+    _insert(stack, w, [{"id": "a", "content": "archived by hand"}, {"id": "b", "content": "kept as is"}])
+    stack.sql("UPDATE drawers SET deleted_at = now() WHERE workspace_id = %s AND id = 'a' RETURNING 1", (w,))
+    r = runner.invoke(app, ["restore", "--workspace", w, "--drawer", "a"], env=env)
+    assert r.exit_code == 0, r.output
+    assert stack.sql("SELECT count(*) FROM drawers WHERE workspace_id = %s AND deleted_at IS NULL", (w,))[0][0] == 2
+    r = runner.invoke(app, ["forget", "--workspace", w, "--drawer", "a", "--verify", "--by", "ops"], env=env)
+    assert r.exit_code == 0, r.output
+    assert "nothing of it remains" in r.output
+    assert [x[0] for x in stack.sql("SELECT id FROM drawers WHERE workspace_id = %s", (w,))] == ["b"]
+    assert stack.sql("SELECT requested_by FROM forget_audit WHERE workspace_id = %s", (w,)) == [("ops",)]
+    r = runner.invoke(app, ["forget", "--workspace", w, "--user", "u1", "--all"], env=env)
+    assert r.exit_code != 0

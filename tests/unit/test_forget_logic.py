@@ -1,0 +1,61 @@
+"""Pure parts of forget and the job registry: scopes, plan filtering, which events a scope matches."""
+
+from __future__ import annotations
+
+import pytest
+
+from shared.events import SessionCompleted
+from shared.forget import Scope, Targets, _matcher, drop_forgotten_drawers
+from shared.ids import content_hash
+from shared.lifecycle import JOBS
+from shared.memory.filing import plan_session
+
+
+def _plan() -> object:
+    ev = SessionCompleted.model_validate({
+        "workspace_id": "w", "session_id": "s", "messages": [
+            {"role": "user", "content": "I keep the violin in the blue case"},
+            {"role": "assistant", "content": "Noted, the violin lives in the blue case"},
+            {"role": "user", "content": "and the bow is in the cedar drawer"}]})
+    return plan_session(ev)
+
+
+def test_scope_rejects_unknown_kinds_and_empty_values() -> None:
+    with pytest.raises(ValueError):
+        Scope("w", "planet", "x")
+    with pytest.raises(ValueError):
+        Scope("w", "user", "")
+    with pytest.raises(ValueError):
+        Scope("", "user", "u")
+
+
+def test_forgotten_drawers_leave_the_plan_with_their_messages() -> None:
+    plan = _plan()
+    gone = plan.drawers[1].id  # type: ignore[attr-defined]
+    out = drop_forgotten_drawers(plan, {gone})  # type: ignore[arg-type]
+    assert gone not in {d.id for d in out.drawers}
+    assert gone not in {s.drawer_id for s in out.sources}
+    assert [m.seq for m in out.messages] == [0, 2]
+    assert drop_forgotten_drawers(plan, set()) is plan  # type: ignore[arg-type]
+
+
+def test_matcher_takes_only_the_scope_of_its_own_workspace() -> None:
+    t = Targets(session_ids={"s1"}, drawer_ids={"d1", "d2"}, content_hashes={content_hash("secret words")})
+    m = _matcher(Scope("w", "user", "alice"), t)
+    assert m({"workspace_id": "w", "user_id": "alice", "session_id": "new"})
+    assert m({"workspace_id": "w", "session_id": "s1"})
+    assert m({"workspace_id": "w", "drawer_ids": ["d1", "d2"]})
+    assert not m({"workspace_id": "w", "drawer_ids": ["d1", "other"]})  # others' work rides along: kept
+    assert m({"workspace_id": "w", "messages": [{"content": "secret  words"}]})
+    assert not m({"workspace_id": "other", "user_id": "alice", "session_id": "s1"})
+    assert not m({"workspace_id": "w", "user_id": "bob", "session_id": "s2"})
+    assert _matcher(Scope("w", "workspace", "*"), Targets())({"workspace_id": "w"})
+
+
+def test_every_job_is_one_registry_entry_with_a_schedule() -> None:
+    from shared.config import Settings
+
+    s = Settings()
+    assert {"decay", "prune", "expire", "redrive"} <= set(JOBS)
+    for name, job in JOBS.items():
+        assert job.name == name and job.help and job.every_s(s) > 0
