@@ -25,7 +25,16 @@ $(BIN)/promtool: | $(STAMP)
 	  rm -rf $$d; \
 	fi; test -x $(CURDIR)/$@ || echo "promtool unavailable: the promtool tests will skip"
 
-tools: $(BIN)/promtool
+## chromium for the palace browser test: Debian's package, installed once (already there: nothing to do).
+## No apt or no root: the browser test says it skips.
+CHROMIUM ?= /usr/bin/chromium
+$(CHROMIUM):
+	@if command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
+	  apt-get install -y -qq chromium >/dev/null 2>&1 || \
+	    { apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq chromium >/dev/null 2>&1; }; \
+	fi; test -x $@ || echo "chromium unavailable: the palace browser test will skip"
+
+tools: $(BIN)/promtool $(CHROMIUM)
 
 ## Start embedded PostgreSQL + NATS and every service, publish a sample conversation, show recall.
 demo: install

@@ -21,7 +21,7 @@ from fastapi import APIRouter, FastAPI
 from psycopg_pool import AsyncConnectionPool
 
 from services._runtime import QuietServer
-from services.api import ops, routes_drawers, routes_forget, routes_kg, routes_memory, routes_quality, v1
+from services.api import ops, routes_drawers, routes_forget, routes_kg, routes_memory, routes_palace, routes_quality, v1
 from services.api.errors import install_error_handlers
 from services.api.middleware import BodyLimit, RateLimit, RequestMetrics
 from services.api.tracing import TraceMiddleware
@@ -44,7 +44,7 @@ __all__ = ["ROUTERS", "create_app", "main"]
 log = get_logger("palace.api")
 
 ROUTERS: list[APIRouter] = [ops.router, v1.router, routes_memory.router, routes_quality.router, routes_forget.router,
-                              routes_drawers.router, routes_kg.router]
+                              routes_drawers.router, routes_kg.router, routes_palace.router]
 
 
 async def bootstrap_keys(settings: Settings, pool: AsyncConnectionPool) -> None:
