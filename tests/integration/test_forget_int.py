@@ -207,7 +207,8 @@ def test_forget_by_drawer_and_whole_workspace_through_the_api(stack: Stack) -> N
     stack.wait_processed(w, 6)
     stack.wait_processed(other, 3)
     other_before = _fingerprint(stack, other, "dave")
-    (did, text_hash), = stack.sql("SELECT id, content_hash FROM drawers WHERE workspace_id = %s ORDER BY id LIMIT 1",
+    (did, text_hash), = stack.sql("SELECT id, content_hash FROM drawers WHERE workspace_id = %s"
+                                  " AND state = 'processed' ORDER BY id LIMIT 1",
                                   (w,))
     # The proof can fail: before the forget it finds the drawer everywhere it lives.
     (content, emb), = stack.sql("SELECT content, embedding::text FROM drawers WHERE workspace_id = %s AND id = %s",

@@ -76,9 +76,14 @@ def test_wake_up_is_identity_then_essential_story_within_budget(stack: Stack, se
 
 def test_layers_hold_their_budgets_with_much_to_show(stack: Stack) -> None:
     w = ws()
-    long = [f"Decision {i}: we decided that the {'alpha beta gamma delta '[i % 4:]}service number {i} must keep "
-            f"its own runbook, an on-call rotation, dashboards and an error budget review every sprint, "
-            f"because outage {i} taught us that shared ownership means no ownership at all." for i in range(30)]
+    # Thirty distinct decisions (not near-duplicates of one another, which cluster would merge).
+    topics = ["billing", "search", "ingest", "auth", "exports", "alerts", "backups", "mobile", "pricing", "docs"]
+    owners = ["Maria", "Jon", "Aiko"]
+    long = [f"Decision {i}: the {topics[i % 10]} work goes to {owners[i % 3]}'s team in sprint {i}; "
+            f"{'they keep a runbook and a weekly review' if i % 2 else 'an error budget and paging rota come first'}, "
+            f"{['because the last outage hurt', 'so the roadmap stays honest', 'as agreed at the offsite'][i % 3]}, "
+            f"and {['Postgres', 'Redis', 'Kafka', 'S3', 'NATS'][i % 5]} stays the store of record for it "
+            f"until {['March', 'June', 'September', 'December'][i % 4]} {2027 + i // 10}." for i in range(30)]
     stack.publish(session(w, "big", long))
     stack.wait_processed(w, 30)
     wake = _post(stack, "/v1/wake_up", {"workspace_id": w}).json()
