@@ -12,7 +12,7 @@ import json
 import re
 from dataclasses import dataclass
 
-from shared.memory.llm_labels import LlmParseError, strip_wrappers
+from shared.memory.llm_labels import LlmParseError, outer_json_object, strip_wrappers
 
 __all__ = ["Verdict", "build_messages", "lexical_contradiction", "parse_verdict"]
 
@@ -85,11 +85,7 @@ def build_messages(older: str, newer: str) -> list[dict[str, str]]:
 def parse_verdict(text: str) -> Verdict:
     """The LLM's verdict. Raises LlmParseError when there is none (the caller falls back to lexical)."""
     body = strip_wrappers(text)
-    start, end = body.find("{"), body.rfind("}")
-    try:
-        data = json.loads(body[start:end + 1]) if start >= 0 and end > start else None
-    except json.JSONDecodeError:
-        data = None
+    data = outer_json_object(body)
     if not isinstance(data, dict) or not isinstance(data.get("contradicts"), bool):
         raise LlmParseError(f"no verdict in answer: {body[:120]!r}")
     reason = data.get("reason") if isinstance(data.get("reason"), str) else ""

@@ -15,7 +15,7 @@ import re
 import unicodedata
 from dataclasses import dataclass
 
-from shared.memory.llm_labels import LlmParseError, strip_wrappers
+from shared.memory.llm_labels import LlmParseError, outer_json_object, strip_wrappers
 
 __all__ = ["ACTIONS", "MODES", "Proposal", "build_messages", "content_hash", "normalise", "outcome_for",
            "parse_proposal", "validate"]
@@ -62,11 +62,7 @@ def build_messages(fact: str, candidates: list[tuple[str, str]]) -> list[dict[st
 def parse_proposal(text: str) -> Proposal:
     """Raises LlmParseError when the answer holds no proposal object."""
     body = strip_wrappers(text)
-    start, end = body.find("{"), body.rfind("}")
-    try:
-        data = json.loads(body[start:end + 1]) if start >= 0 and end > start else None
-    except json.JSONDecodeError:
-        data = None
+    data = outer_json_object(body)
     if not isinstance(data, dict) or not isinstance(data.get("action"), str):
         raise LlmParseError(f"no decision in answer: {body[:120]!r}")
     conf = data.get("confidence")

@@ -66,6 +66,18 @@ def strip_wrappers(text: str) -> str:
     return (m.group(1) if m else text).strip()
 
 
+def outer_json_object(body: str) -> Any:
+    """The JSON between the first '{' and the last '}' of an answer's body, or None when there is none
+    or it does not parse: models often wrap the object in prose."""
+    start, end = body.find("{"), body.rfind("}")
+    if start < 0 or end <= start:
+        return None
+    try:
+        return json.loads(body[start:end + 1])
+    except json.JSONDecodeError:
+        return None
+
+
 def _load(text: str) -> Any:
     body = strip_wrappers(text)
     try:
