@@ -203,9 +203,11 @@ async def hybrid_search(
     return _hits(rank(cands, lexemes, params.rank, params.k), rows)
 
 
-async def workspace_size(conn: AsyncConnection[Any], workspace_id: str) -> int:
-    """Live drawers in a workspace (an index-only count); decides exact vs HNSW candidate search."""
+async def workspace_size(conn: AsyncConnection[Any], workspace_id: str, cap: int) -> int:
+    """Live drawers in a workspace, counted up to ``cap`` (an index-only scan of at most ``cap`` rows):
+    search only asks whether the workspace is past its thresholds, so the count must not grow with it."""
     cur = await conn.execute(
-        "SELECT count(*) FROM drawers WHERE workspace_id = %s AND deleted_at IS NULL", (workspace_id,))
+        "SELECT count(*) FROM (SELECT 1 FROM drawers WHERE workspace_id = %s AND deleted_at IS NULL LIMIT %s) x",
+        (workspace_id, cap))
     row = await cur.fetchone()
     return int(row[0]) if row else 0
