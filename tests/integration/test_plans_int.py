@@ -103,3 +103,44 @@ def test_full_text_candidates_come_from_the_workspace_scoped_index(stack: Stack,
 def test_maintenance_sweeps_use_an_index(stack: Stack, big_workspace: str, sql: str) -> None:
     plan = _plan(stack, sql, ())
     assert '"Seq Scan"' not in plan, plan
+
+
+def test_full_text_candidates_come_from_the_workspaces_rare_words(stack: Stack, big_workspace: str) -> None:
+    """Past exact search, a query's common words (in every drawer of the big workspace: 'drawer',
+    'number') no longer decide which drawers the index must evaluate once maintain has counted them:
+    the rare one ('17') alone does; with no rare word the pairs remain, and an exact workspace ORs all."""
+    import asyncio
+
+    from shared.db.lexicon import refresh_lexicon
+    from shared.db.pool import open_pool
+    from shared.db.tenancy import maintenance_tx, workspace_tx
+
+    def text_query(lexemes: list[str], exact: bool) -> str:
+        with psycopg.connect(stack.database_url) as conn:
+            conn.execute("SET ROLE palace_app")
+            conn.execute("SELECT set_config('palace.workspace_id', %s, false)", (big_workspace,))
+            return str(conn.execute("SELECT palace_text_query(%s, %s, %s)::text",
+                                    (big_workspace, lexemes, exact)).fetchone()[0])  # type: ignore[index]
+
+    before = text_query(["drawer", "number", "17"], False)
+    assert before.count("&") == 3, before  # no lexicon yet: every pair
+
+    async def refresh() -> int:
+        pool = await open_pool(stack.database_url, name="test-lexicon", max_size=1)
+        try:
+            async with maintenance_tx(pool) as conn:
+                await conn.execute(
+                    "INSERT INTO vector_indexes (workspace_id, index_name, drawers, state)"
+                    " VALUES (%s, 'x', %s, 'failed') ON CONFLICT (workspace_id) DO NOTHING", (big_workspace, N))
+                n = await refresh_lexicon(conn, big_workspace, 0.01)
+            async with workspace_tx(pool, "someone-else") as conn:  # row-level security on the lexicon
+                seen = await (await conn.execute("SELECT count(*) FROM workspace_lexicon")).fetchone()
+                assert seen == (0,)
+            return n
+        finally:
+            await pool.close()
+
+    assert asyncio.run(refresh()) >= 4  # drawer, number, say, someth
+    assert text_query(["drawer", "number", "17"], False) == "'17'"
+    assert text_query(["drawer", "number"], False) == "'drawer' & 'number'"
+    assert set(text_query(["drawer", "number", "17"], True).split(" | ")) == {"'drawer'", "'number'", "'17'"}
