@@ -113,6 +113,9 @@ class Settings(BaseSettings):
         0.85, description="Cosine to the nearest type centroid from which the centroid phase decides."
     )
     centroid_min_samples: int = Field(50, description="LLM-labelled drawers a type centroid needs to have a say.")
+    centroids_every_s: float = Field(
+        3_600.0, description="Seconds between maintain's centroid recomputes (no-op when the LLM labels are unchanged)."
+    )
     dedup_threshold: float = Field(
         0.9, description="Cosine from which an older drawer is a twin candidate (merging also needs same wording)."
     )

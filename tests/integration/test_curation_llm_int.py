@@ -20,9 +20,11 @@ import numpy as np
 import psycopg
 import pytest
 
-from shared.db.centroids import recompute_centroids
+from shared.db.centroids import load_centroids
 from shared.db.pool import open_pool
 from shared.db.tenancy import workspace_tx
+from shared.lifecycle import JOBS, run_job
+from shared.memory.centroids import nearest_type
 from tests.integration.helpers import Stack, session, wait_for, ws
 from tests.openai_stub import ChatStub, StubState, serve_stub
 
@@ -191,41 +193,68 @@ def test_permanent_errors_are_not_retried_within_an_attempt(stack: Stack, llm: C
     assert llm.calls == 3  # one call per delivery: 4xx and unreadable answers are not retried in place
 
 
-def test_centroid_recompute_is_a_no_op_on_an_unchanged_training_set(stack: Stack) -> None:
+def _run_job(stack: Stack, name: str) -> dict[str, int]:
+    async def go() -> dict[str, int] | None:
+        pool = await open_pool(stack.database_url, name="test-job", max_size=2, role=stack.settings.db_role)
+        try:
+            return await run_job(JOBS[name], pool=pool, settings=stack.settings, holder="test", manual=True)
+        finally:
+            await pool.close()
+
+    out = asyncio.run(go())
+    assert out is not None, f"{name}: lease not won"
+    return out
+
+
+def test_centroids_job_trains_on_llm_labels_only_and_skips_an_unchanged_set(stack: Stack) -> None:
     w = ws()
     dim = stack.settings.embed_dim
     rng = np.random.default_rng(0)
+    axis = {"task": 0, "fact": 1, "decision": 2}
+    # 55 LLM-labelled tasks, 30 LLM-labelled facts, 25 heuristic decisions (these must not train).
+    spec = [("task", "llm")] * 55 + [("fact", "llm")] * 30 + [("decision", "heuristic")] * 25
     with psycopg.connect(stack.database_url) as conn:
-        for i in range(60):
-            v = rng.normal(size=dim).astype(np.float32)
+        for i, (t, tier) in enumerate(spec):
+            v = rng.normal(scale=0.05, size=dim).astype(np.float32)
+            v[axis[t]] += 1.0
             conn.execute(
                 "INSERT INTO drawers (workspace_id, id, content, content_hash, embedding, state, memory_type,"
                 " pipeline_tier) VALUES (%s, %s, %s, %s, %s::vector, 'processed', %s, %s)",
-                (w, f"d{i}", f"text {i}", f"h{i}", str(v.tolist()), "task" if i % 2 else "fact",
-                 "llm" if i < 50 else "heuristic"))
+                (w, f"d{i}", f"text {i}", f"h{i}", str(v.tolist()), t, tier))
 
-    async def go() -> tuple[bool, bool, bool, list[tuple]]:
-        pool = await open_pool(stack.database_url, name="test-centroids")
+    def stored() -> list[tuple]:
+        return stack.sql("SELECT memory_type, sample_count, source_hash, xmin::text FROM type_centroids"
+                         " WHERE workspace_id = %s ORDER BY 1", (w,))
+
+    first = _run_job(stack, "centroids")
+    assert first["recomputed"] >= 1 and first["workspaces"] >= 1
+    rows = stored()
+    assert [(r[0], r[1]) for r in rows] == [("fact", 30), ("task", 55)]  # only the LLM-labelled drawers train
+    second = _run_job(stack, "centroids")
+    assert stored() == rows  # same hash: not rewritten (same xmin)
+    assert second["unchanged"] >= 1
+    stack.sql("UPDATE drawers SET memory_type = 'fact' WHERE workspace_id = %s AND id = 'd0' RETURNING 1", (w,))
+    _run_job(stack, "centroids")
+    after = stored()
+    assert [(r[0], r[1]) for r in after] == [("fact", 31), ("task", 54)] and after[0][2] != rows[0][2]
+
+    async def nearest() -> tuple:
+        pool = await open_pool(stack.database_url, name="test-centroids", role=stack.settings.db_role)
         try:
             async with workspace_tx(pool, w) as conn:
-                first = await recompute_centroids(conn, w)
-            async with workspace_tx(pool, w) as conn:
-                second = await recompute_centroids(conn, w)
-            with psycopg.connect(stack.database_url) as c:
-                c.execute("UPDATE drawers SET memory_type = 'decision' WHERE workspace_id = %s AND id = 'd0'", (w,))
-            async with workspace_tx(pool, w) as conn:
-                third = await recompute_centroids(conn, w)
-            async with workspace_tx(pool, w) as conn:
-                cur = await conn.execute("SELECT memory_type, sample_count FROM type_centroids WHERE"
-                                         " workspace_id = %s ORDER BY 1", (w,))
-                rows = await cur.fetchall()
+                cents = await load_centroids(conn, w)
         finally:
             await pool.close()
-        return first, second, third, rows
+        e = np.zeros(dim, dtype=np.float32)
+        near_task, near_fact = e.copy(), e.copy()
+        near_task[0], near_fact[1] = 1.0, 1.0
+        ms, mc = stack.settings.centroid_min_samples, stack.settings.centroid_min_cosine
+        return (nearest_type(near_task, cents, min_cosine=mc, min_samples=ms),
+                nearest_type(near_fact, cents, min_cosine=mc, min_samples=ms))
 
-    first, second, third, rows = asyncio.run(go())
-    assert (first, second, third) == (True, False, True)
-    assert rows == [("decision", 1), ("fact", 24), ("task", 25)]  # only the 50 LLM-labelled drawers train
+    task_hit, fact_hit = asyncio.run(nearest())
+    assert task_hit is not None and task_hit[0] == "task"
+    assert fact_hit is None  # 31 samples: under the 50-sample rule the fact centroid has no say
 
 
 def test_quality_report_over_api_and_cli(stack: Stack, llm: ChatStub) -> None:
@@ -348,3 +377,83 @@ def test_shadow_mode_proposes_and_audits_but_writes_nothing(stack: Stack, llm: C
     assert row[2] == "shadow: stub says DELETE" and row[4]["outcome"] == "shadow" and row[3] is None
     assert stack.sql("SELECT content, deleted_at, state FROM drawers WHERE workspace_id = %s AND id = %s",
                      (w, old_id)) == [(first, None, "processed")]
+
+
+def test_held_proposals_are_listed_approved_as_full_mode_would_or_rejected(stack: Stack, llm: ChatStub) -> None:
+    env = llm.env  # type: ignore[attr-defined]
+    _swap(stack, {**env, "PALACE_DECISIONS_MODE": "controlled-write"}, ("cluster",))
+    try:
+        w, old_id, first = _two_sessions(stack, llm, "UPDATE")
+        wd, del_id, del_first = _two_sessions(stack, llm, "DELETE")
+        ws_stale, stale_id, _ = _two_sessions(stack, llm, "UPDATE")
+    finally:
+        _swap(stack, env, ("cluster",))
+    # Held: audited, nothing written.
+    (held,) = _history(stack, w, "UPDATE")
+    hid = held[0]
+    assert held[2] == "held: stub says UPDATE" and held[3] is None and held[4]["outcome"] == "held"
+    assert stack.sql("SELECT content FROM drawers WHERE workspace_id = %s AND id = %s", (w, old_id)) == [(first,)]
+    before = stack.sql("SELECT content_hash, embedding::text FROM drawers WHERE workspace_id = %s AND id = %s",
+                       (w, old_id))[0]
+    assert held[4]["target_hash"] == before[0]
+
+    listed = httpx.get(f"{stack.api_url}/v1/workspaces/{w}/proposals", timeout=30)
+    assert listed.status_code == 200
+    (p,) = listed.json()
+    assert (p["id"], p["action"], p["target"], p["status"]) == (hid, "UPDATE", old_id, "pending")
+    assert p["content"].startswith(first + " (now: ")
+    cli = json.loads(_cli(stack, "proposals", "list", "-w", w, "--json").stdout)
+    assert [r["id"] for r in cli] == [hid]
+
+    # Approve over the API: applied exactly as full mode would, prior state archived.
+    r = httpx.post(f"{stack.api_url}/v1/workspaces/{w}/proposals/{hid}/approve", json={"note": "looks right"},
+                   timeout=30)
+    assert r.status_code == 200, r.text
+    res = r.json()
+    assert res["outcome"] == "applied" and res["target"] == old_id
+    new_content, new_emb = stack.sql("SELECT content, embedding::text FROM drawers WHERE workspace_id = %s"
+                                     " AND id = %s", (w, old_id))[0]
+    src_emb = stack.sql("SELECT embedding::text FROM drawers WHERE workspace_id = %s AND id <> %s", (w, old_id))[0][0]
+    assert new_content == p["content"] and new_emb == src_emb
+    applied = [h for h in _history(stack, w, "UPDATE") if h[0] != hid]
+    assert [h[0] for h in applied] == [res["audit_id"]]
+    assert applied[0][2].startswith("applied: ") and applied[0][3]["content"] == first
+    assert applied[0][4]["approved"] == hid and applied[0][4]["note"] == "looks right"
+    assert httpx.get(f"{stack.api_url}/v1/workspaces/{w}/proposals", timeout=30).json() == []
+    (done,) = httpx.get(f"{stack.api_url}/v1/workspaces/{w}/proposals", params={"status": "approved"},
+                        timeout=30).json()
+    assert (done["outcome"], done["resolved_by"], done["audit_id"]) == ("applied", "api", res["audit_id"])
+    again = httpx.post(f"{stack.api_url}/v1/workspaces/{w}/proposals/{hid}/approve", timeout=30)
+    assert again.status_code == 409 and again.json()["error"] == "conflict"
+    assert httpx.post(f"{stack.api_url}/v1/workspaces/{w}/proposals/nope/reject", timeout=30).status_code == 404
+    # ... and reverting the approval restores the exact prior state.
+    out = _cli(stack, "revert", res["audit_id"], "-w", w)
+    assert out.returncode == 0, out.stderr
+    assert stack.sql("SELECT content, content_hash, embedding::text FROM drawers WHERE workspace_id = %s AND id = %s",
+                     (w, old_id)) == [(first, *before)]
+
+    # Reject over the CLI: nothing changes, audited, and it cannot be approved afterwards.
+    (dheld,) = _history(stack, wd, "DELETE")
+    out = _cli(stack, "proposals", "reject", dheld[0], "-w", wd, "--note", "keep it")
+    assert out.returncode == 0, out.stderr
+    assert "rejected" in out.stdout
+    assert stack.sql("SELECT content, deleted_at FROM drawers WHERE workspace_id = %s AND id = %s",
+                     (wd, del_id)) == [(del_first, None)]
+    (rej,) = _history(stack, wd, "REJECT")
+    assert rej[1] == del_id and rej[2] == f"rejected DELETE {dheld[0]}: keep it"
+    out = _cli(stack, "proposals", "approve", dheld[0], "-w", wd)
+    assert out.returncode == 1 and "resolved already" in out.stderr
+    assert json.loads(_cli(stack, "proposals", "list", "-w", wd, "--status", "rejected", "--json").stdout)[0][
+        "status"] == "rejected"
+
+    # A target that changed after the proposal was made is left alone; the approval is recorded as dropped.
+    (sheld,) = _history(stack, ws_stale, "UPDATE")
+    stack.sql("UPDATE drawers SET content = 'edited by hand', content_hash = 'x' WHERE workspace_id = %s"
+              " AND id = %s RETURNING 1", (ws_stale, stale_id))
+    out = _cli(stack, "proposals", "approve", sheld[0], "-w", ws_stale)
+    assert out.returncode == 0, out.stderr
+    assert "dropped (target changed since the proposal was made)" in out.stdout
+    assert stack.sql("SELECT content FROM drawers WHERE workspace_id = %s AND id = %s",
+                     (ws_stale, stale_id)) == [("edited by hand",)]
+    dropped = [h for h in _history(stack, ws_stale, "UPDATE") if h[0] != sheld[0]]
+    assert len(dropped) == 1 and dropped[0][2] == "dropped: target changed since the proposal was made"
