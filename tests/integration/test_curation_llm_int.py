@@ -78,7 +78,7 @@ def llm(stack: Stack) -> Iterator[ChatStub]:
 
 def _reset(chat: ChatStub, mode: str = "ok", script: list[str] | None = None, decision: str = "ADD") -> None:
     chat.mode, chat.script, chat.decision = mode, list(script or []), decision
-    chat.calls, chat.modes_seen, chat.items_per_call = 0, [], []
+    chat.calls, chat.modes_seen, chat.items_per_call, chat.ids_per_call = 0, [], [], []
 
 
 def _drawers(stack: Stack, w: str) -> list[tuple]:
@@ -116,6 +116,23 @@ def test_good_answers_label_in_one_batch_with_entities_triples_and_cost(stack: S
     metrics = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5, follow_redirects=True).text
     assert 'palace_llm_calls_total{outcome="ok",purpose="classify"}' in metrics
     assert 'palace_llm_tokens_total{direction="in",purpose="classify"}' in metrics
+
+
+def test_batches_never_mix_workspaces_and_cost_is_kept_per_workspace(stack: Stack, llm: ChatStub) -> None:
+    _reset(llm)
+    w1, w2 = ws(), ws()
+    stack.publish(session(w1, "s1", TEXTS))
+    stack.publish(session(w2, "s1", TEXTS[:2]))
+    stack.wait_processed(w1, 3)
+    stack.wait_processed(w2, 2)
+    owner = {r[0]: r[1] for r in stack.sql("SELECT id, workspace_id FROM drawers WHERE workspace_id IN (%s, %s)",
+                                            (w1, w2))}
+    batches = [{owner[i] for i in ids} for ids in llm.ids_per_call]
+    assert sorted(len(b) for b in batches) == [1, 1] and {next(iter(b)) for b in batches} == {w1, w2}
+    assert sorted(llm.items_per_call) == [2, 3]  # one call per workspace, each with all its drawers
+    u1, u2 = _usage(stack, w1), _usage(stack, w2)
+    assert u1[:2] == (1, 0) and u2[:2] == (1, 0)
+    assert u1[2] > u2[2] > 0  # the bigger batch has the longer prompt: tokens are counted per workspace
 
 
 def test_unparseable_batch_falls_back_to_one_call_per_drawer(stack: Stack, llm: ChatStub) -> None:
@@ -312,6 +329,9 @@ def _two_sessions(stack: Stack, llm: ChatStub, decision: str, *, pin_first: bool
     stack.publish(session(w, "s1", [first]))
     stack.wait_processed(w, 1)
     old_id = stack.sql("SELECT id FROM drawers WHERE workspace_id = %s", (w,))[0][0]
+    # 'processed' is classify's mark; wait for cluster's decision on it too, or the first drawer could be
+    # judged after the second exists and propose against it instead.
+    wait_for(lambda: _history(stack, w, "ADD"), 60, "the first drawer's ADD decision")
     if pin_first:
         stack.sql("UPDATE drawers SET pinned = true WHERE workspace_id = %s AND id = %s RETURNING id", (w, old_id))
     stack.publish(session(w, "s2", [second]))
@@ -334,6 +354,15 @@ def test_update_in_full_mode_is_archived_and_revert_restores_the_exact_prior_sta
     assert content.startswith(first + " (now: ") and chash != before[1]
     assert emb == new_emb  # the embedding follows the new content (the newer drawer's vector)
     assert llm.decision_calls >= 1
+    # The decision call is costed under its own purpose, in the table and the cluster's metrics.
+    (calls_ok, calls_failed, tin, tout), = stack.sql(
+        "SELECT calls_ok, calls_failed, tokens_in, tokens_out FROM llm_usage WHERE workspace_id = %s"
+        " AND purpose = 'decision'", (w,))
+    assert calls_ok >= 1 and calls_failed == 0 and tin > 0 and tout > 0
+    metrics = httpx.get(f"http://127.0.0.1:{stack.supervisor.port_of('cluster')}/metrics", timeout=5,
+                        follow_redirects=True).text
+    assert 'palace_llm_calls_total{outcome="ok",purpose="decision"}' in metrics
+    assert 'palace_llm_tokens_total{direction="out",purpose="decision"}' in metrics
     listed = json.loads(_cli(stack, "history", "-w", w, "--action", "update", "--json").stdout)
     assert [r["id"] for r in listed] == [hid] and "embedding" not in listed[0]["old_value"]
     out = _cli(stack, "revert", hid, "-w", w)
