@@ -145,6 +145,9 @@ class Settings(BaseSettings):
 
     # --- maintenance ---------------------------------------------------------------------------
     maintain_interval_s: float = Field(60.0, description="Seconds between maintenance sweeps.")
+    metrics_cost_workspaces: int = Field(
+        20, ge=0, description="Workspaces named in maintain's per-workspace LLM cost gauges (the costliest today; "
+        "the rest are summed as '(other)'; 0: no per-workspace gauges).")
     stuck_after_s: float = Field(300.0, description="A drawer raw for this long is re-driven by maintain.")
     maintain_batch: int = Field(
         500, description="Rows each lifecycle job changes per transaction (decay, prune, expire, restore, forget): "

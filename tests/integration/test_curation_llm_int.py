@@ -135,6 +135,45 @@ def test_batches_never_mix_workspaces_and_cost_is_kept_per_workspace(stack: Stac
     assert u1[2] > u2[2] > 0  # the bigger batch has the longer prompt: tokens are counted per workspace
 
 
+def test_maintain_exports_todays_llm_cost_per_workspace_with_bounded_labels(stack: Stack, llm: ChatStub) -> None:
+    from prometheus_client import REGISTRY
+
+    from services.maintain.app import export_llm_cost
+
+    _reset(llm)
+    w = ws()
+    stack.publish(session(w, "s1", TEXTS))
+    stack.wait_processed(w, len(TEXTS))
+    ok, failed, tin, tout = _usage(stack, w)
+
+    def export(top: int) -> None:
+        async def go() -> None:
+            pool = await open_pool(stack.database_url, name="test-cost", max_size=1, role=stack.settings.db_role)
+            try:
+                await export_llm_cost(pool, stack.settings.model_copy(update={"metrics_cost_workspaces": top}))
+            finally:
+                await pool.close()
+        asyncio.run(go())
+
+    def sample(name: str, **labels: str) -> float | None:
+        return REGISTRY.get_sample_value(name, labels)
+
+    export(10_000)
+    assert sample("palace_llm_workspace_tokens_today", workspace=w, purpose="classify", direction="in") == tin
+    assert sample("palace_llm_workspace_tokens_today", workspace=w, purpose="classify", direction="out") == tout
+    assert sample("palace_llm_workspace_calls_today", workspace=w, purpose="classify", outcome="ok") == ok
+    assert sample("palace_llm_workspace_calls_today", workspace=w, purpose="classify", outcome="error") == failed
+    export(1)  # one workspace by name, every other one summed: nothing lost, series bounded
+    samples = [s for m in REGISTRY.collect() if m.name == "palace_llm_workspace_tokens_today" for s in m.samples]
+    assert len({s.labels["workspace"] for s in samples}) <= 2
+    (total,) = stack.sql("SELECT sum(tokens_in) + sum(tokens_out) FROM llm_usage WHERE day = current_date")[0]
+    assert sum(s.value for s in samples) == total
+    # ... and the maintain service itself exports them (its sweep runs every second in the test stack).
+    port = stack.supervisor.port_of("maintain")
+    wait_for(lambda: 'palace_llm_workspace_tokens_today{direction="in",purpose="classify"' in httpx.get(
+        f"http://127.0.0.1:{port}/metrics", timeout=5, follow_redirects=True).text, 30, "maintain's cost gauges")
+
+
 def test_unparseable_batch_falls_back_to_one_call_per_drawer(stack: Stack, llm: ChatStub) -> None:
     _reset(llm, "batch_broken")
     w = ws()

@@ -28,3 +28,6 @@ CREATE INDEX memory_history_held ON memory_history (workspace_id, created_at)
 -- The centroids job reads a workspace's LLM-labelled drawers (the training set) on every run.
 CREATE INDEX drawers_llm_labelled ON drawers (workspace_id, id)
     WHERE pipeline_tier = 'llm' AND deleted_at IS NULL;
+
+-- maintain's per-workspace cost gauges read today's rows of every workspace each round.
+CREATE INDEX llm_usage_day ON llm_usage (day);
