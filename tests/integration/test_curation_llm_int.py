@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import numpy as np
@@ -454,6 +455,7 @@ def test_held_proposals_are_listed_approved_as_full_mode_would_or_rejected(stack
         w, old_id, first = _two_sessions(stack, llm, "UPDATE")
         wd, del_id, del_first = _two_sessions(stack, llm, "DELETE")
         ws_stale, stale_id, _ = _two_sessions(stack, llm, "UPDATE")
+        ws_race, race_id, _ = _two_sessions(stack, llm, "DELETE")
     finally:
         _swap(stack, env, ("cluster",))
     # Held: audited, nothing written.
@@ -525,3 +527,21 @@ def test_held_proposals_are_listed_approved_as_full_mode_would_or_rejected(stack
                      (ws_stale, stale_id)) == [("edited by hand",)]
     dropped = [h for h in _history(stack, ws_stale, "UPDATE") if h[0] != sheld[0]]
     assert len(dropped) == 1 and dropped[0][2] == "dropped: target changed since the proposal was made"
+
+    # Approve and reject of one DELETE at the same moment: exactly one wins, the other is told so.
+    (rheld,) = _history(stack, ws_race, "DELETE")
+    url = f"{stack.api_url}/v1/workspaces/{ws_race}/proposals/{rheld[0]}"
+    with ThreadPoolExecutor(2) as pool:
+        answers = list(pool.map(lambda verb: httpx.post(f"{url}/{verb}", timeout=30), ["approve", "reject"]))
+    codes = sorted(a.status_code for a in answers)
+    assert codes == [200, 409], [a.text for a in answers]
+    won = next(a.json() for a in answers if a.status_code == 200)
+    assert stack.sql("SELECT outcome FROM proposal_resolutions WHERE workspace_id = %s", (ws_race,)) == [
+        (won["outcome"],)]
+    deleted = stack.sql("SELECT deleted_at IS NOT NULL FROM drawers WHERE workspace_id = %s AND id = %s",
+                        (ws_race, race_id))[0][0]
+    assert deleted is (won["outcome"] == "applied")
+    if deleted:  # an approved DELETE is a soft delete with the prior state archived: revert brings it back
+        assert _cli(stack, "revert", won["audit_id"], "-w", ws_race).returncode == 0
+        assert stack.sql("SELECT deleted_at FROM drawers WHERE workspace_id = %s AND id = %s",
+                         (ws_race, race_id)) == [(None,)]
