@@ -340,6 +340,7 @@ def test_quality_report_over_api_and_cli(stack: Stack, llm: ChatStub) -> None:
     assert audit[("CLASSIFY", "classify")] == 3 and audit[("FAIL", "classify")] == 1
     assert audit[("ADD", "cluster")] == 3  # the failed drawer was never processed: no decision on it
     assert {(p["decision"], p["outcome"]) for p in rep["proposals"]} == {("ADD", "applied")}
+    assert rep["held_proposals"] == {"pending": 0, "approved_applied": 0, "approved_dropped": 0, "rejected": 0}
     assert rep["near_duplicates_merged"] == 0 and rep["superseded"] == 0
     env = {**os.environ, "PALACE_DATABASE_URL": stack.database_url, "PALACE_NATS_URL": stack.nats_url}
     out = subprocess.run([sys.executable, "-m", "services.cli", "quality", "-w", w, "--json"], env=env,
@@ -474,6 +475,8 @@ def test_held_proposals_are_listed_approved_as_full_mode_would_or_rejected(stack
     assert p["content"].startswith(first + " (now: ")
     cli = json.loads(_cli(stack, "proposals", "list", "-w", w, "--json").stdout)
     assert [r["id"] for r in cli] == [hid]
+    rep = httpx.get(f"{stack.api_url}/v1/workspaces/{w}/quality", timeout=30).json()
+    assert rep["held_proposals"]["pending"] == 1
 
     # Approve over the API: applied exactly as full mode would, prior state archived.
     r = httpx.post(f"{stack.api_url}/v1/workspaces/{w}/proposals/{hid}/approve", json={"note": "looks right"},
@@ -490,6 +493,8 @@ def test_held_proposals_are_listed_approved_as_full_mode_would_or_rejected(stack
     assert applied[0][2].startswith("applied: ") and applied[0][3]["content"] == first
     assert applied[0][4]["approved"] == hid and applied[0][4]["note"] == "looks right"
     assert httpx.get(f"{stack.api_url}/v1/workspaces/{w}/proposals", timeout=30).json() == []
+    rep = httpx.get(f"{stack.api_url}/v1/workspaces/{w}/quality", timeout=30).json()
+    assert rep["held_proposals"] == {"pending": 0, "approved_applied": 1, "approved_dropped": 0, "rejected": 0}
     (done,) = httpx.get(f"{stack.api_url}/v1/workspaces/{w}/proposals", params={"status": "approved"},
                         timeout=30).json()
     assert (done["outcome"], done["resolved_by"], done["audit_id"]) == ("applied", "api", res["audit_id"])
@@ -515,6 +520,8 @@ def test_held_proposals_are_listed_approved_as_full_mode_would_or_rejected(stack
     assert out.returncode == 1 and "resolved already" in out.stderr
     assert json.loads(_cli(stack, "proposals", "list", "-w", wd, "--status", "rejected", "--json").stdout)[0][
         "status"] == "rejected"
+    rep = httpx.get(f"{stack.api_url}/v1/workspaces/{wd}/quality", timeout=30).json()
+    assert rep["held_proposals"] == {"pending": 0, "approved_applied": 0, "approved_dropped": 0, "rejected": 1}
 
     # A target that changed after the proposal was made is left alone; the approval is recorded as dropped.
     (sheld,) = _history(stack, ws_stale, "UPDATE")
