@@ -5,8 +5,9 @@ An operator lists them and resolves each once: approving applies it exactly as f
 it), rejecting leaves the store as it is. Either way the resolution is audited and kept in
 ``proposal_resolutions`` (migration 0035), whose key makes a second resolution of the same proposal
 impossible. A proposal whose target changed after it was made (its content hash differs from the one
-recorded with it), was deleted, or is pinned (for DELETE) is not applied: the approval is recorded as
-dropped with the reason, because the decision was judged against a memory that is no longer there.
+recorded with it), was deleted, or is pinned (for DELETE), or whose prompting drawer was deleted or
+forgotten since, is not applied: the approval is recorded as dropped with the reason, because the
+decision was judged against memories that are no longer there.
 """
 
 from __future__ import annotations
@@ -110,6 +111,12 @@ async def _why_not(conn: AsyncConnection[Any], workspace_id: str, row: dict[str,
         return "pinned memories are never deleted"
     if nv.get("target_hash") and nv["target_hash"] != current["content_hash"]:
         return "target changed since the proposal was made"
+    source = nv.get("source_drawer")
+    if source:
+        cur = await conn.execute("SELECT 1 FROM drawers WHERE workspace_id = %s AND id = %s AND deleted_at IS NULL",
+                                 (workspace_id, source))
+        if await cur.fetchone() is None:  # deleted or forgotten: its fact must not come back through the target
+            return "the drawer that prompted it is no longer live"
     return None
 
 
