@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install tools demo test unit up stop fault audit audit-full bench-ingest bench-search bench-scale bench-pipeline soak schemas lint clean
+.PHONY: install tools demo test unit up stop fault audit audit-full bench-ingest bench-search bench-scale bench-pipeline bench-classify soak schemas lint clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -87,6 +87,11 @@ bench-scale: install
 ## Pipeline throughput with the model taken out, 1 and 2 replicas per service.
 bench-pipeline: install
 	$(BIN)/python bench/pipeline.py
+
+## Classification per phase on locomo-dev: throughput (local embedder), share decided, accuracy on the hand
+## labels, and the LLM phase batched vs one call per drawer against the test server at a fixed latency.
+bench-classify: install
+	$(BIN)/python bench/classify_phases.py
 
 ## Fixed-rate publishing into a deliberately slower pipeline: per-service peak RSS and growth, backlog, nothing dropped.
 soak: install

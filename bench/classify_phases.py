@@ -1,6 +1,6 @@
 """Classification per phase on ../shared/bench/locomo-dev.json: throughput, share decided, accuracy.
 
-    .venv/bin/python bench/classify_phases.py [--min-samples 5]
+    .venv/bin/python bench/classify_phases.py [--min-samples 5] [--llm-latency 0.2]   (make bench-classify)
 
 - heuristic: every turn classified; accuracy on the hand-labelled turns (tests/data), overall and on
   the turns it decides alone (confidence >= PALACE_HEURISTIC_HIGH).
@@ -8,7 +8,10 @@
   on LLM labels; with no LLM here, the hand labels of conv-26/30/41 stand in for them and the turns
   of conv-42/43 are scored (a held-out estimate of the phase with perfect teacher labels). The
   labelled sample is small, so ``--min-samples`` lowers the 50-sample rule for this estimate.
-- llm: only when PALACE_LLM_BASE_URL is set: the cold path over the labelled turns.
+- llm: the cold path's own throughput over the labelled turns against the local OpenAI-compatible
+  test server (tests/openai_stub.py) answering every call after a fixed latency, batched per
+  workspace (PALACE_LLM_BATCH drawers a call) against one call per drawer. The stub is no model, so
+  its labels are not scored; only with PALACE_LLM_BASE_URL set is a real model's accuracy measured.
 
 Shares use the configured gates: high band → heuristic, middle band with a centroid hit → centroid,
 the rest → LLM (or the heuristic when no LLM is configured).
@@ -41,9 +44,41 @@ def _acc(pairs: list[tuple[str, str]]) -> float | None:
     return round(sum(a == b for a, b in pairs) / len(pairs), 3) if pairs else None
 
 
+async def _llm_against_stub(s: Settings, items: list[tuple[str, str]], latency: float) -> dict[str, object]:
+    """The LLM phase's throughput when every answer takes ``latency`` seconds: batched per workspace
+    (``llm_batch`` drawers a call) and one call per drawer, through the real client and parser."""
+    from shared.adapters.llm import LlmClient, Usage
+    from shared.memory.cold_path import label_with_llm
+    from tests.openai_stub import StubState, serve_stub
+
+    state = StubState()
+    state.chat.latency_s = latency
+    out: dict[str, object] = {"server": "tests/openai_stub.py", "latency_s": latency, "drawers": len(items)}
+    with serve_stub(state) as url:
+        client = LlmClient(s.model_copy(update={"llm_base_url": url, "llm_model": "stub-chat", "llm_timeout_s": 30}))
+        for name, batch in (("batched", s.llm_batch), ("per_drawer", 1)):
+            usage: list[Usage] = []
+            state.chat.calls = 0
+
+            async def chat(m: list[dict[str, str]], u: list[Usage] = usage) -> str:
+                return await client.chat(m, purpose="bench", usage=u)
+
+            t0 = time.perf_counter()
+            res = await label_with_llm(chat, items, batch=batch)
+            dt = time.perf_counter() - t0
+            out[name] = {"drawers_per_call": batch, "calls": state.chat.calls, "seconds": round(dt, 2),
+                         "drawers_per_s": round(len(items) / dt, 1), "labelled": len(res.labels),
+                         "errors": len(res.errors), "tokens_in": sum(u.tokens_in for u in usage),
+                         "tokens_out": sum(u.tokens_out for u in usage)}
+    b, p = out["batched"], out["per_drawer"]
+    out["speedup"] = round(b["drawers_per_s"] / p["drawers_per_s"], 1)  # type: ignore[index]
+    return out
+
+
 async def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--min-samples", type=int, default=5)
+    ap.add_argument("--llm-latency", type=float, default=0.2, help="Seconds the test server takes per answer.")
     args = ap.parse_args()
     s = Settings()
     turns, _ = load_locomo()
@@ -104,6 +139,9 @@ async def main() -> None:
                    "errors": len(res.errors), "drawers_per_s": round(len(items) / llm_s, 2),
                    "tokens_in": sum(u.tokens_in for u in usage), "tokens_out": sum(u.tokens_out for u in usage)}
 
+    stub_items = [(f"{k[0]}|{k[1]}", turns[i].text) for k, _, i in lab_items]
+    llm_stub = await _llm_against_stub(s, stub_items, args.llm_latency)
+
     out = {
         "machine": machine_info(), "turns": n, "labelled": len(labels),
         "gates": {"heuristic_low": s.heuristic_low, "heuristic_high": s.heuristic_high,
@@ -118,6 +156,7 @@ async def main() -> None:
                      "mid_band_hits": len(cent_mid), "accuracy_any_hit": _acc(cent_any), "hits": len(cent_any),
                      "accuracy_nearest_no_gate": _acc(cent_nearest)},
         "llm": llm_res,
+        "llm_stub": llm_stub,
         "pipeline_without_llm_accuracy": _acc(final),
     }
     path = write_results("classify_phases", out)

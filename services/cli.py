@@ -19,6 +19,7 @@ from rich.table import Table
 from rich.text import Text
 
 from services.cli_history import history, revert
+from services.cli_proposals import proposals_app
 from services.cli_quality import quality
 from services.cli_render import DeadLetterTable, HitsTable
 from shared.config import Settings
@@ -31,6 +32,7 @@ stack_app = typer.Typer(help="The embedded PostgreSQL + NATS stack.", no_args_is
 dlq_app = typer.Typer(help="Dead letters: list and re-drive.", no_args_is_help=True)
 app.add_typer(stack_app, name="stack")
 app.add_typer(dlq_app, name="dlq")
+app.add_typer(proposals_app, name="proposals")
 bench_app = typer.Typer(help="Benchmarks through the real pipeline.", no_args_is_help=True)
 app.add_typer(bench_app, name="bench")
 console = Console()

@@ -36,7 +36,7 @@ def history(
     workspace: Annotated[str, typer.Option("--workspace", "-w", help="Workspace.")],
     drawer: Annotated[str | None, typer.Option(help="Only this drawer.")] = None,
     action: Annotated[str | None, typer.Option(help="Only this action (ADD, UPDATE, DELETE, NONE, SUPERSEDE, "
-                                                    "MERGE, CLASSIFY, FAIL, REVERT).")] = None,
+                                                    "MERGE, CLASSIFY, FAIL, REVERT, REJECT).")] = None,
     since: Annotated[datetime | None, typer.Option(help="From this time (ISO 8601).")] = None,
     until: Annotated[datetime | None, typer.Option(help="Before this time (ISO 8601).")] = None,
     limit: Annotated[int, typer.Option(help="At most this many rows.")] = 100,

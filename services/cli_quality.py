@@ -62,6 +62,11 @@ def render(report: dict[str, Any], console: Console) -> None:
         for r in report["proposals"]:
             pr.add_row(r["decision"], r["outcome"], str(r["count"]))
         console.print(pr)
+    h = report["held_proposals"]
+    if any(h.values()):
+        console.print(f"Held proposals: {h['pending']} pending (palace proposals list), {h['approved_applied']} "
+                      f"approved and applied, {h['approved_dropped']} approved but no longer applicable, "
+                      f"{h['rejected']} rejected")
     if report["audit"]:
         a = Table(title="Audited actions (memory_history)")
         for c in ("action", "actor", "count"):

@@ -120,6 +120,9 @@ class Settings(BaseSettings):
         0.85, description="Cosine to the nearest type centroid from which the centroid phase decides."
     )
     centroid_min_samples: int = Field(50, description="LLM-labelled drawers a type centroid needs to have a say.")
+    centroids_every_s: float = Field(
+        3_600.0, description="Seconds between maintain's centroid recomputes (no-op when the LLM labels are unchanged)."
+    )
     dedup_threshold: float = Field(
         0.9, description="Cosine from which an older drawer is a twin candidate (merging also needs same wording)."
     )
@@ -149,6 +152,9 @@ class Settings(BaseSettings):
 
     # --- maintenance ---------------------------------------------------------------------------
     maintain_interval_s: float = Field(60.0, description="Seconds between maintenance sweeps.")
+    metrics_cost_workspaces: int = Field(
+        20, ge=0, description="Workspaces named in maintain's per-workspace LLM cost gauges (the costliest today; "
+        "the rest are summed as '(other)'; 0: no per-workspace gauges).")
     stuck_after_s: float = Field(300.0, description="A drawer raw for this long is re-driven by maintain.")
     maintain_batch: int = Field(
         500, description="Rows each lifecycle job changes per transaction (decay, prune, expire, restore, forget): "

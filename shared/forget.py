@@ -337,6 +337,7 @@ async def verify(pool: AsyncConnectionPool, settings: Settings, nats_url: str, s
                                   " AND (%(all)s OR drawer_id = ANY(%(d)s))"
                                   " AND (reason IS NOT NULL OR old_value IS NOT NULL OR new_value IS NOT NULL)",
         "identities": "SELECT count(*) FROM identities WHERE workspace_id = %(ws)s AND %(all)s",
+        "proposal_resolutions": "SELECT count(*) FROM proposal_resolutions WHERE workspace_id = %(ws)s AND %(all)s",
     }
     out: dict[str, int] = {}
     async with workspace_tx(pool, ws) as conn:

@@ -205,6 +205,28 @@ async def redrive(run: JobRun) -> dict[str, int]:
     return {"redriven": len(stuck), "failed": failed}
 
 
+async def centroids(run: JobRun) -> dict[str, int]:
+    """Recompute each workspace's type centroids from its LLM-labelled drawers, one workspace per
+    short transaction. A workspace whose training set hashes as before is skipped without reading an
+    embedding; types under ``PALACE_CENTROID_MIN_SAMPLES`` are stored but have no say when classifying.
+    Kept off the classify path so labelling a batch never waits on a scan of the workspace's labels."""
+    from shared.db.centroids import recompute_centroids
+
+    ws = ""
+    out = {"workspaces": 0, "recomputed": 0, "unchanged": 0}
+    while True:
+        async with maintenance_tx(run.pool) as conn:
+            nxt = await sql.next_workspace(conn, ws)
+            if nxt is None:
+                break
+            ws = nxt
+            changed = await recompute_centroids(conn, ws)
+        out["workspaces"] += 1
+        out["recomputed" if changed else "unchanged"] += 1
+        await run.checkpoint(out["workspaces"])
+    return out
+
+
 # The registry: maintain runs every entry on its schedule and `palace maintain <name>` runs one now.
 JOBS: dict[str, Job] = {j.name: j for j in (
     Job("redrive", "Re-announce drawers stuck in 'raw'; fail those still raw after every re-drive.",
@@ -215,6 +237,8 @@ JOBS: dict[str, Job] = {j.name: j for j in (
         lambda s: s.prune_every_s, prune),
     Job("expire", "Delete expired episodes and archived drawers past the archive retention.",
         lambda s: s.expire_every_s, expire),
+    Job("centroids", "Recompute type centroids from LLM-labelled drawers (skipped where the labels are unchanged).",
+        lambda s: s.centroids_every_s, centroids),
 )}
 
 

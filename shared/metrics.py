@@ -21,6 +21,8 @@ __all__ = [
     "LLM_CALLS",
     "LLM_SECONDS",
     "LLM_TOKENS",
+    "LLM_WORKSPACE_CALLS",
+    "LLM_WORKSPACE_TOKENS",
     "PROCESSED",
     "SEARCH_SECONDS",
 ]
@@ -84,3 +86,14 @@ LLM_TOKENS = Counter(
     "palace_llm_tokens_total", "LLM tokens by purpose and direction (in/out).", ["purpose", "direction"]
 )
 LLM_SECONDS = Histogram("palace_llm_seconds", "LLM call latency.", ["purpose"], buckets=_BUCKETS)
+# Today's LLM cost per workspace, read from llm_usage by maintain (so every replica of every service is
+# counted, and a restart loses nothing): the PALACE_METRICS_COST_WORKSPACES costliest workspaces by name,
+# the rest summed under workspace="(other)", which keeps the number of series bounded.
+LLM_WORKSPACE_CALLS = Gauge(
+    "palace_llm_workspace_calls_today", "LLM calls today (database date) by workspace, purpose and outcome.",
+    ["workspace", "purpose", "outcome"],
+)
+LLM_WORKSPACE_TOKENS = Gauge(
+    "palace_llm_workspace_tokens_today", "LLM tokens today (database date) by workspace, purpose and direction.",
+    ["workspace", "purpose", "direction"],
+)

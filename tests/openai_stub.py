@@ -71,10 +71,12 @@ class ChatStub:
     mode: str = "ok"
     script: list[str] = field(default_factory=list)
     slow_s: float = 3.0
+    latency_s: float = 0.0  # every chat answer waits this long first (a model's fixed response time)
     default_type: str = "fact"
     calls: int = 0  # classification calls only (the ones ``script`` and ``mode`` apply to)
     modes_seen: list[str] = field(default_factory=list)
     items_per_call: list[int] = field(default_factory=list)
+    ids_per_call: list[list[str]] = field(default_factory=list)
     # Write decisions: UPDATE / DELETE / NONE name the first candidate; HALLUCINATE names an invented
     # id; LOWCONF answers under the confidence gate. Contradiction checks answer ``contradicts``.
     decision: str = "ADD"
@@ -124,6 +126,8 @@ def build_app(state: StubState) -> FastAPI:
     async def chat(req: Request) -> Any:
         body = await req.json()
         st = state.chat
+        if st.latency_s > 0:
+            await asyncio.sleep(st.latency_s)
         items = json.loads(body["messages"][-1]["content"])
         if isinstance(items, dict):
             return _chat_reply(body, json.dumps(_side_answer(st, items)))
@@ -131,6 +135,7 @@ def build_app(state: StubState) -> FastAPI:
         mode = st.script.pop(0) if st.script else st.mode
         st.modes_seen.append(mode)
         st.items_per_call.append(len(items))
+        st.ids_per_call.append([it["id"] for it in items])
         if mode.startswith("fail"):
             code = int(mode[4:])
             return JSONResponse({"error": {"message": f"stub says {code}"}}, status_code=code)

@@ -7,7 +7,7 @@ from nats.aio.msg import Msg
 from services._runtime import Deps
 from shared.adapters.llm import LlmClient, Usage
 from shared.bus import decode_event, publish_event
-from shared.db.centroids import load_centroids, recompute_centroids
+from shared.db.centroids import load_centroids
 from shared.db.curation import LLM_FAILURE_PREFIX, record_llm_failures, record_usage, save_llm_labels
 from shared.db.drawers import DrawerRow, drawers_by_id, save_classifications
 from shared.db.tenancy import workspace_tx
@@ -100,8 +100,6 @@ async def _cold_path(
         await record_usage(conn, ws, s.llm_model, usage)
     DRAWERS.labels(deps.service, "processed").inc(len(changed))
     DRAWERS.labels(deps.service, "failed").inc(len(gave_up))
-    if changed:
-        async with workspace_tx(deps.pool, ws) as conn:
-            await recompute_centroids(conn, ws)
+    # The new labels reach the centroids at maintain's next `centroids` run (shared/lifecycle.py).
     if again:
         raise LlmPending(f"{len(again)} drawers without an LLM label yet: {next(iter(result.errors.values()))[:200]}")

@@ -15,7 +15,7 @@ from shared.ids import stable_id
 from shared.memory.entities import entity_id
 from shared.memory.llm_labels import LlmLabel
 
-__all__ = ["record_llm_failures", "record_usage", "save_llm_labels"]
+__all__ = ["OTHER_WORKSPACES", "llm_cost_today", "record_llm_failures", "record_usage", "save_llm_labels"]
 
 LLM_FAILURE_PREFIX = "llm: "
 
@@ -139,3 +139,25 @@ async def record_usage(conn: AsyncConnection[Any], workspace_id: str, model: str
                  seconds = llm_usage.seconds + EXCLUDED.seconds, updated_at = now()""",
             [(workspace_id, p, model, int(t[0]), int(t[1]), int(t[2]), int(t[3]), t[4]) for p, t in totals.items()],
         )
+
+
+OTHER_WORKSPACES = "(other)"
+
+
+async def llm_cost_today(conn: AsyncConnection[Any], *, top: int) -> list[tuple[str, str, int, int, int, int]]:
+    """Today's LLM cost per workspace and purpose across all workspaces (run under the maintenance role):
+    (workspace, purpose, calls_ok, calls_failed, tokens_in, tokens_out). The ``top`` workspaces by
+    tokens keep their name; the rest are summed under OTHER_WORKSPACES, so a metric labelled with the
+    workspace stays bounded however many workspaces there are."""
+    cur = await conn.execute(
+        """WITH t AS (SELECT workspace_id, purpose, sum(calls_ok) AS ok, sum(calls_failed) AS failed,
+                             sum(tokens_in) AS tin, sum(tokens_out) AS tout
+                        FROM llm_usage WHERE day = current_date GROUP BY 1, 2),
+                top AS (SELECT workspace_id FROM t GROUP BY 1
+                         ORDER BY sum(tin + tout) DESC, workspace_id LIMIT %(n)s)
+           SELECT CASE WHEN t.workspace_id IN (SELECT workspace_id FROM top) THEN t.workspace_id
+                       ELSE %(other)s END AS ws, purpose,
+                  sum(ok)::bigint, sum(failed)::bigint, sum(tin)::bigint, sum(tout)::bigint
+             FROM t GROUP BY 1, 2 ORDER BY 1, 2""",
+        {"n": top, "other": OTHER_WORKSPACES})
+    return [(r[0], r[1], int(r[2]), int(r[3]), int(r[4]), int(r[5])) for r in await cur.fetchall()]

@@ -61,12 +61,22 @@ async def _restore(conn: AsyncConnection[Any], workspace_id: str, drawer_id: str
 async def apply_proposal(
     conn: AsyncConnection[Any], workspace_id: str, p: Proposal, *, source_drawer: str,
     source_embedding: np.ndarray | None, mode: str, event_id: str, dropped: str | None = None,
+    actor: str = "cluster", extra: dict[str, Any] | None = None,
 ) -> str:
     """Audit a proposal and apply it as far as ``mode`` allows. Returns the outcome:
-    applied | held | shadow | dropped."""
+    applied | held | shadow | dropped.
+
+    A held proposal records the target's content hash as it was, so approving it later can tell
+    whether the memory it was judged against has changed since (shared/db/proposals.py)."""
     outcome = "dropped" if dropped else outcome_for(mode, p.action)
     reason = dropped or p.reason
     old_value = None
+    target_hash = None
+    if outcome == "held" and p.target:
+        cur = await conn.execute("SELECT content_hash FROM drawers WHERE workspace_id = %s AND id = %s",
+                                 (workspace_id, p.target))
+        row = await cur.fetchone()
+        target_hash = row[0] if row else None
     if outcome == "applied" and p.action in ("UPDATE", "DELETE") and p.target:
         old_value = await snapshot(conn, workspace_id, p.target)
         if old_value is None or old_value["deleted_at"] is not None:
@@ -84,10 +94,11 @@ async def apply_proposal(
                                " WHERE workspace_id = %s AND id = %s", (workspace_id, p.target))
     await record_history(
         conn, workspace_id, drawer_id=p.target if p.action in ("UPDATE", "DELETE") and p.target else source_drawer,
-        action=p.action if p.action in ("ADD", "UPDATE", "DELETE", "NONE") else "INVALID", actor="cluster",
+        action=p.action if p.action in ("ADD", "UPDATE", "DELETE", "NONE") else "INVALID", actor=actor,
         event_id=f"{event_id}:{source_drawer}", reason=f"{outcome}: {reason}"[:1000], old_value=old_value,
         new_value={"outcome": outcome, "mode": mode, "source_drawer": source_drawer, "target": p.target,
-                   "confidence": p.confidence, "content": p.content, "by": p.source},
+                   "confidence": p.confidence, "content": p.content, "by": p.source,
+                   **({"target_hash": target_hash} if target_hash else {}), **(extra or {})},
     )
     return outcome
 

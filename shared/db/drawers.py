@@ -20,6 +20,7 @@ __all__ = [
     "cached_embeddings",
     "drawers_by_id",
     "drawers_missing_bands",
+    "history_id_for",
     "note_failure",
     "older_neighbours",
     "older_twins",
@@ -163,12 +164,17 @@ async def save_classifications(
     return changed
 
 
+def history_id_for(workspace_id: str, event_id: str | None, drawer_id: str | None, action: str) -> str:
+    """The id ``record_history`` gives the audit row of (event, drawer, action)."""
+    return stable_id("history", workspace_id, event_id or "", drawer_id or "", action)
+
+
 async def record_history(
     conn: AsyncConnection[Any], workspace_id: str, *, drawer_id: str | None, action: str, actor: str,
     event_id: str | None, reason: str | None = None, old_value: Any = None, new_value: Any = None,
 ) -> None:
     """Append an audit row; its id derives from (event, drawer, action) so replays add nothing."""
-    hid = stable_id("history", workspace_id, event_id or "", drawer_id or "", action)
+    hid = history_id_for(workspace_id, event_id, drawer_id, action)
     await conn.execute(
         "INSERT INTO memory_history (workspace_id, id, drawer_id, action, actor, reason, old_value, new_value,"
         " event_id) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",

@@ -256,7 +256,7 @@ async def drawers_with_content(conn: AsyncConnection[Any], workspace_id: str,
 WORKSPACE_TABLES: dict[str, str] = {
     "drawers": "id", "embedding_cache": "model, content_hash", "entity_mentions": "entity_id, drawer_id",
     "triples": "id", "entities": "id", "episodes": "id", "identities": "workspace_id",
-    "type_centroids": "memory_type",
+    "type_centroids": "memory_type", "proposal_resolutions": "history_id",
 }
 
 

@@ -19,7 +19,7 @@ async def _rows(conn: AsyncConnection[Any], sql: str, params: tuple[Any, ...]) -
 
 async def quality_report(conn: AsyncConnection[Any], workspace_id: str, *, top_reasons: int = 20) -> dict[str, Any]:
     """Counts by type and tier, noise dropped, merges, supersessions, failures with reasons, write
-    proposals by decision and outcome, every audited action, and LLM cost."""
+    proposals by decision and outcome, what became of the held ones, every audited action, and LLM cost."""
     ws = (workspace_id,)
     by_type_tier = await _rows(conn, """
         SELECT coalesce(memory_type, 'unclassified'), coalesce(pipeline_tier, 'none'), count(*)
@@ -45,6 +45,12 @@ async def quality_report(conn: AsyncConnection[Any], workspace_id: str, *, top_r
         SELECT action, coalesce(new_value->>'outcome', 'unknown'), count(*) FROM memory_history
          WHERE workspace_id = %s AND action IN ('ADD', 'UPDATE', 'DELETE', 'NONE', 'INVALID')
          GROUP BY 1, 2 ORDER BY 1, 2""", ws)
+    held = (await _rows(conn, """
+        SELECT count(*) FILTER (WHERE r.history_id IS NULL), count(*) FILTER (WHERE r.outcome = 'applied'),
+               count(*) FILTER (WHERE r.outcome = 'dropped'), count(*) FILTER (WHERE r.outcome = 'rejected')
+          FROM memory_history h
+          LEFT JOIN proposal_resolutions r ON r.workspace_id = h.workspace_id AND r.history_id = h.id
+         WHERE h.workspace_id = %s AND h.new_value->>'outcome' = 'held'""", ws))[0]
     cost = await _rows(conn, """
         SELECT purpose, model, sum(calls_ok), sum(calls_failed), sum(tokens_in), sum(tokens_out), sum(seconds)
           FROM llm_usage WHERE workspace_id = %s GROUP BY 1, 2 ORDER BY 1, 2""", ws)
@@ -61,6 +67,8 @@ async def quality_report(conn: AsyncConnection[Any], workspace_id: str, *, top_r
         "failed": {"count": by_state.get("failed", 0),
                    "reasons": [{"reason": r, "count": n} for r, n in reasons]},
         "proposals": [{"decision": a, "outcome": o, "count": n} for a, o, n in proposals],
+        "held_proposals": dict(zip(("pending", "approved_applied", "approved_dropped", "rejected"), held,
+                                   strict=True)),
         "audit": [{"action": a, "actor": who, "count": n} for a, who, n in actions],
         "llm_cost": [{"purpose": p, "model": m, "calls_ok": int(ok), "calls_failed": int(bad), "tokens_in": int(tin),
                       "tokens_out": int(tout), "seconds": round(float(sec), 3)}

@@ -14,15 +14,18 @@ import signal
 import subprocess
 import sys
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import numpy as np
 import psycopg
 import pytest
 
-from shared.db.centroids import recompute_centroids
+from shared.db.centroids import load_centroids
 from shared.db.pool import open_pool
 from shared.db.tenancy import workspace_tx
+from shared.lifecycle import JOBS, run_job
+from shared.memory.centroids import nearest_type
 from tests.integration.helpers import Stack, session, wait_for, ws
 from tests.openai_stub import ChatStub, StubState, serve_stub
 
@@ -76,7 +79,7 @@ def llm(stack: Stack) -> Iterator[ChatStub]:
 
 def _reset(chat: ChatStub, mode: str = "ok", script: list[str] | None = None, decision: str = "ADD") -> None:
     chat.mode, chat.script, chat.decision = mode, list(script or []), decision
-    chat.calls, chat.modes_seen, chat.items_per_call = 0, [], []
+    chat.calls, chat.modes_seen, chat.items_per_call, chat.ids_per_call = 0, [], [], []
 
 
 def _drawers(stack: Stack, w: str) -> list[tuple]:
@@ -114,6 +117,71 @@ def test_good_answers_label_in_one_batch_with_entities_triples_and_cost(stack: S
     metrics = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5, follow_redirects=True).text
     assert 'palace_llm_calls_total{outcome="ok",purpose="classify"}' in metrics
     assert 'palace_llm_tokens_total{direction="in",purpose="classify"}' in metrics
+
+
+def test_batches_never_mix_workspaces_and_cost_is_kept_per_workspace(stack: Stack, llm: ChatStub) -> None:
+    _reset(llm)
+    w1, w2 = ws(), ws()
+    stack.publish(session(w1, "s1", TEXTS))
+    stack.publish(session(w2, "s1", TEXTS[:2]))
+    stack.wait_processed(w1, 3)
+    stack.wait_processed(w2, 2)
+    owner = {r[0]: r[1] for r in stack.sql("SELECT id, workspace_id FROM drawers WHERE workspace_id IN (%s, %s)",
+                                            (w1, w2))}
+    batches = [{owner[i] for i in ids} for ids in llm.ids_per_call]
+    assert sorted(len(b) for b in batches) == [1, 1] and {next(iter(b)) for b in batches} == {w1, w2}
+    assert sorted(llm.items_per_call) == [2, 3]  # one call per workspace, each with all its drawers
+    u1, u2 = _usage(stack, w1), _usage(stack, w2)
+    assert u1[:2] == (1, 0) and u2[:2] == (1, 0)
+    assert u1[2] > u2[2] > 0  # the bigger batch has the longer prompt: tokens are counted per workspace
+
+
+def test_maintain_exports_todays_llm_cost_per_workspace_with_bounded_labels(stack: Stack, llm: ChatStub) -> None:
+    from prometheus_client import REGISTRY
+
+    from services.maintain.app import export_llm_cost
+
+    _reset(llm)
+    w = ws()
+    stack.publish(session(w, "s1", TEXTS))
+    stack.wait_processed(w, len(TEXTS))
+    ok, failed, tin, tout = _usage(stack, w)
+
+    def export(top: int) -> None:
+        async def go() -> None:
+            pool = await open_pool(stack.database_url, name="test-cost", max_size=1, role=stack.settings.db_role)
+            try:
+                await export_llm_cost(pool, stack.settings.model_copy(update={"metrics_cost_workspaces": top}))
+            finally:
+                await pool.close()
+        asyncio.run(go())
+
+    def sample(name: str, **labels: str) -> float | None:
+        return REGISTRY.get_sample_value(name, labels)
+
+    export(10_000)
+    assert sample("palace_llm_workspace_tokens_today", workspace=w, purpose="classify", direction="in") == tin
+    assert sample("palace_llm_workspace_tokens_today", workspace=w, purpose="classify", direction="out") == tout
+    assert sample("palace_llm_workspace_calls_today", workspace=w, purpose="classify", outcome="ok") == ok
+    assert sample("palace_llm_workspace_calls_today", workspace=w, purpose="classify", outcome="error") == failed
+
+    def total() -> int:
+        return int(stack.sql("SELECT sum(tokens_in) + sum(tokens_out) FROM llm_usage WHERE day = current_date")[0][0])
+
+    def summed_under_one_name() -> bool:
+        """One workspace by name, every other one summed: nothing lost, series bounded. (The stack's cluster
+        may still be costing decisions: compare only when the table did not move during the export.)"""
+        before = total()
+        export(1)
+        samples = [s for m in REGISTRY.collect() if m.name == "palace_llm_workspace_tokens_today" for s in m.samples]
+        assert len({s.labels["workspace"] for s in samples}) <= 2
+        return before == total() == sum(s.value for s in samples)
+
+    wait_for(summed_under_one_name, 30, "the gauges summing to the table")
+    # ... and the maintain service itself exports them (its sweep runs every second in the test stack).
+    port = stack.supervisor.port_of("maintain")
+    wait_for(lambda: 'palace_llm_workspace_tokens_today{direction="in",purpose="classify"' in httpx.get(
+        f"http://127.0.0.1:{port}/metrics", timeout=5, follow_redirects=True).text, 30, "maintain's cost gauges")
 
 
 def test_unparseable_batch_falls_back_to_one_call_per_drawer(stack: Stack, llm: ChatStub) -> None:
@@ -191,41 +259,68 @@ def test_permanent_errors_are_not_retried_within_an_attempt(stack: Stack, llm: C
     assert llm.calls == 3  # one call per delivery: 4xx and unreadable answers are not retried in place
 
 
-def test_centroid_recompute_is_a_no_op_on_an_unchanged_training_set(stack: Stack) -> None:
+def _run_job(stack: Stack, name: str) -> dict[str, int]:
+    async def go() -> dict[str, int] | None:
+        pool = await open_pool(stack.database_url, name="test-job", max_size=2, role=stack.settings.db_role)
+        try:
+            return await run_job(JOBS[name], pool=pool, settings=stack.settings, holder="test", manual=True)
+        finally:
+            await pool.close()
+
+    out = asyncio.run(go())
+    assert out is not None, f"{name}: lease not won"
+    return out
+
+
+def test_centroids_job_trains_on_llm_labels_only_and_skips_an_unchanged_set(stack: Stack) -> None:
     w = ws()
     dim = stack.settings.embed_dim
     rng = np.random.default_rng(0)
+    axis = {"task": 0, "fact": 1, "decision": 2}
+    # 55 LLM-labelled tasks, 30 LLM-labelled facts, 25 heuristic decisions (these must not train).
+    spec = [("task", "llm")] * 55 + [("fact", "llm")] * 30 + [("decision", "heuristic")] * 25
     with psycopg.connect(stack.database_url) as conn:
-        for i in range(60):
-            v = rng.normal(size=dim).astype(np.float32)
+        for i, (t, tier) in enumerate(spec):
+            v = rng.normal(scale=0.05, size=dim).astype(np.float32)
+            v[axis[t]] += 1.0
             conn.execute(
                 "INSERT INTO drawers (workspace_id, id, content, content_hash, embedding, state, memory_type,"
                 " pipeline_tier) VALUES (%s, %s, %s, %s, %s::vector, 'processed', %s, %s)",
-                (w, f"d{i}", f"text {i}", f"h{i}", str(v.tolist()), "task" if i % 2 else "fact",
-                 "llm" if i < 50 else "heuristic"))
+                (w, f"d{i}", f"text {i}", f"h{i}", str(v.tolist()), t, tier))
 
-    async def go() -> tuple[bool, bool, bool, list[tuple]]:
-        pool = await open_pool(stack.database_url, name="test-centroids")
+    def stored() -> list[tuple]:
+        return stack.sql("SELECT memory_type, sample_count, source_hash, xmin::text FROM type_centroids"
+                         " WHERE workspace_id = %s ORDER BY 1", (w,))
+
+    first = _run_job(stack, "centroids")
+    assert first["recomputed"] >= 1 and first["workspaces"] >= 1
+    rows = stored()
+    assert [(r[0], r[1]) for r in rows] == [("fact", 30), ("task", 55)]  # only the LLM-labelled drawers train
+    second = _run_job(stack, "centroids")
+    assert stored() == rows  # same hash: not rewritten (same xmin)
+    assert second["unchanged"] >= 1
+    stack.sql("UPDATE drawers SET memory_type = 'fact' WHERE workspace_id = %s AND id = 'd0' RETURNING 1", (w,))
+    _run_job(stack, "centroids")
+    after = stored()
+    assert [(r[0], r[1]) for r in after] == [("fact", 31), ("task", 54)] and after[0][2] != rows[0][2]
+
+    async def nearest() -> tuple:
+        pool = await open_pool(stack.database_url, name="test-centroids", role=stack.settings.db_role)
         try:
             async with workspace_tx(pool, w) as conn:
-                first = await recompute_centroids(conn, w)
-            async with workspace_tx(pool, w) as conn:
-                second = await recompute_centroids(conn, w)
-            with psycopg.connect(stack.database_url) as c:
-                c.execute("UPDATE drawers SET memory_type = 'decision' WHERE workspace_id = %s AND id = 'd0'", (w,))
-            async with workspace_tx(pool, w) as conn:
-                third = await recompute_centroids(conn, w)
-            async with workspace_tx(pool, w) as conn:
-                cur = await conn.execute("SELECT memory_type, sample_count FROM type_centroids WHERE"
-                                         " workspace_id = %s ORDER BY 1", (w,))
-                rows = await cur.fetchall()
+                cents = await load_centroids(conn, w)
         finally:
             await pool.close()
-        return first, second, third, rows
+        e = np.zeros(dim, dtype=np.float32)
+        near_task, near_fact = e.copy(), e.copy()
+        near_task[0], near_fact[1] = 1.0, 1.0
+        ms, mc = stack.settings.centroid_min_samples, stack.settings.centroid_min_cosine
+        return (nearest_type(near_task, cents, min_cosine=mc, min_samples=ms),
+                nearest_type(near_fact, cents, min_cosine=mc, min_samples=ms))
 
-    first, second, third, rows = asyncio.run(go())
-    assert (first, second, third) == (True, False, True)
-    assert rows == [("decision", 1), ("fact", 24), ("task", 25)]  # only the 50 LLM-labelled drawers train
+    task_hit, fact_hit = asyncio.run(nearest())
+    assert task_hit is not None and task_hit[0] == "task"
+    assert fact_hit is None  # 31 samples: under the 50-sample rule the fact centroid has no say
 
 
 def test_quality_report_over_api_and_cli(stack: Stack, llm: ChatStub) -> None:
@@ -254,6 +349,7 @@ def test_quality_report_over_api_and_cli(stack: Stack, llm: ChatStub) -> None:
     assert audit[("CLASSIFY", "classify")] == 3 and audit[("FAIL", "classify")] == 1
     assert audit[("ADD", "cluster")] == 3  # the failed drawer was never processed: no decision on it
     assert {(p["decision"], p["outcome"]) for p in rep["proposals"]} == {("ADD", "applied")}
+    assert rep["held_proposals"] == {"pending": 0, "approved_applied": 0, "approved_dropped": 0, "rejected": 0}
     assert rep["near_duplicates_merged"] == 0 and rep["superseded"] == 0
     env = {**os.environ, "PALACE_DATABASE_URL": stack.database_url, "PALACE_NATS_URL": stack.nats_url}
     out = subprocess.run([sys.executable, "-m", "services.cli", "quality", "-w", w, "--json"], env=env,
@@ -283,6 +379,9 @@ def _two_sessions(stack: Stack, llm: ChatStub, decision: str, *, pin_first: bool
     stack.publish(session(w, "s1", [first]))
     stack.wait_processed(w, 1)
     old_id = stack.sql("SELECT id FROM drawers WHERE workspace_id = %s", (w,))[0][0]
+    # 'processed' is classify's mark; wait for cluster's decision on it too, or the first drawer could be
+    # judged after the second exists and propose against it instead.
+    wait_for(lambda: _history(stack, w, "ADD"), 60, "the first drawer's ADD decision")
     if pin_first:
         stack.sql("UPDATE drawers SET pinned = true WHERE workspace_id = %s AND id = %s RETURNING id", (w, old_id))
     stack.publish(session(w, "s2", [second]))
@@ -305,6 +404,15 @@ def test_update_in_full_mode_is_archived_and_revert_restores_the_exact_prior_sta
     assert content.startswith(first + " (now: ") and chash != before[1]
     assert emb == new_emb  # the embedding follows the new content (the newer drawer's vector)
     assert llm.decision_calls >= 1
+    # The decision call is costed under its own purpose, in the table and the cluster's metrics.
+    (calls_ok, calls_failed, tin, tout), = stack.sql(
+        "SELECT calls_ok, calls_failed, tokens_in, tokens_out FROM llm_usage WHERE workspace_id = %s"
+        " AND purpose = 'decision'", (w,))
+    assert calls_ok >= 1 and calls_failed == 0 and tin > 0 and tout > 0
+    metrics = httpx.get(f"http://127.0.0.1:{stack.supervisor.port_of('cluster')}/metrics", timeout=5,
+                        follow_redirects=True).text
+    assert 'palace_llm_calls_total{outcome="ok",purpose="decision"}' in metrics
+    assert 'palace_llm_tokens_total{direction="out",purpose="decision"}' in metrics
     listed = json.loads(_cli(stack, "history", "-w", w, "--action", "update", "--json").stdout)
     assert [r["id"] for r in listed] == [hid] and "embedding" not in listed[0]["old_value"]
     out = _cli(stack, "revert", hid, "-w", w)
@@ -348,3 +456,119 @@ def test_shadow_mode_proposes_and_audits_but_writes_nothing(stack: Stack, llm: C
     assert row[2] == "shadow: stub says DELETE" and row[4]["outcome"] == "shadow" and row[3] is None
     assert stack.sql("SELECT content, deleted_at, state FROM drawers WHERE workspace_id = %s AND id = %s",
                      (w, old_id)) == [(first, None, "processed")]
+
+
+def test_held_proposals_are_listed_approved_as_full_mode_would_or_rejected(stack: Stack, llm: ChatStub) -> None:
+    env = llm.env  # type: ignore[attr-defined]
+    _swap(stack, {**env, "PALACE_DECISIONS_MODE": "controlled-write"}, ("cluster",))
+    try:
+        w, old_id, first = _two_sessions(stack, llm, "UPDATE")
+        wd, del_id, del_first = _two_sessions(stack, llm, "DELETE")
+        ws_stale, stale_id, _ = _two_sessions(stack, llm, "UPDATE")
+        ws_race, race_id, _ = _two_sessions(stack, llm, "DELETE")
+        ws_gone, gone_target, gone_first = _two_sessions(stack, llm, "DELETE")
+    finally:
+        _swap(stack, env, ("cluster",))
+    # Held: audited, nothing written.
+    (held,) = _history(stack, w, "UPDATE")
+    hid = held[0]
+    assert held[2] == "held: stub says UPDATE" and held[3] is None and held[4]["outcome"] == "held"
+    assert stack.sql("SELECT content FROM drawers WHERE workspace_id = %s AND id = %s", (w, old_id)) == [(first,)]
+    before = stack.sql("SELECT content_hash, embedding::text FROM drawers WHERE workspace_id = %s AND id = %s",
+                       (w, old_id))[0]
+    assert held[4]["target_hash"] == before[0]
+
+    listed = httpx.get(f"{stack.api_url}/v1/workspaces/{w}/proposals", timeout=30)
+    assert listed.status_code == 200
+    (p,) = listed.json()
+    assert (p["id"], p["action"], p["target"], p["status"]) == (hid, "UPDATE", old_id, "pending")
+    assert p["content"].startswith(first + " (now: ")
+    cli = json.loads(_cli(stack, "proposals", "list", "-w", w, "--json").stdout)
+    assert [r["id"] for r in cli] == [hid]
+    rep = httpx.get(f"{stack.api_url}/v1/workspaces/{w}/quality", timeout=30).json()
+    assert rep["held_proposals"]["pending"] == 1
+
+    # Approve over the API: applied exactly as full mode would, prior state archived.
+    r = httpx.post(f"{stack.api_url}/v1/workspaces/{w}/proposals/{hid}/approve", json={"note": "looks right"},
+                   timeout=30)
+    assert r.status_code == 200, r.text
+    res = r.json()
+    assert res["outcome"] == "applied" and res["target"] == old_id
+    new_content, new_emb = stack.sql("SELECT content, embedding::text FROM drawers WHERE workspace_id = %s"
+                                     " AND id = %s", (w, old_id))[0]
+    src_emb = stack.sql("SELECT embedding::text FROM drawers WHERE workspace_id = %s AND id <> %s", (w, old_id))[0][0]
+    assert new_content == p["content"] and new_emb == src_emb
+    applied = [h for h in _history(stack, w, "UPDATE") if h[0] != hid]
+    assert [h[0] for h in applied] == [res["audit_id"]]
+    assert applied[0][2].startswith("applied: ") and applied[0][3]["content"] == first
+    assert applied[0][4]["approved"] == hid and applied[0][4]["note"] == "looks right"
+    assert httpx.get(f"{stack.api_url}/v1/workspaces/{w}/proposals", timeout=30).json() == []
+    rep = httpx.get(f"{stack.api_url}/v1/workspaces/{w}/quality", timeout=30).json()
+    assert rep["held_proposals"] == {"pending": 0, "approved_applied": 1, "approved_dropped": 0, "rejected": 0}
+    (done,) = httpx.get(f"{stack.api_url}/v1/workspaces/{w}/proposals", params={"status": "approved"},
+                        timeout=30).json()
+    assert (done["outcome"], done["resolved_by"], done["audit_id"]) == ("applied", "api", res["audit_id"])
+    again = httpx.post(f"{stack.api_url}/v1/workspaces/{w}/proposals/{hid}/approve", timeout=30)
+    assert again.status_code == 409 and again.json()["error"] == "conflict"
+    assert httpx.post(f"{stack.api_url}/v1/workspaces/{w}/proposals/nope/reject", timeout=30).status_code == 404
+    # ... and reverting the approval restores the exact prior state.
+    out = _cli(stack, "revert", res["audit_id"], "-w", w)
+    assert out.returncode == 0, out.stderr
+    assert stack.sql("SELECT content, content_hash, embedding::text FROM drawers WHERE workspace_id = %s AND id = %s",
+                     (w, old_id)) == [(first, *before)]
+
+    # Reject over the CLI: nothing changes, audited, and it cannot be approved afterwards.
+    (dheld,) = _history(stack, wd, "DELETE")
+    out = _cli(stack, "proposals", "reject", dheld[0], "-w", wd, "--note", "keep it")
+    assert out.returncode == 0, out.stderr
+    assert "rejected" in out.stdout
+    assert stack.sql("SELECT content, deleted_at FROM drawers WHERE workspace_id = %s AND id = %s",
+                     (wd, del_id)) == [(del_first, None)]
+    (rej,) = _history(stack, wd, "REJECT")
+    assert rej[1] == del_id and rej[2] == f"rejected DELETE {dheld[0]}: keep it"
+    out = _cli(stack, "proposals", "approve", dheld[0], "-w", wd)
+    assert out.returncode == 1 and "resolved already" in out.stderr
+    assert json.loads(_cli(stack, "proposals", "list", "-w", wd, "--status", "rejected", "--json").stdout)[0][
+        "status"] == "rejected"
+    rep = httpx.get(f"{stack.api_url}/v1/workspaces/{wd}/quality", timeout=30).json()
+    assert rep["held_proposals"] == {"pending": 0, "approved_applied": 0, "approved_dropped": 0, "rejected": 1}
+
+    # A target that changed after the proposal was made is left alone; the approval is recorded as dropped.
+    (sheld,) = _history(stack, ws_stale, "UPDATE")
+    stack.sql("UPDATE drawers SET content = 'edited by hand', content_hash = 'x' WHERE workspace_id = %s"
+              " AND id = %s RETURNING 1", (ws_stale, stale_id))
+    out = _cli(stack, "proposals", "approve", sheld[0], "-w", ws_stale)
+    assert out.returncode == 0, out.stderr
+    assert "dropped (target changed since the proposal was made)" in out.stdout
+    assert stack.sql("SELECT content FROM drawers WHERE workspace_id = %s AND id = %s",
+                     (ws_stale, stale_id)) == [("edited by hand",)]
+    dropped = [h for h in _history(stack, ws_stale, "UPDATE") if h[0] != sheld[0]]
+    assert len(dropped) == 1 and dropped[0][2] == "dropped: target changed since the proposal was made"
+
+    # Approve and reject of one DELETE at the same moment: exactly one wins, the other is told so.
+    (rheld,) = _history(stack, ws_race, "DELETE")
+    url = f"{stack.api_url}/v1/workspaces/{ws_race}/proposals/{rheld[0]}"
+    with ThreadPoolExecutor(2) as pool:
+        answers = list(pool.map(lambda verb: httpx.post(f"{url}/{verb}", timeout=30), ["approve", "reject"]))
+    codes = sorted(a.status_code for a in answers)
+    assert codes == [200, 409], [a.text for a in answers]
+    won = next(a.json() for a in answers if a.status_code == 200)
+    assert stack.sql("SELECT outcome FROM proposal_resolutions WHERE workspace_id = %s", (ws_race,)) == [
+        (won["outcome"],)]
+    deleted = stack.sql("SELECT deleted_at IS NOT NULL FROM drawers WHERE workspace_id = %s AND id = %s",
+                        (ws_race, race_id))[0][0]
+    assert deleted is (won["outcome"] == "applied")
+    if deleted:  # an approved DELETE is a soft delete with the prior state archived: revert brings it back
+        assert _cli(stack, "revert", won["audit_id"], "-w", ws_race).returncode == 0
+        assert stack.sql("SELECT deleted_at FROM drawers WHERE workspace_id = %s AND id = %s",
+                         (ws_race, race_id)) == [(None,)]
+
+    # The drawer whose fact prompted the proposal was deleted since: its fact must not act through approval.
+    (gheld,) = _history(stack, ws_gone, "DELETE")
+    stack.sql("UPDATE drawers SET deleted_at = now() WHERE workspace_id = %s AND id = %s RETURNING 1",
+              (ws_gone, gheld[4]["source_drawer"]))
+    r = httpx.post(f"{stack.api_url}/v1/workspaces/{ws_gone}/proposals/{gheld[0]}/approve", timeout=30)
+    assert r.status_code == 200 and r.json()["outcome"] == "dropped"
+    assert r.json()["reason"] == "the drawer that prompted it is no longer live"
+    assert stack.sql("SELECT content, deleted_at FROM drawers WHERE workspace_id = %s AND id = %s",
+                     (ws_gone, gone_target)) == [(gone_first, None)]

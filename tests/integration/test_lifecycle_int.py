@@ -234,9 +234,10 @@ def _plan(stack: Stack, query: str, params: Any) -> str:
 
 @pytest.mark.parametrize("name", ["decay", "prune_span", "archive", "restore", "expire_episodes",
                                   "oldest_expired_episode",
-                                  "purge_archive", "oldest_purgeable", "next_ws"])
+                                  "purge_archive", "oldest_purgeable", "next_ws", "centroid_training_set"])
 def test_every_batch_query_uses_an_index(stack: Stack, big_workspace: str, name: str) -> None:
     from shared.db import lifecycle as sql
+    from shared.db.centroids import TRAINING_PAIRS_SQL
 
     w = big_workspace
     s = Settings()
@@ -252,11 +253,14 @@ def test_every_batch_query_uses_an_index(stack: Stack, big_workspace: str, name:
         "purge_archive": (sql.PURGE_ARCHIVE_SQL, {"ws": w, "ret": s.archive_retention_days * 86400.0, "n": 500}),
         "oldest_purgeable": (sql.OLDEST_PURGEABLE_SQL, (s.archive_retention_days * 86400.0,)),
         "next_ws": (sql.NEXT_WORKSPACE_SQL, (w,)),
+        "centroid_training_set": (TRAINING_PAIRS_SQL, (w,)),
     }
     query, params = cases[name]
     plan = _plan(stack, query, params)
     assert '"Seq Scan"' not in plan, plan
     assert "Index" in plan, plan
+    if name == "centroid_training_set":  # not the primary key filtered row by row
+        assert "drawers_llm_labelled" in plan, plan
 
 
 def test_operators_run_each_job_restore_and_forget_from_the_cli(stack: Stack) -> None:

@@ -146,3 +146,20 @@ def test_superseded_drawer_ranks_below_its_successor() -> None:
     # without the successor among the candidates it only loses part of its score
     alone = rank([cand("old", 0.95, 2, "new"), cand("other", 0.5, 0)], ["dark", "mode"], RankParams(session_cap=0), 2)
     assert alone[0].id == "old"
+
+
+@pytest.mark.parametrize(("status", "transient"), [(429, True), (500, True), (502, True), (503, True),
+                                                   (400, False), (401, False), (403, False), (404, False),
+                                                   (422, False)])
+def test_only_timeouts_429_and_5xx_are_retried(status: int, transient: bool) -> None:
+    import httpx
+    import openai
+
+    from shared.adapters.llm import is_transient_llm
+
+    req = httpx.Request("POST", "http://127.0.0.1/v1/chat/completions")
+    err = openai.APIStatusError("x", response=httpx.Response(status, request=req), body=None)
+    assert is_transient_llm(err) is transient
+    assert is_transient_llm(openai.APITimeoutError(request=req))
+    assert is_transient_llm(openai.APIConnectionError(request=req))
+    assert not is_transient_llm(ValueError("unreadable answer"))
