@@ -80,6 +80,8 @@ class RankParams:
     capped_pool: int = 12  # ...chosen among the best ``capped_pool`` only (0: among all)
     relevance_floor: float = 0.3
     superseded_factor: float = 0.5  # a drawer a newer one contradicted keeps this share of its score
+    w_graph: float = 0.0  # the knowledge-graph signal (shared/memory/graph_signal.py)
+    w_episode: float = 0.0  # the session's episode as a document
 
 
 @dataclass(frozen=True)
@@ -99,6 +101,8 @@ class Candidate:
     importance: float
     age_days: float
     superseded_by: str | None = None  # the newer drawer that contradicted this one
+    graph: float = 0.0  # 0–1: how strongly the knowledge graph ties it to the query (graph_signal.py)
+    episode: float = 0.0  # 0–1: how well its session's episode matches the query
 
 
 @dataclass(frozen=True)
@@ -292,12 +296,14 @@ def rank(cands: Sequence[Candidate], query_lexemes: Sequence[str], p: RankParams
     qset = frozenset(query_lexemes)
     named = np.fromiter((not qset.isdisjoint(c.speaker_lexemes) for c in cands), dtype=float, count=n)
     dated = np.fromiter((c.dated for c in cands), dtype=float, count=n)
+    graph = np.fromiter((c.graph for c in cands), dtype=float, count=n)
+    episode = np.fromiter((c.episode for c in cands), dtype=float, count=n)
     parts = {"vector": p.w_dense * dense, "full_text": p.w_text * text, "speaker": p.w_speaker * named,
-             "time_window": p.w_date * dated}
+             "time_window": p.w_date * dated, "graph": p.w_graph * graph}
     s = sum(parts.values())
     parts["neighbours"] = p.smooth * _neighbour_best(cands, s)
     sm = s + parts["neighbours"]
-    parts["session"] = p.session_boost * _session_strength(cands, sm, p.session_top)
+    parts["session"] = p.session_boost * _session_strength(cands, sm, p.session_top) + p.w_episode * episode
     base = sm + parts["session"]
     imp = np.fromiter((c.importance for c in cands), dtype=float, count=n)
     age = np.fromiter((max(c.age_days, 0.0) for c in cands), dtype=float, count=n)
@@ -313,7 +319,7 @@ def rank(cands: Sequence[Candidate], query_lexemes: Sequence[str], p: RankParams
     share = np.divide(rel, fused, out=np.zeros(n), where=fused > 0)
     out = []
     for i in order[:k]:
-        e = Explanation(**{name: float(v[i] * share[i]) for name, v in parts.items()}, graph=0.0,
+        e = Explanation(**{name: float(v[i] * share[i]) for name, v in parts.items()},
                         diversity=float(final[i] - rel[i]), cosine=None if np.isnan(cos[i]) else float(cos[i]),
                         bm25=float(raw_text[i]))
         out.append(Ranked(cands[i].id, float(final[i]), float(dense[i]), float(text[i]), float(rel[i]), e))
