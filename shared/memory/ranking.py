@@ -80,8 +80,8 @@ class RankParams:
     capped_pool: int = 12  # ...chosen among the best ``capped_pool`` only (0: among all)
     relevance_floor: float = 0.3
     superseded_factor: float = 0.5  # a drawer a newer one contradicted keeps this share of its score
-    w_graph: float = 0.0  # the knowledge-graph signal (shared/memory/graph_signal.py)
-    w_episode: float = 0.0  # the session's episode as a document
+    w_graph: float = 0.15  # the knowledge-graph signal (shared/memory/graph_signal.py)
+    w_episode: float = 0.0  # the session's episode as a document (measured, not shipped: ranking_lab.py --enrich)
 
 
 @dataclass(frozen=True)
@@ -110,7 +110,8 @@ class Explanation:
     """Why a drawer scored what it did: each signal's share of ``score``, on the same 0–1 scale, so the
     shares add up to the score (``diversity`` is zero or negative). The fused score is a sum of signals
     scaled by importance and recency, then mapped onto 0–1; each signal keeps its fraction of the fused
-    score through that mapping. ``graph`` stays 0 until a knowledge-graph signal exists. ``cosine`` and
+    score through that mapping. ``graph`` is the knowledge graph's share (0 when the query reached no
+    drawer through it, or its weight is 0). ``cosine`` and
     ``bm25`` are the raw values behind ``vector`` and ``full_text``."""
 
     vector: float
