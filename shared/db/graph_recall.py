@@ -46,7 +46,7 @@ WITH named AS (
      LIMIT %(max_hops)s
 ), reached AS (
     SELECT e, 0 AS hops FROM named UNION ALL SELECT e, 1 FROM hop
-), counted AS (
+), counted AS MATERIALIZED (  -- each count once, not once per mention joined below
     SELECT r.e, r.hops,
            (SELECT count(*) FROM (SELECT 1 FROM entity_mentions m
                                    WHERE m.workspace_id = %(ws)s AND m.entity_id = r.e
