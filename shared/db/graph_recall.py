@@ -19,6 +19,7 @@ from typing import Any
 
 import psycopg
 from psycopg import AsyncConnection
+from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt
 
 from shared.logging import get_logger
 from shared.memory.graph_signal import GraphParams, graph_strengths, query_names
@@ -60,6 +61,19 @@ SELECT m.drawer_id, c.e, c.hops, c.df
 """
 
 
+async def _close_savepoint(conn: AsyncConnection[Any]) -> None:
+    """Roll back to the savepoint (undoing the deadline with it), then release it.
+
+    The rollback itself runs under the short deadline, and on a loaded machine a backend descheduled
+    for longer than it has its rollback cancelled too; rolling back to a savepoint can be repeated, so
+    it is, a few times, until it went through. From then on the transaction's own timeout applies."""
+    async for attempt in AsyncRetrying(retry=retry_if_exception_type(psycopg.errors.QueryCanceled),
+                                       stop=stop_after_attempt(5), reraise=True):
+        with attempt:
+            await conn.execute("ROLLBACK TO SAVEPOINT palace_graph")
+    await conn.execute("RELEASE SAVEPOINT palace_graph")
+
+
 async def graph_candidates(conn: AsyncConnection[Any], workspace_id: str, query: str, workspace_drawers: int,
                            p: GraphParams = GraphParams()) -> dict[str, float]:
     """Drawer id → 0–1 graph strength for ``query`` (empty when the query names no known entity, the
@@ -68,7 +82,7 @@ async def graph_candidates(conn: AsyncConnection[Any], workspace_id: str, query:
     if not names or p.timeout_ms <= 0:
         return {}
     t0 = time.perf_counter()
-    # One round trip to open the savepoint and set its deadline, one to close it: the rollback undoes
+    # One round trip opens the savepoint and sets its deadline; closing it rolls back to it, which undoes
     # the SET LOCAL too, so the rest of the transaction keeps its own timeout.
     await conn.execute(f"SAVEPOINT palace_graph; SET LOCAL statement_timeout = {int(p.timeout_ms)}")
     rows: list[tuple[str, str, int, int]] = []
@@ -84,6 +98,6 @@ async def graph_candidates(conn: AsyncConnection[Any], workspace_id: str, query:
     except psycopg.DatabaseError as e:  # a search must not fail for its graph signal
         log.warning("graph_recall_failed", error=repr(e)[:300])
     finally:
-        await conn.execute("ROLLBACK TO SAVEPOINT palace_graph; RELEASE SAVEPOINT palace_graph")
+        await _close_savepoint(conn)
     SEARCH_SECONDS.labels("graph").observe(time.perf_counter() - t0)
     return graph_strengths(rows, workspace_drawers, p)
