@@ -90,28 +90,30 @@ def _done_count(db_url: str, ws: str, ids: set[str]) -> int:
     return int(row[0]) if row else 0
 
 
-def _enriched(db_url: str, ws: str) -> tuple[int, int]:
-    """Announced episodes of a workspace, and its entity mentions (still growing while enrich extracts)."""
+def _enriched(db_url: str, ws: str) -> tuple[int, int, int]:
+    """Announced episodes of a workspace, its sessions that have drawers (each gets an episode), and its
+    entity mentions (still growing while enrich extracts)."""
     with psycopg.connect(db_url) as conn:
         row = conn.execute(
             "SELECT (SELECT count(*) FROM episodes WHERE workspace_id = %s AND announced_at IS NOT NULL),"
-            " (SELECT count(*) FROM entity_mentions WHERE workspace_id = %s)", (ws, ws)).fetchone()
-    return (int(row[0]), int(row[1])) if row else (0, 0)
+            " (SELECT count(DISTINCT session_id) FROM drawer_sources WHERE workspace_id = %s),"
+            " (SELECT count(*) FROM entity_mentions WHERE workspace_id = %s)", (ws, ws, ws)).fetchone()
+    return (int(row[0]), int(row[1]), int(row[2])) if row else (0, 0, 0)
 
 
-def _wait_enriched(sup: Supervisor, progress: Progress, workspaces: dict[str, tuple[str, int]],
-                   timeout_s: float = 300.0) -> None:
-    """Wait until every session has its announced episode and the entity mentions stopped growing for a
-    few seconds (extraction follows episodic.created), so recall sees the graph it would in service."""
-    task = progress.add_task("episodes (announced)", total=sum(n for _, n in workspaces.values()))
+def _wait_enriched(sup: Supervisor, progress: Progress, workspaces: list[str], timeout_s: float = 300.0) -> None:
+    """Wait until every session with drawers has its announced episode and the entity mentions stopped
+    growing for a few seconds (extraction follows episodic.created), so recall sees the graph it would in
+    service."""
+    task = progress.add_task("episodes (announced)", total=None)
     deadline, last, stable_since = time.monotonic() + timeout_s, -1, time.monotonic()
     while time.monotonic() < deadline:
-        counts = [_enriched(sup.database_url, ws) for ws, _ in workspaces.values()]
-        episodes, mentions = sum(c[0] for c in counts), sum(c[1] for c in counts)
-        progress.update(task, completed=episodes)
+        counts = [_enriched(sup.database_url, ws) for ws in workspaces]
+        episodes, sessions, mentions = (sum(c[i] for c in counts) for i in range(3))
+        progress.update(task, completed=episodes, total=sessions)
         if mentions != last:
             last, stable_since = mentions, time.monotonic()
-        if episodes >= sum(n for _, n in workspaces.values()) and time.monotonic() - stable_since > 5:
+        if episodes >= sessions and time.monotonic() - stable_since > 5:
             return
         sup.poll()
         time.sleep(0.5)
@@ -287,7 +289,7 @@ def run_locomo(run: LocomoRun, settings: Settings, on_stack: Callable[[Superviso
                 sup.poll()
                 time.sleep(0.5)
             ingest_s = time.perf_counter() - t0
-            _wait_enriched(sup, progress, {c.sample_id: (workspaces[c.sample_id], len(c.sessions)) for c in convs})
+            _wait_enriched(sup, progress, [workspaces[c.sample_id] for c in convs])
             hybrid, dense, text, plain, embed_ms = asyncio.run(
                 _run_queries(settings, sup.database_url, convs, workspaces, progress))
     finally:
