@@ -58,20 +58,21 @@ SELECT m.drawer_id, c.e, c.hops, c.df
   FROM counted c
   JOIN entity_mentions m ON m.workspace_id = %(ws)s AND m.entity_id = c.e
  WHERE c.df <= %(max_df)s
+UNION ALL  -- last, once: the transaction's own timeout again for the statements after this one
+SELECT NULL, set_config('statement_timeout', %(restore)s, true), -1, 0
 """
 
 
 async def _close_savepoint(conn: AsyncConnection[Any]) -> None:
-    """Roll back to the savepoint (undoing the deadline with it), then release it.
+    """Roll back to the savepoint (undoing the deadline with it) and release it, in one round trip.
 
-    The rollback itself runs under the short deadline, and on a loaded machine a backend descheduled
-    for longer than it has its rollback cancelled too; rolling back to a savepoint can be repeated, so
-    it is, a few times, until it went through. From then on the transaction's own timeout applies."""
+    Both run under the short deadline still, and on a loaded machine a backend descheduled for longer
+    than it has them cancelled too. Until the release went through the savepoint exists, and rolling
+    back to it also clears an aborted transaction, so the pair is repeated a few times until it did."""
     async for attempt in AsyncRetrying(retry=retry_if_exception_type(psycopg.errors.QueryCanceled),
                                        stop=stop_after_attempt(5), reraise=True):
         with attempt:
-            await conn.execute("ROLLBACK TO SAVEPOINT palace_graph")
-    await conn.execute("RELEASE SAVEPOINT palace_graph")
+            await conn.execute("ROLLBACK TO SAVEPOINT palace_graph; RELEASE SAVEPOINT palace_graph")
 
 
 async def graph_candidates(conn: AsyncConnection[Any], workspace_id: str, query: str, workspace_drawers: int,
@@ -82,22 +83,26 @@ async def graph_candidates(conn: AsyncConnection[Any], workspace_id: str, query:
     if not names or p.timeout_ms <= 0:
         return {}
     t0 = time.perf_counter()
-    # One round trip opens the savepoint and sets its deadline; closing it rolls back to it, which undoes
-    # the SET LOCAL too, so the rest of the transaction keeps its own timeout.
-    await conn.execute(f"SAVEPOINT palace_graph; SET LOCAL statement_timeout = {int(p.timeout_ms)}")
+    # Two round trips when it works: one notes the transaction's timeout, opens a savepoint and sets the
+    # deadline; the lookup itself puts the noted timeout back as its last act (the savepoint stays open
+    # until the transaction ends, which costs nothing). Only a failed lookup needs a third, the rollback
+    # to the savepoint, which undoes the deadline with everything else.
+    cur = await conn.execute("SELECT current_setting('statement_timeout'); SAVEPOINT palace_graph; "
+                             f"SET LOCAL statement_timeout = {int(p.timeout_ms)}")
+    restore = (await cur.fetchone() or ("0",))[0]
     rows: list[tuple[str, str, int, int]] = []
     try:
         cur = await conn.execute(_SQL, {
             "ws": workspace_id, "any": list(names.any_alias), "uncased": list(names.uncased_only),
-            "max_entities": p.max_entities, "max_hops": p.max_hops, "max_df": p.max_df,
+            "max_entities": p.max_entities, "max_hops": p.max_hops, "max_df": p.max_df, "restore": restore,
         })
-        rows = [(str(d), str(e), int(h), int(df)) for d, e, h, df in await cur.fetchall()]
+        rows = [(str(d), str(e), int(h), int(df)) for d, e, h, df in await cur.fetchall() if h >= 0]
     except psycopg.errors.QueryCanceled:
         log.info("graph_recall_deadline", timeout_ms=p.timeout_ms)
         SEARCH_SECONDS.labels("graph_timeout").observe(time.perf_counter() - t0)
+        await _close_savepoint(conn)
     except psycopg.DatabaseError as e:  # a search must not fail for its graph signal
         log.warning("graph_recall_failed", error=repr(e)[:300])
-    finally:
         await _close_savepoint(conn)
     SEARCH_SECONDS.labels("graph").observe(time.perf_counter() - t0)
     return graph_strengths(rows, workspace_drawers, p)

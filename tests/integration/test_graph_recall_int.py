@@ -126,7 +126,7 @@ def test_the_graph_lookup_is_index_backed(stack: Stack) -> None:
     w = ws()
     names = query_names("Who does Orvieto work for at Lumbago Labs?")
     params = {"ws": w, "any": list(names.any_alias), "uncased": list(names.uncased_only),
-              "max_entities": 20, "max_hops": 50, "max_df": 200}
+              "max_entities": 20, "max_hops": 50, "max_df": 200, "restore": "0"}
     with psycopg.connect(stack.database_url) as conn:
         conn.execute("""INSERT INTO entities (workspace_id, id, name)
                         SELECT %(ws)s, 'e' || i, 'name ' || i FROM generate_series(1, 20000) i""", {"ws": w})
