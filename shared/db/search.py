@@ -1,7 +1,9 @@
 """Hybrid recall: one statement finds the candidates and their features; numpy fuses them.
 
 1. Candidates: the nearest drawers by embedding ∪ the best full-text matches ∪ up to
-   ``date_candidates`` drawers inside a time window the query names (shared/memory/timeexpr.py).
+   ``date_candidates`` drawers inside a time window the query names (shared/memory/timeexpr.py) ∪
+   the drawers the knowledge graph reaches from the entities the query names (shared/db/graph_recall.py,
+   a short deadline-bounded statement before this one).
    Full text matches an OR of the query's lexemes, since ``plainto_tsquery``'s AND misses most
    paraphrases, and keeps the matches holding most of them (migration 0006: ``ts_rank_cd`` chose no
    better and cost ~20 µs a row); in workspaces over ``exact_max`` drawers it asks

@@ -23,7 +23,10 @@ quality"):
 5. conversation structure: a drawer inherits ``smooth`` × the better of its neighbouring turns' scores
    (an answer sits next to its question), and ``session_boost`` × the mean of its session's three best
    scores (evidence clusters in sessions);
-6. importance and recency nudge the result.
+6. importance and recency nudge the result;
+7. the knowledge graph: how strongly the entities the query names, or their neighbours one triple away,
+   tie the drawer to the query (``Candidate.graph``, shared/memory/graph_signal.py), added like the
+   speaker and time-window signals, so a graph-linked turn lifts its neighbours and its session too.
 
 The fused score maps onto a 0–1 relevance (``1 - exp(-fused / relevance_scale)``) with no per-query
 divisor, so a threshold means the same everywhere; each hit's ``Explanation`` gives every signal's
