@@ -30,6 +30,7 @@ import numpy as np
 from shared.config import Settings
 from shared.evaluation.locomo import load_locomo
 from shared.evaluation.metrics import QuestionResult, flatten_units, summarize
+from shared.memory.graph_signal import GraphParams, graph_strengths, query_names
 from shared.memory.ranking import Candidate, RankParams, rank
 from shared.memory.timeexpr import date_windows
 
@@ -116,6 +117,97 @@ def load(settings: Settings, data: Path) -> list[Conv]:
     CACHE.mkdir(parents=True, exist_ok=True)
     path.write_bytes(pickle.dumps(out))
     return out
+
+
+@dataclass
+class Enrich:
+    """What enrich derived for one conversation: its knowledge graph and its episodes."""
+
+    aliases: dict[str, list[tuple[str, bool]]]  # alias_key → [(entity id, cased)]
+    mentions: dict[str, list[int]]  # entity id → drawer indexes
+    triples: list[tuple[str, str]]  # (subject id, object id)
+    episode_session: np.ndarray  # per episode: the lab's session ordinal
+    episode_emb: np.ndarray  # per episode: its embedding (the mean of its drawers')
+    episode_text: list[str]  # per episode: summary and topics
+
+
+def load_enrich(settings: Settings, data: Path, convs: list[Conv]) -> dict[str, Enrich]:
+    """Episodes and graph of every dev conversation (``palace bench locomo`` runs enrich), cached beside
+    the features; the first run needs the stack."""
+    ident = f"{data.resolve()}|{settings.embed_model}|{settings.embed_runtime}|enrich-v1"
+    path = CACHE / f"enrich-{hashlib.sha256(ident.encode()).hexdigest()[:10]}.pkl"
+    if path.exists():
+        return pickle.loads(path.read_bytes())
+    import psycopg
+    from pgvector.psycopg import register_vector
+
+    from services.benchmarks.locomo import _workspace
+
+    db_url = json.loads((settings.devstack_dir / "stack.json").read_text())["database_url"]
+    out = {}
+    with psycopg.connect(db_url) as conn:
+        register_vector(conn)
+        for c in convs:
+            ws = _workspace(c.sample_id, settings, data)
+            pos = {d: i for i, d in enumerate(c.ids)}
+            aliases: dict[str, list[tuple[str, bool]]] = {}
+            for key, eid, cased in conn.execute(
+                    "SELECT alias_key, entity_id, cased FROM entity_aliases WHERE workspace_id = %s", (ws,)):
+                aliases.setdefault(key, []).append((eid, cased))
+            mentions: dict[str, list[int]] = {}
+            for eid, did in conn.execute(
+                    "SELECT entity_id, drawer_id FROM entity_mentions WHERE workspace_id = %s", (ws,)):
+                if did in pos:
+                    mentions.setdefault(eid, []).append(pos[did])
+            triples = [(a, b) for a, b in conn.execute(
+                "SELECT subject_id, object_id FROM triples WHERE workspace_id = %s", (ws,))]
+            by_session: dict[str, int] = {}
+            for did, sid in conn.execute("SELECT id, session_id FROM drawers WHERE workspace_id = %s", (ws,)):
+                if did in pos:
+                    by_session[sid] = int(c.session[pos[did]])
+            eps = conn.execute(
+                """SELECT session_id, embedding, summary || ' ' || array_to_string(topics, ' ') FROM episodes
+                    WHERE workspace_id = %s AND status = 'ready' AND embedding IS NOT NULL ORDER BY session_id""",
+                (ws,)).fetchall()
+            eps = [e for e in eps if e[0] in by_session]
+            out[c.sample_id] = Enrich(aliases, mentions, triples, np.array([by_session[e[0]] for e in eps]),
+                                      np.array([e[1].to_numpy() for e in eps]), [e[2] for e in eps])
+    CACHE.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(pickle.dumps(out))
+    return out
+
+
+def lab_graph(c: Conv, en: Enrich, question: str, gp: GraphParams = GraphParams()) -> dict[int, float]:
+    """Drawer index → graph strength, as shared/db/graph_recall.py computes it for ``question``."""
+    names = query_names(question, gp.max_words)
+    named: list[str] = []
+    for key in names.any_alias:
+        named += [e for e, _ in en.aliases.get(key, [])]
+    for key in names.uncased_only:
+        named += [e for e, cased in en.aliases.get(key, []) if not cased]
+    named = sorted(set(named))[: gp.max_entities]
+    hop = sorted({b for a, b in en.triples if a in named} | {a for a, b in en.triples if b in named}
+                 - set(named))[: gp.max_hops]
+    rows = []
+    for hops, ents in ((0, named), (1, hop)):
+        for e in ents:
+            ds = en.mentions.get(e, [])
+            rows += [(str(d), e, hops, len(ds)) for d in ds]
+    return {int(k): v for k, v in graph_strengths(rows, len(c.ids), gp).items()}
+
+
+def lab_episodes(c: Conv, en: Enrich, qi: int, rp: RankParams, mode: str) -> dict[int, float]:
+    """Session ordinal → 0–1 strength of its episode for question ``qi``: ``band`` maps the episode's
+    cosine on the drawers' band, ``rank`` gives the k-th nearest episode 1/k."""
+    if not len(en.episode_emb):
+        return {}
+    cos = en.episode_emb @ c.qvec[qi]
+    if mode == "band":
+        v = np.clip((cos - rp.cos_floor) / (rp.cos_ceiling - rp.cos_floor), 0, 1)
+    else:
+        v = np.zeros(len(cos))
+        v[np.argsort(-cos)[:5]] = 1 / np.arange(1, 6)[: min(5, len(cos))]
+    return {int(s): float(x) for s, x in zip(en.episode_session, v, strict=True)}
 
 
 def evaluate(convs: list[Conv], scorer: Callable[[Conv, int], np.ndarray]) -> dict[str, float]:
@@ -285,7 +377,8 @@ def speaker_lexemes(convs: list[Conv]) -> dict[str, frozenset[str]]:
 
 
 def product_candidates(c: Conv, qi: int, sp: dict[str, frozenset[str]], n_ann: int = 100, n_fts: int = 100,
-                       n_date: int = 50) -> list[Candidate]:
+                       n_date: int = 50, graph: dict[int, float] | None = None,
+                       episode: dict[int, float] | None = None, episode_turns: int = 0) -> list[Candidate]:
     """The candidates shared/db/search.py fetches for question ``qi``, as ``rank`` receives them: nearest
     by cosine ∪ the full-text matches holding most query lexemes ∪ the nearest of those inside a window
     the question names."""
@@ -305,9 +398,17 @@ def product_candidates(c: Conv, qi: int, sp: dict[str, frozenset[str]], n_ann: i
     if windows and dated.any():
         idx = np.flatnonzero(dated)
         chosen |= set(idx[np.argsort(-cos[idx], kind="stable")[:n_date]].tolist())
+    graph = graph or {}
+    episode = episode or {}
+    chosen |= set(graph)
+    if episode_turns and episode:  # the nearest turns of the best episodes' sessions
+        for sess in sorted(episode, key=lambda x: -episode[x])[:3]:
+            idx = np.flatnonzero(c.session == sess)
+            chosen |= set(idx[np.argsort(-cos[idx], kind="stable")[:episode_turns]].tolist())
     sess_ids = [str(s) for s in c.session]
     return [Candidate(c.ids[i], sess_ids[i], int(c.seq[i]), float(cos[i]), c.lex[i], sum(c.lex[i].values()),
-                      sp.get(c.speaker[i], frozenset()), bool(dated[i]), float(c.importance[i]), 0.0)
+                      sp.get(c.speaker[i], frozenset()), bool(dated[i]), float(c.importance[i]), 0.0,
+                      graph=graph.get(i, 0.0), episode=episode.get(int(c.session[i]), 0.0))
             for i in sorted(chosen)]
 
 
@@ -379,13 +480,93 @@ def held_out(convs: list[Conv], sp: dict[str, frozenset[str]]) -> None:
     Console(width=150).print(t)
 
 
+def enrich_cands(convs: list[Conv], sp: dict[str, frozenset[str]], en: dict[str, Enrich], *,
+                 graph: bool = True, episode: str = "", episode_turns: int = 0,
+                 gp: GraphParams = GraphParams()) -> dict[tuple[str, int], list[Candidate]]:
+    """Every question's candidates with the graph and/or episode signals attached."""
+    out = {}
+    for c in convs:
+        e = en[c.sample_id]
+        for qi in range(len(c.questions)):
+            g = lab_graph(c, e, c.questions[qi][0], gp) if graph else None
+            ep = lab_episodes(c, e, qi, RankParams(), episode) if episode else None
+            out[(c.sample_id, qi)] = product_candidates(c, qi, sp, graph=g, episode=ep, episode_turns=episode_turns)
+    return out
+
+
+def per_conv(convs: list[Conv], cands: dict[tuple[str, int], list[Candidate]],
+             rp: RankParams) -> dict[str, dict[str, object]]:
+    """Per conversation: the question results of ``rank`` over ``cands``."""
+    out: dict[str, dict[str, object]] = {}
+    for c in convs:
+        pos = {d: i for i, d in enumerate(c.ids)}
+        res = []
+        for qi, (_, ev, cat) in enumerate(c.questions):
+            order = [pos[h.id] for h in rank(cands[(c.sample_id, qi)], c.qlex[qi], rp, 30)]
+            res.append(QuestionResult(c.sample_id, cat, ev, tuple(flatten_units(c.dia[i] for i in order)), 0.0))
+        out[c.sample_id] = {"res": res}
+    return out
+
+
+def _line(name: str, res: list[QuestionResult]) -> str:
+    sm = summarize(res)
+    cats = " ".join(f"{k}:{v['turn_recall@10']:.3f}/{v['session_recall_any@5']:.3f}"
+                    for k, v in sorted(sm.per_category.items()))
+    return f"{name:52s} {sm.turn_recall_10:.3f} {sm.session_any_5:.3f}  {cats}"
+
+
+def enrich_report(convs: list[Conv], sp: dict[str, frozenset[str]], en: dict[str, Enrich]) -> None:
+    """The graph and episode signals on LoCoMo-dev: variants in-sample by category, then a
+    leave-one-conversation-out choice of their weights (everything else as shipped)."""
+    n_ent = sum(len(e.mentions) for e in en.values())
+    n_tri = sum(len(e.triples) for e in en.values())
+    print(f"entities with mentions {n_ent}, triples {n_tri}, episodes {sum(len(e.episode_text) for e in en.values())}")
+    base = enrich_cands(convs, sp, en, graph=False)
+    with_graph = enrich_cands(convs, sp, en)
+    variants: dict[str, tuple[dict[tuple[str, int], list[Candidate]], RankParams]] = {
+        "shipped": (base, RankParams()),
+        "graph candidates, weight 0": (with_graph, RankParams()),
+        **{f"graph weight {w}": (with_graph, RankParams(w_graph=w)) for w in (0.1, 0.2, 0.3, 0.5)},
+    }
+    for mode in ("band", "rank"):
+        ep = enrich_cands(convs, sp, en, graph=False, episode=mode)
+        variants |= {f"episode ({mode}) weight {w}": (ep, RankParams(w_episode=w)) for w in (0.1, 0.2, 0.4)}
+    for turns in (5, 10):
+        ep = enrich_cands(convs, sp, en, graph=False, episode="rank", episode_turns=turns)
+        variants[f"episode (rank) 0.1 + its {turns} nearest turns as candidates"] = (ep, RankParams(w_episode=0.1))
+    print(f"{'variant':52s} R@10  S@5    per category R@10/S@5")
+    for name, (cands, rp) in variants.items():
+        res = [r for v in per_conv(convs, cands, rp).values() for r in v["res"]]  # type: ignore[attr-defined]
+        print(_line(name, res), flush=True)
+    both = enrich_cands(convs, sp, en, episode="rank")
+    grid = [RankParams(w_graph=g, w_episode=e) for g in (0.0, 0.1, 0.2, 0.3, 0.5) for e in (0.0, 0.1, 0.2, 0.4)]
+    scores = [per_conv(convs, both, rp) for rp in grid]
+    shipped = per_conv(convs, base, RankParams())
+    held, ship = [], []
+    for c in convs:
+        def fit(i: int, left: str = c.sample_id) -> float:
+            rest = [r for k, v in scores[i].items() if k != left for r in v["res"]]  # type: ignore[attr-defined]
+            sm = summarize(rest)
+            return sm.turn_recall_10 + sm.session_any_5
+        best = max(range(len(grid)), key=fit)
+        held += scores[best][c.sample_id]["res"]  # type: ignore[arg-type]
+        ship += shipped[c.sample_id]["res"]  # type: ignore[arg-type]
+        print(f"{c.sample_id}: chose graph {grid[best].w_graph} episode {grid[best].w_episode}", flush=True)
+    print(_line("held out (graph/episode weights chosen on the other 4)", held))
+    print(_line("shipped weights, no graph or episode", ship))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--data", type=Path, default=Path("../shared/bench/locomo-dev.json"))
     ap.add_argument("--only", default="", help="comma-separated variant name prefixes")
     ap.add_argument("--held-out", action="store_true", help="leave-one-conversation-out check of the weights")
+    ap.add_argument("--enrich", action="store_true", help="the graph and episode signals (needs enrich's output)")
     args = ap.parse_args()
     convs = load(Settings(), args.data)
+    if args.enrich:
+        enrich_report(convs, speaker_lexemes(convs), load_enrich(Settings(), args.data, convs))
+        return
     if args.held_out:
         held_out(convs, speaker_lexemes(convs))
         return

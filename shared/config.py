@@ -216,6 +216,10 @@ class Settings(BaseSettings):
         "(the default fits multilingual-e5-small; set both ends for another model).",
     )
     recall_cos_ceiling: float = Field(0.90, description="Cosine the vector signal counts as 1 (see recall_cos_floor).")
+    recall_graph_timeout_ms: int = Field(
+        5, ge=0, le=1000, description="Deadline of the knowledge-graph lookup of a search (graph-boosted recall): "
+        "past it the search goes on without the graph signal. 0 turns the lookup off.",
+    )
     log_level: str = Field("INFO", description="Log level.")
     log_json: bool = Field(True, description="JSON log lines (false: human-readable console).")
     shutdown_grace_s: float = Field(20.0, description="Seconds a service drains in-flight work on SIGTERM.")

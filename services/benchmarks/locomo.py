@@ -90,6 +90,35 @@ def _done_count(db_url: str, ws: str, ids: set[str]) -> int:
     return int(row[0]) if row else 0
 
 
+def _enriched(db_url: str, ws: str) -> tuple[int, int, int]:
+    """Announced episodes of a workspace, its sessions that have drawers (each gets an episode), and its
+    entity mentions (still growing while enrich extracts)."""
+    with psycopg.connect(db_url) as conn:
+        row = conn.execute(
+            "SELECT (SELECT count(*) FROM episodes WHERE workspace_id = %s AND announced_at IS NOT NULL),"
+            " (SELECT count(DISTINCT session_id) FROM drawer_sources WHERE workspace_id = %s),"
+            " (SELECT count(*) FROM entity_mentions WHERE workspace_id = %s)", (ws, ws, ws)).fetchone()
+    return (int(row[0]), int(row[1]), int(row[2])) if row else (0, 0, 0)
+
+
+def _wait_enriched(sup: Supervisor, progress: Progress, workspaces: list[str], timeout_s: float = 300.0) -> None:
+    """Wait until every session with drawers has its announced episode and the entity mentions stopped
+    growing for a few seconds (extraction follows episodic.created), so recall sees the graph it would in
+    service."""
+    task = progress.add_task("episodes (announced)", total=None)
+    deadline, last, stable_since = time.monotonic() + timeout_s, -1, time.monotonic()
+    while time.monotonic() < deadline:
+        counts = [_enriched(sup.database_url, ws) for ws in workspaces]
+        episodes, sessions, mentions = (sum(c[i] for c in counts) for i in range(3))
+        progress.update(task, completed=episodes, total=sessions)
+        if mentions != last:
+            last, stable_since = mentions, time.monotonic()
+        if episodes >= sessions and time.monotonic() - stable_since > 5:
+            return
+        sup.poll()
+        time.sleep(0.5)
+
+
 def _dia_map(db_url: str, ws: str) -> dict[str, list[str]]:
     """drawer id → the dia_ids of every turn it was filed from, in conversation order."""
     with psycopg.connect(db_url) as conn:
@@ -224,7 +253,8 @@ def run_locomo(run: LocomoRun, settings: Settings, on_stack: Callable[[Superviso
     convs = load_locomo(run.data)
     if run.limit:
         convs = convs[: run.limit]
-    sup = Supervisor(settings, services=["ingest", "embed", "classify", "cluster"],
+    # enrich too: episodes and the knowledge graph are signals recall reads (issue 14, point 6).
+    sup = Supervisor(settings, services=["ingest", "embed", "classify", "cluster", "enrich"],
                      log_dir=Path(settings.devstack_dir) / "logs", metrics_base_port=9301)
     workspaces = {c.sample_id: _workspace(c.sample_id, settings, run.data) for c in convs}
     with console.status("starting PostgreSQL and NATS ..."):
@@ -259,6 +289,7 @@ def run_locomo(run: LocomoRun, settings: Settings, on_stack: Callable[[Superviso
                 sup.poll()
                 time.sleep(0.5)
             ingest_s = time.perf_counter() - t0
+            _wait_enriched(sup, progress, [workspaces[c.sample_id] for c in convs])
             hybrid, dense, text, plain, embed_ms = asyncio.run(
                 _run_queries(settings, sup.database_url, convs, workspaces, progress))
     finally:

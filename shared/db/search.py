@@ -1,7 +1,9 @@
 """Hybrid recall: one statement finds the candidates and their features; numpy fuses them.
 
 1. Candidates: the nearest drawers by embedding ∪ the best full-text matches ∪ up to
-   ``date_candidates`` drawers inside a time window the query names (shared/memory/timeexpr.py).
+   ``date_candidates`` drawers inside a time window the query names (shared/memory/timeexpr.py) ∪
+   the drawers the knowledge graph reaches from the entities the query names (shared/db/graph_recall.py,
+   a short deadline-bounded statement before this one).
    Full text matches an OR of the query's lexemes, since ``plainto_tsquery``'s AND misses most
    paraphrases, and keeps the matches holding most of them (migration 0006: ``ts_rank_cd`` chose no
    better and cost more a row); in workspaces over ``exact_max`` drawers a plain OR matches a large
@@ -35,7 +37,9 @@ import numpy as np
 from psycopg import AsyncConnection
 
 from shared.config import Settings
+from shared.db.graph_recall import graph_candidates
 from shared.memory.citations import cite
+from shared.memory.graph_signal import GraphParams
 from shared.memory.ranking import Candidate, Explanation, Ranked, RankParams, rank, tsvector_terms
 from shared.memory.timeexpr import date_windows
 
@@ -52,11 +56,14 @@ class SearchParams:
     fts_scan_max: int = 2_000
     max_terms: int = 16
     rank: RankParams = field(default_factory=RankParams)
+    graph: GraphParams = field(default_factory=GraphParams)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> SearchParams:
-        """The defaults, with the embedding model's cosine band from the settings."""
-        return cls(rank=RankParams(cos_floor=settings.recall_cos_floor, cos_ceiling=settings.recall_cos_ceiling))
+        """The defaults, with the embedding model's cosine band and the graph signal's deadline from the
+        settings."""
+        return cls(rank=RankParams(cos_floor=settings.recall_cos_floor, cos_ceiling=settings.recall_cos_ceiling),
+                   graph=GraphParams(timeout_ms=settings.recall_graph_timeout_ms))
 
 
 @dataclass(frozen=True)
@@ -120,7 +127,7 @@ WITH lex AS (
      LIMIT %(n_date)s
 ), c AS (
     SELECT array(SELECT id FROM ann_exact UNION SELECT id FROM ann_hnsw UNION SELECT id FROM fts
-                 UNION SELECT id FROM dated) AS ids
+                 UNION SELECT id FROM dated UNION SELECT unnest(%(graph_ids)s::text[])) AS ids
 )
 -- = ANY(array) rather than a join: the primary key fetches the ~200 rows, instead of a scan of the table.
 SELECT d.id, d.session_id, d.seq,
@@ -138,12 +145,15 @@ SELECT d.id, d.session_id, d.seq,
 async def candidates(
     conn: AsyncConnection[Any], workspace_id: str, query: str, embedding: np.ndarray | None,
     windows: list[tuple[datetime, datetime]], params: SearchParams, *, workspace_size: int | None = None,
-    vector_index: bool = False,
+    vector_index: bool = False, graph: dict[str, float] | None = None,
 ) -> tuple[list[str], list[Candidate], dict[str, tuple[Any, ...]]]:
     """The query's lexemes, every candidate with the numbers ``rank`` needs, and each candidate's row
     from ``content`` on, to show if it is picked (one round trip: fetching the top k afterwards cost
-    more than reading ~200 short texts now; metadata stays JSON text until a row is picked)."""
+    more than reading ~200 short texts now; metadata stays JSON text until a row is picked).
+    ``graph``: drawers the knowledge graph reached (``graph_candidates``), candidates too."""
+    graph = graph or {}
     cur = await conn.execute(_SQL, {
+        "graph_ids": list(graph),
         "text": query, "emb": embedding, "use_ann": embedding is not None, "ws": workspace_id,
         "exact": workspace_size is not None and workspace_size <= params.exact_max,
         "hnsw": vector_index, "max_terms": params.max_terms,
@@ -160,7 +170,7 @@ async def candidates(
         content_tf, content_len, speaker_lexemes = tsvector_terms(tsv or "", lexemes)
         cands.append(Candidate(did, session_id, seq, None if cos is None else float(cos), content_tf,
                                content_len, speaker_lexemes, bool(dated), float(importance), float(age_days or 0.0),
-                               row[17]))
+                               row[17], graph=graph.get(did, 0.0)))
         rows[did] = row
     return lexemes, cands, rows
 
@@ -197,14 +207,24 @@ async def hybrid_search(
         vector_index: the workspace's own HNSW index is ready (else an exact nearest-neighbour scan).
         now: the reference time of relative expressions ("yesterday"); default the current time.
     """
+    graph: dict[str, float] = {}
+    if params.rank.w_graph > 0:
+        # The graph weighs an entity by its rarity among the workspace's drawers; a count capped at the
+        # search's thresholds (what Recaller passes) only understates how rare it is.
+        size = workspace_size if workspace_size is not None else await _live_drawers(conn, workspace_id, 100_000)
+        graph = await graph_candidates(conn, workspace_id, query, size, params.graph)
     lexemes, cands, rows = await candidates(conn, workspace_id, query, embedding, date_windows(query, now), params,
-                                            workspace_size=workspace_size, vector_index=vector_index)
+                                            workspace_size=workspace_size, vector_index=vector_index, graph=graph)
     return _hits(rank(cands, lexemes, params.rank, params.k), rows)
 
 
 async def workspace_size(conn: AsyncConnection[Any], workspace_id: str, cap: int) -> int:
     """Live drawers in a workspace, counted up to ``cap`` (an index-only scan of at most ``cap`` rows):
     search only asks whether the workspace is past its thresholds, so the count must not grow with it."""
+    return await _live_drawers(conn, workspace_id, cap)
+
+
+async def _live_drawers(conn: AsyncConnection[Any], workspace_id: str, cap: int) -> int:
     cur = await conn.execute(
         "SELECT count(*) FROM (SELECT 1 FROM drawers WHERE workspace_id = %s AND deleted_at IS NULL LIMIT %s) x",
         (workspace_id, cap))

@@ -23,7 +23,10 @@ quality"):
 5. conversation structure: a drawer inherits ``smooth`` × the better of its neighbouring turns' scores
    (an answer sits next to its question), and ``session_boost`` × the mean of its session's three best
    scores (evidence clusters in sessions);
-6. importance and recency nudge the result.
+6. importance and recency nudge the result;
+7. the knowledge graph: how strongly the entities the query names, or their neighbours one triple away,
+   tie the drawer to the query (``Candidate.graph``, shared/memory/graph_signal.py), added like the
+   speaker and time-window signals, so a graph-linked turn lifts its neighbours and its session too.
 
 The fused score maps onto a 0–1 relevance (``1 - exp(-fused / relevance_scale)``) with no per-query
 divisor, so a threshold means the same everywhere; each hit's ``Explanation`` gives every signal's
@@ -80,6 +83,8 @@ class RankParams:
     capped_pool: int = 12  # ...chosen among the best ``capped_pool`` only (0: among all)
     relevance_floor: float = 0.3
     superseded_factor: float = 0.5  # a drawer a newer one contradicted keeps this share of its score
+    w_graph: float = 0.15  # the knowledge-graph signal (shared/memory/graph_signal.py)
+    w_episode: float = 0.0  # the session's episode as a document (measured, not shipped: ranking_lab.py --enrich)
 
 
 @dataclass(frozen=True)
@@ -99,6 +104,8 @@ class Candidate:
     importance: float
     age_days: float
     superseded_by: str | None = None  # the newer drawer that contradicted this one
+    graph: float = 0.0  # 0–1: how strongly the knowledge graph ties it to the query (graph_signal.py)
+    episode: float = 0.0  # 0–1: how well its session's episode matches the query
 
 
 @dataclass(frozen=True)
@@ -106,7 +113,8 @@ class Explanation:
     """Why a drawer scored what it did: each signal's share of ``score``, on the same 0–1 scale, so the
     shares add up to the score (``diversity`` is zero or negative). The fused score is a sum of signals
     scaled by importance and recency, then mapped onto 0–1; each signal keeps its fraction of the fused
-    score through that mapping. ``graph`` stays 0 until a knowledge-graph signal exists. ``cosine`` and
+    score through that mapping. ``graph`` is the knowledge graph's share (0 when the query reached no
+    drawer through it, or its weight is 0). ``cosine`` and
     ``bm25`` are the raw values behind ``vector`` and ``full_text``."""
 
     vector: float
@@ -292,12 +300,14 @@ def rank(cands: Sequence[Candidate], query_lexemes: Sequence[str], p: RankParams
     qset = frozenset(query_lexemes)
     named = np.fromiter((not qset.isdisjoint(c.speaker_lexemes) for c in cands), dtype=float, count=n)
     dated = np.fromiter((c.dated for c in cands), dtype=float, count=n)
+    graph = np.fromiter((c.graph for c in cands), dtype=float, count=n)
+    episode = np.fromiter((c.episode for c in cands), dtype=float, count=n)
     parts = {"vector": p.w_dense * dense, "full_text": p.w_text * text, "speaker": p.w_speaker * named,
-             "time_window": p.w_date * dated}
+             "time_window": p.w_date * dated, "graph": p.w_graph * graph}
     s = sum(parts.values())
     parts["neighbours"] = p.smooth * _neighbour_best(cands, s)
     sm = s + parts["neighbours"]
-    parts["session"] = p.session_boost * _session_strength(cands, sm, p.session_top)
+    parts["session"] = p.session_boost * _session_strength(cands, sm, p.session_top) + p.w_episode * episode
     base = sm + parts["session"]
     imp = np.fromiter((c.importance for c in cands), dtype=float, count=n)
     age = np.fromiter((max(c.age_days, 0.0) for c in cands), dtype=float, count=n)
@@ -313,7 +323,7 @@ def rank(cands: Sequence[Candidate], query_lexemes: Sequence[str], p: RankParams
     share = np.divide(rel, fused, out=np.zeros(n), where=fused > 0)
     out = []
     for i in order[:k]:
-        e = Explanation(**{name: float(v[i] * share[i]) for name, v in parts.items()}, graph=0.0,
+        e = Explanation(**{name: float(v[i] * share[i]) for name, v in parts.items()},
                         diversity=float(final[i] - rel[i]), cosine=None if np.isnan(cos[i]) else float(cos[i]),
                         bm25=float(raw_text[i]))
         out.append(Ranked(cands[i].id, float(final[i]), float(dense[i]), float(text[i]), float(rel[i]), e))
