@@ -226,6 +226,12 @@ async def upsert_entities(
         )
     for eid, name, _ in entities:
         await add_aliases(conn, workspace_id, eid, [name])  # so the inline linker finds it from now on
+    # An entity merged away by entity dedup is mentioned through the entity it was merged into.
+    cur0 = await conn.execute("SELECT id, merged_into FROM entities WHERE workspace_id = %s AND id = ANY(%s)"
+                              " AND merged_into IS NOT NULL", (workspace_id, [i for i, _, _ in entities]))
+    moved = {str(i): str(m) for i, m in await cur0.fetchall()}
+    if moved:
+        mentions = sorted({(moved.get(e, e), d) for e, d in mentions})
     async with conn.cursor() as cur:
         await cur.executemany(
             "INSERT INTO entity_mentions (workspace_id, entity_id, drawer_id) VALUES (%s, %s, %s)"
