@@ -357,6 +357,8 @@ async def absorb_followups(conn: AsyncConnection[Any], workspace_id: str, ids: l
             WHERE m.workspace_id = %s AND m.merged_id = ANY(%s) AND m.status = 'merged'
               AND (EXISTS (SELECT 1 FROM entity_mentions x WHERE x.workspace_id = m.workspace_id
                               AND x.entity_id = m.merged_id)
+                   OR EXISTS (SELECT 1 FROM entity_aliases a WHERE a.workspace_id = m.workspace_id
+                                 AND a.entity_id = m.merged_id)
                    OR EXISTS (SELECT 1 FROM triples t WHERE t.workspace_id = m.workspace_id
                                  AND t.subject_id = m.merged_id)
                    OR EXISTS (SELECT 1 FROM triples t WHERE t.workspace_id = m.workspace_id

@@ -224,14 +224,15 @@ async def upsert_entities(
                ON CONFLICT (workspace_id, id) DO UPDATE SET updated_at = now()""",
             [(workspace_id, i, n, t) for i, n, t in entities],
         )
-    for eid, name, _ in entities:
-        await add_aliases(conn, workspace_id, eid, [name])  # so the inline linker finds it from now on
-    # An entity merged away by entity dedup is mentioned through the entity it was merged into.
+    # An entity merged away by entity dedup is named and mentioned through the entity it was merged into.
     cur0 = await conn.execute("SELECT id, merged_into FROM entities WHERE workspace_id = %s AND id = ANY(%s)"
                               " AND merged_into IS NOT NULL", (workspace_id, [i for i, _, _ in entities]))
     moved = {str(i): str(m) for i, m in await cur0.fetchall()}
     if moved:
         mentions = sorted({(moved.get(e, e), d) for e, d in mentions})
+    for eid, name, _ in entities:
+        # So the inline linker finds it from now on.
+        await add_aliases(conn, workspace_id, moved.get(eid, eid), [name])
     async with conn.cursor() as cur:
         await cur.executemany(
             "INSERT INTO entity_mentions (workspace_id, entity_id, drawer_id) VALUES (%s, %s, %s)"
