@@ -205,6 +205,13 @@ async def redrive(run: JobRun) -> dict[str, int]:
     return {"redriven": len(stuck), "failed": failed}
 
 
+async def dreaming(run: JobRun) -> dict[str, int]:
+    """Consolidate agent/user pairs' unpromoted episodes into the dreaming wing (shared.dreaming)."""
+    from shared.dreaming import dreaming as dream
+
+    return await dream(run)
+
+
 # The registry: maintain runs every entry on its schedule and `palace maintain <name>` runs one now.
 JOBS: dict[str, Job] = {j.name: j for j in (
     Job("redrive", "Re-announce drawers stuck in 'raw'; fail those still raw after every re-drive.",
@@ -215,6 +222,9 @@ JOBS: dict[str, Job] = {j.name: j for j in (
         lambda s: s.prune_every_s, prune),
     Job("expire", "Delete expired episodes and archived drawers past the archive retention.",
         lambda s: s.expire_every_s, expire),
+    Job("dreaming", "Consolidate each agent/user pair's unpromoted episodes (from PALACE_DREAMING_THRESHOLD) into "
+        "long-term drawers in the dreaming wing, once per threshold.", lambda s: s.dreaming_every_s, dreaming,
+        needs_bus=True),
 )}
 
 

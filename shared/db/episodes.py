@@ -105,14 +105,15 @@ async def mark_episode_pending(conn: AsyncConnection[Any], workspace_id: str, ep
     cur = await conn.execute(
         """WITH src AS (SELECT md5(string_agg(DISTINCT drawer_id, ',' ORDER BY drawer_id)) AS h
                           FROM drawer_sources WHERE workspace_id = %(ws)s AND session_id = %(sid)s)
-           INSERT INTO episodes (workspace_id, id, session_id, agent_id, summary, abstract, status, source_hash,
-                                 pending_since, started_at, completed_at)
-           SELECT s.workspace_id, %(id)s, s.session_id, s.agent_id, '', '', 'pending', src.h, now(),
+           INSERT INTO episodes (workspace_id, id, session_id, agent_id, user_id, summary, abstract, status,
+                                 source_hash, pending_since, started_at, completed_at)
+           SELECT s.workspace_id, %(id)s, s.session_id, s.agent_id, s.user_id, '', '', 'pending', src.h, now(),
                   s.started_at, s.completed_at
              FROM sessions s, src WHERE s.workspace_id = %(ws)s AND s.session_id = %(sid)s
            ON CONFLICT (workspace_id, id) DO UPDATE
               SET status = 'pending', source_hash = EXCLUDED.source_hash, pending_since = now(),
-                  announced_at = NULL, agent_id = EXCLUDED.agent_id, started_at = EXCLUDED.started_at,
+                  announced_at = NULL, agent_id = EXCLUDED.agent_id, user_id = EXCLUDED.user_id,
+                  started_at = EXCLUDED.started_at,
                   completed_at = EXCLUDED.completed_at
             WHERE episodes.source_hash IS DISTINCT FROM EXCLUDED.source_hash
            RETURNING id""",
