@@ -410,9 +410,13 @@ async def revert_merge(conn: AsyncConnection[Any], workspace_id: str, merge_id: 
     # exactly, and the survivor's facts whose start moved back get their own start again.
     for t in snap["triples"]:
         if t["id"] in snap["absorbed"]:
+            # Unless forget took its source drawer meanwhile.
             await conn.execute(
-                "INSERT INTO triples SELECT * FROM jsonb_populate_record(NULL::triples, %s) ON CONFLICT DO NOTHING",
-                (Jsonb(t),))
+                """INSERT INTO triples SELECT r.* FROM jsonb_populate_record(NULL::triples, %s) r
+                    WHERE r.source_drawer IS NULL OR EXISTS (SELECT 1 FROM drawers d
+                                                              WHERE d.workspace_id = r.workspace_id
+                                                                AND d.id = r.source_drawer)
+                   ON CONFLICT DO NOTHING""", (Jsonb(t),))
         else:
             await conn.execute("UPDATE triples SET subject_id = %s, object_id = %s WHERE workspace_id = %s AND id = %s",
                                (t["subject_id"], t["object_id"], workspace_id, t["id"]))
@@ -421,9 +425,10 @@ async def revert_merge(conn: AsyncConnection[Any], workspace_id: str, merge_id: 
                            (vf, workspace_id, tid))
     await conn.execute("DELETE FROM entity_mentions WHERE workspace_id = %s AND entity_id = %s AND drawer_id = ANY(%s)",
                        (workspace_id, survivor, snap["mentions_added"]))
-    await conn.execute(
+    await conn.execute(  # the drawers forget took meanwhile stay forgotten
         """INSERT INTO entity_mentions (workspace_id, entity_id, drawer_id)
-           SELECT %s, %s, unnest(%s::text[]) ON CONFLICT DO NOTHING""", (workspace_id, loser, snap["mentions"]))
+           SELECT %(ws)s, %(l)s, d.id FROM drawers d WHERE d.workspace_id = %(ws)s AND d.id = ANY(%(m)s)
+           ON CONFLICT DO NOTHING""", {**p, "m": snap["mentions"]})
     await conn.execute("DELETE FROM entity_aliases WHERE workspace_id = %s AND entity_id = %s AND alias_key = ANY(%s)",
                        (workspace_id, survivor, snap["aliases_added"]))
     for a in snap["aliases"]:

@@ -210,3 +210,34 @@ async def test_llm_answers_good_partial_malformed_slow_and_failing(
         60, "the dreamt drawers")
     meta = stack.sql("SELECT metadata FROM drawers WHERE workspace_id = %s AND wing = 'dreaming'", (w,))
     assert meta and all(m[0]["message"]["dreaming_run"] == run[0] for m in meta)
+
+
+async def test_due_pairs_and_a_claim_read_the_partial_index(stack: Stack, runner: Runner) -> None:
+    w = ws()
+    _episodes(stack, w, "a", "u", 3)
+    async with runner.pool.connection() as conn:
+        await conn.execute("SET enable_seqscan = off")  # plans on the shared test database, not its size
+        for sql, params in [
+            ("SELECT workspace_id, coalesce(agent_id, ''), coalesce(user_id, ''), count(*) FROM episodes"
+             " WHERE promoted_at IS NULL AND status = 'ready' AND session_id NOT LIKE 'dreaming:%%'"
+             " GROUP BY 1, 2, 3 HAVING count(*) >= 5", ()),
+            ("SELECT id FROM episodes WHERE workspace_id = %s AND coalesce(agent_id, '') = 'a'"
+             " AND coalesce(user_id, '') = 'u' AND promoted_at IS NULL AND status = 'ready'"
+             " AND session_id NOT LIKE 'dreaming:%%' ORDER BY completed_at, id LIMIT 10", (w,)),
+        ]:
+            plan = "\n".join(r[0] for r in await (await conn.execute("EXPLAIN " + sql, params)).fetchall())
+            assert "episodes_unpromoted" in plan, plan
+        await conn.rollback()
+
+
+async def test_forgetting_a_session_forgets_the_dreaming_run_made_from_it(stack: Stack, runner: Runner) -> None:
+    from shared.forget import Scope, forget
+
+    w = ws()
+    eps = _episodes(stack, w, "a", "u", 5)
+    assert (await dream_pair(runner.run("t"), w, "a", "u"))["outcome"] == "done"
+    session_of = stack.sql("SELECT session_id FROM episodes WHERE workspace_id = %s AND id = %s", (w, eps[2]))[0][0]
+    stack.sql("INSERT INTO sessions (workspace_id, session_id, event_id, message_count, content_hash)"
+              " VALUES (%s, %s, 'e', 0, 'h') RETURNING 1", (w, session_of))
+    await forget(runner.pool, stack.settings, stack.nats_url, Scope(w, "session", session_of), requested_by="test")
+    assert _runs(stack, w) == []

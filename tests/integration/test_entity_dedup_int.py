@@ -97,6 +97,8 @@ async def _seed(pool: AsyncConnectionPool, stack: Stack, w: str) -> None:
         await ensure_entities(c, w, [("Lisbon Office", "concept")])
         await add_triple(c, w, "Lisbon Office", "located_in", "Portugal", valid_from="2025-01-01")
         await add_triple(c, w, "Lisbon", "located_in", "Portugal", valid_from="2025-01-01")
+    stack.sql("INSERT INTO drawers (workspace_id, id, content, content_hash) SELECT %s, d, 'text of ' || d, d"
+              " FROM unnest('{d-1,d-2,d-9}'::text[]) d RETURNING 1", (w,))
     # Tomas is the better known of the two (more mentions): the survivor.
     stack.sql("INSERT INTO entity_mentions (workspace_id, entity_id, drawer_id) VALUES"
               " (%s, %s, 'd-1'), (%s, %s, 'd-2'), (%s, %s, 'd-9') RETURNING 1",

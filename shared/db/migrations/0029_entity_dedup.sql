@@ -6,6 +6,8 @@
 -- the merge changed, from the snapshot kept in entity_merges.
 
 ALTER TABLE entities ADD COLUMN merged_into text;
+-- The entities merged into one (forget takes them with their survivor).
+CREATE INDEX entities_merged_into ON entities (workspace_id, merged_into) WHERE merged_into IS NOT NULL;
 
 -- The keys an entity is compared by (shared.memory.entity_dedup.dedup_keys: its canonical name, the
 -- words of a longer name, the first letters of its name), so finding the candidates of one entity is
