@@ -20,6 +20,7 @@ from shared.db.drawers import (
     record_history,
     set_dedup_bands,
 )
+from shared.db.entity_dedup import key_entities_span
 from shared.db.search import SearchParams, hybrid_search
 from shared.db.tenancy import maintenance_tx, workspace_tx
 from shared.events import DrawerClassified, EntityUpserted
@@ -30,7 +31,7 @@ from shared.memory import decisions as writes
 from shared.memory.dedup import decide, wording_bands
 from shared.metrics import DRAWERS, ENTITIES
 
-__all__ = ["DURABLE", "DURABLE_ENTITIES", "backfill_bands", "register"]
+__all__ = ["DURABLE", "DURABLE_ENTITIES", "backfill_bands", "backfill_entity_keys", "register"]
 
 DURABLE = "cluster"
 DURABLE_ENTITIES = "cluster-entities"
@@ -178,5 +179,19 @@ async def backfill_bands(deps: Deps, stop: asyncio.Event) -> None:
                     await set_dedup_bands(conn, ws, items)
                 done = len(rows)
         if done < 500:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), 60.0)
+
+
+async def backfill_entity_keys(deps: Deps, stop: asyncio.Event) -> None:
+    """One walk of the entities at start, giving those written before entity dedup existed their
+    dedup keys (new ones get theirs on entity.upserted), so they are found as candidates too."""
+    after: tuple[str, str] | None = ("", "")
+    while after is not None and not stop.is_set():
+        try:
+            async with maintenance_tx(deps.pool) as conn:
+                after = await key_entities_span(conn, after, 500)
+        except Exception as e:  # retried after a pause; a failure here never stops the service
+            log.warning("entity_keys_backfill_failed", error=repr(e)[:300])
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), 60.0)

@@ -31,6 +31,7 @@ __all__ = [
     "index_entity_keys",
     "keep_apart",
     "kept_apart",
+    "key_entities_span",
     "list_flags",
     "list_merges",
     "live_entities",
@@ -78,6 +79,23 @@ async def index_entity_keys(conn: AsyncConnection[Any], workspace_id: str, rows:
             """INSERT INTO entity_keys (workspace_id, key, entity_id)
                SELECT %s, k, e FROM unnest(%s::text[], %s::text[]) AS u(k, e) ON CONFLICT DO NOTHING""",
             (workspace_id, [k for k, _ in keys], [e for _, e in keys]))
+
+
+async def key_entities_span(conn: AsyncConnection[Any], after: tuple[str, str], limit: int) -> tuple[str, str] | None:
+    """Key the next ``limit`` entities after ``after`` in primary-key order, across workspaces
+    (maintenance role): entities written before dedup existed get found as candidates too. Returns
+    the last key of the span, or None at the end. Idempotent."""
+    cur = await conn.execute(
+        "SELECT workspace_id, id, name FROM entities WHERE (workspace_id, id) > (%s, %s)"
+        " ORDER BY workspace_id, id LIMIT %s", (*after, limit))
+    rows = await cur.fetchall()
+    keys = sorted({(str(w), k, str(i)) for w, i, n in rows for k in dedup_keys(str(n))})
+    if keys:
+        await conn.execute(
+            """INSERT INTO entity_keys (workspace_id, key, entity_id)
+               SELECT * FROM unnest(%s::text[], %s::text[], %s::text[]) ON CONFLICT DO NOTHING""",
+            ([w for w, _, _ in keys], [k for _, k, _ in keys], [i for _, _, i in keys]))
+    return (str(rows[-1][0]), str(rows[-1][1])) if len(rows) == limit else None
 
 
 def _probe_keys(name: str) -> tuple[list[str], list[str]]:

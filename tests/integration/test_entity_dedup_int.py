@@ -270,3 +270,27 @@ def test_the_chain_from_one_session_to_dedup_and_replaying_every_event_changes_n
     finally:
         loop.call_soon_threadsafe(stop.set)
         th.join(10)
+
+
+async def test_entities_from_before_dedup_get_their_keys_and_are_found(pool: AsyncConnectionPool,
+                                                                       stack: Stack) -> None:
+    from shared.db.entity_dedup import key_entities_span
+    from shared.db.tenancy import maintenance_tx
+
+    w = ws()
+    old = entity_id(w, "Zoë Quill")
+    # Written as an older release did: no dedup keys.
+    stack.sql("INSERT INTO entities (workspace_id, id, name, entity_type, mention_count) VALUES"
+              " (%s, %s, 'Zoë Quill', 'person', 3) RETURNING 1", (w, old))
+    after: tuple[str, str] | None = (w, "")
+    async with maintenance_tx(pool) as conn:  # the walk cluster makes at start, from this workspace on
+        while after is not None and after[0] == w:
+            after = await key_entities_span(conn, after, 500)
+    assert ("n:zoequill",) in stack.sql("SELECT key FROM entity_keys WHERE workspace_id = %s AND entity_id = %s",
+                                        (w, old))
+    async with workspace_tx(pool, w) as c:
+        await ensure_entities(c, w, [("Zoe Quill", "concept")])
+    await asyncio.to_thread(stack.publish, _upserted(w, ["Zoe Quill"]), "entity.upserted")
+    rows = await asyncio.to_thread(wait_for, lambda: stack.sql(
+        "SELECT survivor_id, rule FROM entity_merges WHERE workspace_id = %s", (w,)), 60, "the merge")
+    assert rows == [(old, "same_name")]
