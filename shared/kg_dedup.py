@@ -42,16 +42,15 @@ async def dedup_entities(pool: AsyncConnectionPool, workspace_id: str, entity_id
         followups = await sql.absorb_followups(conn, workspace_id, ids)
         live = [r for r in await sql.live_entities(conn, workspace_id, ids) if r.merged_into is None]
         await sql.index_entity_keys(conn, workspace_id, live)
-        for e in live:
-            mine, theirs = await sql.candidates_of(conn, workspace_id, e)
-            for a, b in zip(mine, theirs, strict=True):
-                apart = await sql.kept_apart(conn, workspace_id, a.id, b.id)
-                d = decide_pair(a, b, context_threshold=context_threshold, kept_apart=apart)
-                if d.action == "flag":
-                    await sql.flag_pair(conn, workspace_id, a.id, b.id, d)
-                    flagged += 1
-                elif d.action == "merge":
-                    merges.append(d)
+        for a, b in await sql.candidates_of(conn, workspace_id, live):
+            d = decide_pair(a, b, context_threshold=context_threshold)
+            if d.action != "none" and await sql.kept_apart(conn, workspace_id, a.id, b.id):
+                continue  # an operator (or a revert) said these are different
+            if d.action == "flag":
+                await sql.flag_pair(conn, workspace_id, a.id, b.id, d)
+                flagged += 1
+            elif d.action == "merge":
+                merges.append(d)
     done = []
     for d in merges:
         async with workspace_tx(pool, workspace_id) as conn:

@@ -17,7 +17,15 @@ from psycopg.types.json import Jsonb
 
 from shared.db.drawers import record_history
 from shared.ids import stable_id
-from shared.memory.entity_dedup import Candidate, Decision, canonical_name, dedup_keys, name_words
+from shared.memory.entity_dedup import (
+    Candidate,
+    Decision,
+    canonical_name,
+    dedup_keys,
+    extends,
+    name_words,
+    worth_checking,
+)
 from shared.memory.kg import entity_id, match_key
 
 __all__ = [
@@ -111,59 +119,72 @@ def _probe_keys(name: str) -> tuple[list[str], list[str]]:
 
 
 async def candidates_of(
-    conn: AsyncConnection[Any], workspace_id: str, e: EntityRow
-) -> tuple[list[Candidate], list[Candidate]]:
-    """(e with its evidence per candidate, the candidates with theirs), aligned: the live entities the
-    name indexes (entity_keys, entity_aliases) relate to ``e``, each with the evidence about the pair."""
-    exact, block = _probe_keys(e.name)
+    conn: AsyncConnection[Any], workspace_id: str, entities: list[EntityRow]
+) -> list[tuple[Candidate, Candidate]]:
+    """(entity, candidate) pairs, each side with the evidence about the pair: the live entities the
+    name indexes (entity_keys, entity_aliases) relate to each of ``entities``, whose names make a rule
+    possible. Three index probes for the whole batch, then a few per plausible pair."""
+    if not entities:
+        return []
+    probes: list[tuple[int, str]] = []
+    for i, e in enumerate(entities):
+        exact, block = _probe_keys(e.name)
+        probes += [(i, k) for k in exact + block]
     cur = await conn.execute(
-        """(SELECT DISTINCT entity_id FROM entity_keys
-             WHERE workspace_id = %(ws)s AND key = ANY(%(exact)s) AND entity_id <> %(id)s LIMIT %(cap)s)
-           UNION
-           (SELECT DISTINCT entity_id FROM entity_keys
-             WHERE workspace_id = %(ws)s AND key = ANY(%(block)s) AND entity_id <> %(id)s LIMIT %(cap)s)""",
-        {"ws": workspace_id, "exact": exact, "block": block, "id": e.id, "cap": CANDIDATE_CAP + 1})
-    ids = {str(r[0]) for r in await cur.fetchall()}
+        """SELECT q.i, c.entity_id FROM unnest(%(i)s::int[], %(k)s::text[]) AS q(i, key)
+           CROSS JOIN LATERAL (SELECT DISTINCT entity_id FROM entity_keys
+                                WHERE workspace_id = %(ws)s AND key = q.key LIMIT %(cap)s) c""",
+        {"ws": workspace_id, "i": [i for i, _ in probes], "k": [k for _, k in probes], "cap": CANDIDATE_CAP + 1})
+    found: dict[int, set[str]] = {}
+    for i, oid in await cur.fetchall():
+        found.setdefault(int(i), set()).add(str(oid))
     # Known by another name: entities that carry e's name as an alias, and those whose names e carries.
-    key = match_key(e.name)
-    cur = await conn.execute(
-        "SELECT entity_id FROM entity_aliases WHERE workspace_id = %s AND alias_key = %s AND entity_id <> %s",
-        (workspace_id, key, e.id))
-    carry_mine = {str(r[0]) for r in await cur.fetchall()}
-    cur = await conn.execute("SELECT alias FROM entity_aliases WHERE workspace_id = %s AND entity_id = %s",
-                             (workspace_id, e.id))
-    mine = {entity_id(workspace_id, str(r[0])) for r in await cur.fetchall()} - {e.id}
-    ids |= carry_mine | mine
-    if not ids:
-        return [], []
+    keys = {i: match_key(e.name) for i, e in enumerate(entities)}
+    cur = await conn.execute("SELECT alias_key, entity_id FROM entity_aliases WHERE workspace_id = %s"
+                             " AND alias_key = ANY(%s)", (workspace_id, sorted(set(keys.values()))))
+    owners_of: dict[str, set[str]] = {}
+    for k, oid in await cur.fetchall():
+        owners_of.setdefault(str(k), set()).add(str(oid))
+    cur = await conn.execute("SELECT entity_id, alias FROM entity_aliases WHERE workspace_id = %s"
+                             " AND entity_id = ANY(%s)", (workspace_id, [e.id for e in entities]))
+    carried: dict[str, set[str]] = {}
+    for eid, alias in await cur.fetchall():
+        carried.setdefault(str(eid), set()).add(entity_id(workspace_id, str(alias)))
+    per: list[tuple[set[str], set[str], set[str]]] = []
+    for i, e in enumerate(entities):
+        carry_mine = owners_of.get(keys[i], set()) - {e.id}
+        mine = carried.get(e.id, set()) - {e.id}
+        per.append(((found.get(i, set()) | carry_mine | mine) - {e.id}, carry_mine, mine))
+    all_ids = sorted(set().union(*(ids for ids, _, _ in per)))
+    if not all_ids:
+        return []
     cur = await conn.execute(
         "SELECT id, name, entity_type, mention_count FROM entities"
-        " WHERE workspace_id = %s AND id = ANY(%s) AND merged_into IS NULL ORDER BY id",
-        (workspace_id, sorted(ids)))
-    others = [(str(i), str(n), str(t), int(c)) for i, n, t, c in await cur.fetchall()]
-    if len(others) > CANDIDATE_CAP:
-        others = [o for o in others if o[0] in carry_mine | mine
-                  or canonical_name(o[1]) == canonical_name(e.name)]
-    owners = len(carry_mine) + 1
-    words = name_words(e.name)
-    longer = [o for o in others if _extends(words, name_words(o[1]))]
-    mine_side, theirs = [], []
-    for oid, oname, otype, ocount in others:
-        shared = await _shared_relations(conn, workspace_id, e.id, oid)
-        ctx = await _context_similarity(conn, workspace_id, e.id, oid)
-        alias = oid in carry_mine or oid in mine
-        mine_side.append(Candidate(e.id, e.name, e.entity_type, e.mention_count, shared, ctx,
-                                   alias_of_other=oid in mine, alias_owners=owners if alias else 1,
-                                   longer_names=len(longer)))
-        theirs.append(Candidate(oid, oname, otype, ocount, shared, ctx, alias_of_other=oid in carry_mine,
-                                alias_owners=owners if alias else 1,
-                                longer_names=await _count_longer(conn, workspace_id, oname, words)))
-    return mine_side, theirs
-
-
-def _extends(short: list[str], long_: list[str]) -> bool:
-    n = len(short)
-    return 0 < n < len(long_) and (long_[:n] == short or long_[-n:] == short)
+        " WHERE workspace_id = %s AND id = ANY(%s) AND merged_into IS NULL", (workspace_id, all_ids))
+    live = {str(i): (str(i), str(n), str(t), int(c)) for i, n, t, c in await cur.fetchall()}
+    out = []
+    for e, (ids, carry_mine, mine) in zip(entities, per, strict=True):
+        others = [live[o] for o in sorted(ids) if o in live]
+        if len(others) > CANDIDATE_CAP:
+            others = [o for o in others if o[0] in carry_mine | mine
+                      or canonical_name(o[1]) == canonical_name(e.name)]
+        owners = len(carry_mine) + 1
+        words = name_words(e.name)
+        longer = [o for o in others if extends(words, name_words(o[1]))]
+        for oid, oname, otype, ocount in others:
+            alias = oid in carry_mine or oid in mine
+            if not worth_checking(e.name, oname, alias=alias):
+                continue
+            shared = await _shared_relations(conn, workspace_id, e.id, oid)
+            # Context only corroborates: not needed once a shared relation does.
+            ctx = None if shared else await _context_similarity(conn, workspace_id, e.id, oid)
+            out.append((
+                Candidate(e.id, e.name, e.entity_type, e.mention_count, shared, ctx, alias_of_other=oid in mine,
+                          alias_owners=owners if alias else 1, longer_names=len(longer)),
+                Candidate(oid, oname, otype, ocount, shared, ctx, alias_of_other=oid in carry_mine,
+                          alias_owners=owners if alias else 1,
+                          longer_names=await _count_longer(conn, workspace_id, oname, words))))
+    return out
 
 
 async def _count_longer(conn: AsyncConnection[Any], workspace_id: str, name: str, other_words: list[str]) -> int:
@@ -176,7 +197,7 @@ async def _count_longer(conn: AsyncConnection[Any], workspace_id: str, name: str
         """SELECT e.name FROM entity_keys k JOIN entities e ON e.workspace_id = k.workspace_id AND e.id = k.entity_id
             WHERE k.workspace_id = %s AND k.key = %s AND e.merged_into IS NULL LIMIT %s""",
         (workspace_id, f"w:{words[0]}", CANDIDATE_CAP + 1))
-    return sum(1 for (n,) in await cur.fetchall() if _extends(words, name_words(str(n))))
+    return sum(1 for (n,) in await cur.fetchall() if extends(words, name_words(str(n))))
 
 
 async def _shared_relations(conn: AsyncConnection[Any], workspace_id: str, a: str, b: str) -> int:

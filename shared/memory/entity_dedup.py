@@ -30,18 +30,22 @@ from shared.memory.episodes import STOPWORDS
 
 __all__ = [
     "BLOCK_CHARS",
+    "SPELLING_SIMILARITY",
     "Candidate",
     "Decision",
     "canonical_name",
     "decide_pair",
     "dedup_keys",
+    "extends",
     "name_similarity",
     "name_words",
     "type_family",
     "types_conflict",
+    "worth_checking",
 ]
 
 BLOCK_CHARS = 4  # names that share their first letters are compared by spelling ("caro": Caroline, Carolina)
+SPELLING_SIMILARITY = 0.75  # from here two different names are spelled alike (flagged with other evidence)
 
 _POSSESSIVE = re.compile(r"['’]s\b")
 _ARTICLE = re.compile(r"^the\s+")
@@ -114,6 +118,21 @@ def types_conflict(a: str | None, b: str | None) -> bool:
 def name_similarity(a: str, b: str) -> float:
     """Spelling similarity of two canonical names, 0..1."""
     return SequenceMatcher(None, canonical_name(a), canonical_name(b)).ratio()
+
+
+def extends(short: list[str], long_: list[str]) -> bool:
+    """``long_`` is ``short`` with words added before or after ("Caroline" → "Caroline Smith")."""
+    n = len(short)
+    return 0 < n < len(long_) and (long_[:n] == short or long_[-n:] == short)
+
+
+def worth_checking(a: str, b: str, *, alias: bool = False) -> bool:
+    """Whether any rule could merge or flag the pair on the names alone; the evidence (relations,
+    contexts) is only gathered for those, so a common first name costs a comparison, not queries."""
+    if alias or canonical_name(a) == canonical_name(b):
+        return True
+    wa, wb = name_words(a), name_words(b)
+    return extends(wa, wb) or extends(wb, wa) or name_similarity(a, b) >= SPELLING_SIMILARITY
 
 
 @dataclass(frozen=True)
@@ -197,7 +216,7 @@ def decide_pair(
     wa, wb = name_words(a.name), name_words(b.name)
     short, long_ = (a, b) if len(wa) < len(wb) else (b, a)
     ws, wl = (wa, wb) if short is a else (wb, wa)
-    contained = len(ws) < len(wl) and (wl[: len(ws)] == ws or wl[-len(ws):] == ws)
+    contained = extends(ws, wl)
     if contained:
         person = "person" in (type_family(short.entity_type), type_family(long_.entity_type))
         unique = max(a.longer_names, b.longer_names) <= 1
@@ -210,7 +229,7 @@ def decide_pair(
             return flag("short_name", f"{short.name!r} may be {long_.name!r}: {why}", 0.7 if shared else 0.6)
         return Decision("none", "short_name", "part of the name only, nothing else in common", evidence=ev)
     sim = name_similarity(a.name, b.name)
-    if sim >= 0.75 and corroborated:
+    if sim >= SPELLING_SIMILARITY and corroborated:
         return flag("spelling", f"{a.name!r} and {b.name!r} are spelled alike ({sim:.2f}): different names "
                     "are never merged automatically", sim)
     return Decision("none", "different", "different names", evidence=ev)

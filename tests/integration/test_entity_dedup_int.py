@@ -204,8 +204,10 @@ async def test_candidate_lookup_is_an_index_probe(pool: AsyncConnectionPool, sta
         admin.execute("ANALYZE entity_keys")
     async with workspace_tx(pool, w) as c:
         plan = "\n".join(r[0] for r in await (await c.execute(
-            "EXPLAIN SELECT DISTINCT entity_id FROM entity_keys WHERE workspace_id = %s AND key = ANY(%s)"
-            " AND entity_id <> %s LIMIT 51", (w, ["n:name7", "w:name7"], "e7"))).fetchall())
+            """EXPLAIN SELECT q.i, c.entity_id FROM unnest(%(i)s::int[], %(k)s::text[]) AS q(i, key)
+               CROSS JOIN LATERAL (SELECT DISTINCT entity_id FROM entity_keys
+                                    WHERE workspace_id = %(ws)s AND key = q.key LIMIT 51) c""",
+            {"ws": w, "i": [0, 0, 1], "k": ["n:name7", "w:name7", "b:name"]})).fetchall())
         assert "entity_keys_pkey" in plan and "Seq Scan" not in plan, plan
 
 
