@@ -774,7 +774,14 @@ def _register_lifecycle() -> None:
     register(app, _settings, _urls, console)
 
 
+def _register_entities() -> None:
+    from services.cli_entities import register
+
+    register(app, _settings, _urls, console)
+
+
 _register_lifecycle()
+_register_entities()
 
 
 def main() -> None:

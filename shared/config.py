@@ -140,6 +140,16 @@ class Settings(BaseSettings):
         "from those that are.",
     )
     episode_ttl_days: float = Field(90.0, description="Episodes expire this many days after they are built.")
+    entity_context_similarity: float = Field(
+        0.8, description="Cosine of two look-alike entities' context embeddings (the mean of the drawers mentioning "
+        "each) from which the pair is flagged for an operator; it never merges on its own.",
+    )
+    dreaming_threshold: int = Field(
+        5, ge=2, description="Unpromoted episodes of an agent/user pair that start a dreaming run.")
+    dreaming_debounce_s: float = Field(
+        600.0, ge=0, description="A pair dreamt about less than this long ago waits (debounce).")
+    dreaming_max_episodes: int = Field(10, ge=2, description="Episodes one dreaming run consolidates at most.")
+    dreaming_every_s: float = Field(300.0, gt=0, description="How often maintain runs the dreaming job.")
     llm_base_url: str | None = Field(None, description="OpenAI-compatible chat endpoint (optional).")
     llm_api_key: str | None = Field(None, description="API key for the LLM endpoint.")
     llm_model: str = Field("gpt-4o-mini", description="Chat model used when llm_base_url is set.")

@@ -225,6 +225,11 @@ async def centroids(run: JobRun) -> dict[str, int]:
         out["recomputed" if changed else "unchanged"] += 1
         await run.checkpoint(out["workspaces"])
     return out
+async def dreaming(run: JobRun) -> dict[str, int]:
+    """Consolidate agent/user pairs' unpromoted episodes into the dreaming wing (shared.dreaming)."""
+    from shared.dreaming import dreaming as dream
+
+    return await dream(run)
 
 
 # The registry: maintain runs every entry on its schedule and `palace maintain <name>` runs one now.
@@ -239,6 +244,9 @@ JOBS: dict[str, Job] = {j.name: j for j in (
         lambda s: s.expire_every_s, expire),
     Job("centroids", "Recompute type centroids from LLM-labelled drawers (skipped where the labels are unchanged).",
         lambda s: s.centroids_every_s, centroids),
+    Job("dreaming", "Consolidate each agent/user pair's unpromoted episodes (from PALACE_DREAMING_THRESHOLD) into "
+        "long-term drawers in the dreaming wing, once per threshold.", lambda s: s.dreaming_every_s, dreaming,
+        needs_bus=True),
 )}
 
 

@@ -13,6 +13,7 @@ __all__ = [
     "DRAWERS",
     "EMBED_SECONDS",
     "EMBED_TEXTS",
+    "ENTITIES",
     "FAILED",
     "HANDLER_SECONDS",
     "HTTP_REQUESTS",
@@ -61,6 +62,7 @@ STREAM_MESSAGES = Gauge("palace_stream_messages", "Messages held by a JetStream 
 STREAM_BYTES = Gauge("palace_stream_bytes", "Bytes held by a JetStream stream.", ["stream"])
 STREAM_MAX_BYTES = Gauge("palace_stream_max_bytes", "Size limit of a JetStream stream (-1: none).", ["stream"])
 DRAWERS = Counter("palace_drawers_total", "Drawer transitions.", ["service", "outcome"])
+ENTITIES = Counter("palace_entities_total", "Entity dedup outcomes (merged, flagged).", ["service", "outcome"])
 EMBED_TEXTS = Counter("palace_embedded_texts_total", "Texts embedded (cache misses).", ["model"])
 EMBED_SECONDS = Histogram("palace_embed_seconds", "Embedding call latency.", ["model"], buckets=_BUCKETS)
 SEARCH_SECONDS = Histogram("palace_search_seconds", "Search latency.", ["stage"], buckets=_BUCKETS)

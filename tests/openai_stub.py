@@ -83,6 +83,11 @@ class ChatStub:
     decision_calls: int = 0
     contradicts: bool = False
     contradiction_calls: int = 0
+    # Dreaming syntheses: ok (two memories citing the first episodes, in a <think> block and a fence),
+    # partial (one good memory, one without content, one citing an invented episode), malformed,
+    # slow (after ``slow_s``), fail500.
+    dreaming: str = "ok"
+    dreaming_calls: int = 0
 
 
 def build_app(state: StubState) -> FastAPI:
@@ -129,6 +134,8 @@ def build_app(state: StubState) -> FastAPI:
         if st.latency_s > 0:
             await asyncio.sleep(st.latency_s)
         items = json.loads(body["messages"][-1]["content"])
+        if isinstance(items, dict) and "episodes" in items:
+            return await _dreaming_answer(body, st, items)
         if isinstance(items, dict):
             return _chat_reply(body, json.dumps(_side_answer(st, items)))
         st.calls += 1
@@ -181,6 +188,27 @@ def _side_answer(st: ChatStub, payload: dict[str, Any]) -> dict[str, Any]:
     if d == "UPDATE":
         out["content"] = f"{first['content']} (now: {payload['fact']})"
     return out
+
+
+async def _dreaming_answer(body: dict[str, Any], st: ChatStub, payload: dict[str, Any]) -> Any:
+    st.dreaming_calls += 1
+    mode = st.dreaming
+    if mode.startswith("fail"):
+        return JSONResponse({"error": {"message": "stub says no"}}, status_code=int(mode[4:]))
+    if mode == "slow":
+        await asyncio.sleep(st.slow_s)
+    if mode == "malformed":
+        return _chat_reply(body, "I would say these sessions were mostly about travel plans.")
+    ids = [e["id"] for e in payload["episodes"]]
+    memories: list[dict[str, Any]] = [
+        {"content": f"The user keeps planning trips ({len(ids)} sessions).", "kind": "pattern", "episode_ids": ids},
+        {"content": "The user prefers window seats on long flights.", "kind": "preference", "episode_ids": ids[:2]},
+    ]
+    if mode == "partial":
+        memories[1:] = [{"kind": "fact", "episode_ids": ids[:1]},
+                        {"content": "The user owns a red bicycle.", "kind": "bogus", "episode_ids": ["ep-invented"]}]
+    text = "<think>Which facts last?</think>\n```json\n" + json.dumps({"memories": memories}) + "\n```"
+    return _chat_reply(body, text)
 
 
 _TYPES = ("decision", "preference", "milestone", "problem", "emotional", "fact", "task")

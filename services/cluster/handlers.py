@@ -20,16 +20,18 @@ from shared.db.drawers import (
     record_history,
     set_dedup_bands,
 )
+from shared.db.entity_dedup import key_entities_span
 from shared.db.search import SearchParams, hybrid_search
 from shared.db.tenancy import maintenance_tx, workspace_tx
 from shared.events import DrawerClassified, EntityUpserted
+from shared.kg_dedup import dedup_entities
 from shared.logging import get_logger
 from shared.memory import contradiction
 from shared.memory import decisions as writes
 from shared.memory.dedup import decide, wording_bands
-from shared.metrics import DRAWERS
+from shared.metrics import DRAWERS, ENTITIES
 
-__all__ = ["DURABLE", "DURABLE_ENTITIES", "backfill_bands", "register"]
+__all__ = ["DURABLE", "DURABLE_ENTITIES", "backfill_bands", "backfill_entity_keys", "register"]
 
 DURABLE = "cluster"
 DURABLE_ENTITIES = "cluster-entities"
@@ -151,16 +153,15 @@ def register(deps: Deps) -> None:
 
     @deps.handle(DURABLE_ENTITIES)
     async def on_entity_upserted(body: bytes, raw: Msg) -> None:
-        """entity.upserted → refresh mention counts of the entities."""
+        """entity.upserted → mention counts, then entity dedup: merge the same entity (audited,
+        reversible), flag look-alikes for an operator."""
         ev: EntityUpserted = decode_event(EntityUpserted, body, s)
-        async with workspace_tx(deps.pool, ev.workspace_id) as conn:
-            await conn.execute(
-                """UPDATE entities e SET mention_count = m.n, updated_at = now()
-                     FROM (SELECT entity_id, count(*) AS n FROM entity_mentions
-                            WHERE workspace_id = %(ws)s AND entity_id = ANY(%(ids)s) GROUP BY entity_id) m
-                    WHERE e.workspace_id = %(ws)s AND e.id = m.entity_id""",
-                {"ws": ev.workspace_id, "ids": ev.entity_ids},
-            )
+        out = await dedup_entities(deps.pool, ev.workspace_id, ev.entity_ids,
+                                   context_threshold=s.entity_context_similarity, event_id=ev.event_id)
+        if out.merged:
+            ENTITIES.labels(deps.service, "merged").inc(len(out.merged))
+        if out.flagged:
+            ENTITIES.labels(deps.service, "flagged").inc(out.flagged)
 
 
 async def backfill_bands(deps: Deps, stop: asyncio.Event) -> None:
@@ -178,5 +179,19 @@ async def backfill_bands(deps: Deps, stop: asyncio.Event) -> None:
                     await set_dedup_bands(conn, ws, items)
                 done = len(rows)
         if done < 500:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), 60.0)
+
+
+async def backfill_entity_keys(deps: Deps, stop: asyncio.Event) -> None:
+    """One walk of the entities at start, giving those written before entity dedup existed their
+    dedup keys (new ones get theirs on entity.upserted), so they are found as candidates too."""
+    after: tuple[str, str] | None = ("", "")
+    while after is not None and not stop.is_set():
+        try:
+            async with maintenance_tx(deps.pool) as conn:
+                after = await key_entities_span(conn, after, 500)
+        except Exception as e:  # retried after a pause; a failure here never stops the service
+            log.warning("entity_keys_backfill_failed", error=repr(e)[:300])
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), 60.0)

@@ -105,14 +105,15 @@ async def mark_episode_pending(conn: AsyncConnection[Any], workspace_id: str, ep
     cur = await conn.execute(
         """WITH src AS (SELECT md5(string_agg(DISTINCT drawer_id, ',' ORDER BY drawer_id)) AS h
                           FROM drawer_sources WHERE workspace_id = %(ws)s AND session_id = %(sid)s)
-           INSERT INTO episodes (workspace_id, id, session_id, agent_id, summary, abstract, status, source_hash,
-                                 pending_since, started_at, completed_at)
-           SELECT s.workspace_id, %(id)s, s.session_id, s.agent_id, '', '', 'pending', src.h, now(),
+           INSERT INTO episodes (workspace_id, id, session_id, agent_id, user_id, summary, abstract, status,
+                                 source_hash, pending_since, started_at, completed_at)
+           SELECT s.workspace_id, %(id)s, s.session_id, s.agent_id, s.user_id, '', '', 'pending', src.h, now(),
                   s.started_at, s.completed_at
              FROM sessions s, src WHERE s.workspace_id = %(ws)s AND s.session_id = %(sid)s
            ON CONFLICT (workspace_id, id) DO UPDATE
               SET status = 'pending', source_hash = EXCLUDED.source_hash, pending_since = now(),
-                  announced_at = NULL, agent_id = EXCLUDED.agent_id, started_at = EXCLUDED.started_at,
+                  announced_at = NULL, agent_id = EXCLUDED.agent_id, user_id = EXCLUDED.user_id,
+                  started_at = EXCLUDED.started_at,
                   completed_at = EXCLUDED.completed_at
             WHERE episodes.source_hash IS DISTINCT FROM EXCLUDED.source_hash
            RETURNING id""",
@@ -224,8 +225,15 @@ async def upsert_entities(
                ON CONFLICT (workspace_id, id) DO UPDATE SET updated_at = now()""",
             [(workspace_id, i, n, t) for i, n, t in entities],
         )
+    # An entity merged away by entity dedup is named and mentioned through the entity it was merged into.
+    cur0 = await conn.execute("SELECT id, merged_into FROM entities WHERE workspace_id = %s AND id = ANY(%s)"
+                              " AND merged_into IS NOT NULL", (workspace_id, [i for i, _, _ in entities]))
+    moved = {str(i): str(m) for i, m in await cur0.fetchall()}
+    if moved:
+        mentions = sorted({(moved.get(e, e), d) for e, d in mentions})
     for eid, name, _ in entities:
-        await add_aliases(conn, workspace_id, eid, [name])  # so the inline linker finds it from now on
+        # So the inline linker finds it from now on.
+        await add_aliases(conn, workspace_id, moved.get(eid, eid), [name])
     async with conn.cursor() as cur:
         await cur.executemany(
             "INSERT INTO entity_mentions (workspace_id, entity_id, drawer_id) VALUES (%s, %s, %s)"

@@ -172,6 +172,15 @@ async def delete_drawers(conn: AsyncConnection[Any], workspace_id: str, ids: lis
                                   WHERE m.workspace_id = e.workspace_id AND m.entity_id = e.id)
                RETURNING e.id""", {"ws": workspace_id, "e": touched})
         gone = [r[0] for r in await cur.fetchall()]
+        if gone:
+            # Entities merged into one that goes (entity dedup) go with it, and so do the merge records.
+            cur = await conn.execute(
+                """DELETE FROM entities WHERE workspace_id = %(ws)s AND merged_into = ANY(%(e)s)
+                   RETURNING id""", {"ws": workspace_id, "e": gone})
+            gone += [r[0] for r in await cur.fetchall()]
+            await conn.execute(
+                """DELETE FROM entity_merges WHERE workspace_id = %(ws)s
+                     AND (survivor_id = ANY(%(e)s) OR merged_id = ANY(%(e)s))""", {"ws": workspace_id, "e": gone})
         out["entities"] = len(gone)
         if gone:
             cur = await conn.execute(
@@ -222,8 +231,14 @@ async def delete_sessions(conn: AsyncConnection[Any], workspace_id: str, session
     """Episodes (summary and L0 abstract), messages and the sessions themselves. Returns counts and
     the messages' content hashes (kept in memory only, for --verify)."""
     p = {"ws": workspace_id, "s": session_ids}
-    cur = await conn.execute("DELETE FROM episodes WHERE workspace_id = %(ws)s AND session_id = ANY(%(s)s)", p)
+    cur = await conn.execute("DELETE FROM episodes WHERE workspace_id = %(ws)s AND session_id = ANY(%(s)s)"
+                             " RETURNING id", p)
     episodes = cur.rowcount
+    # A dreaming run keeps a copy of what it synthesised from its episodes (and names its output session).
+    await conn.execute(
+        """DELETE FROM dreaming_runs WHERE workspace_id = %(ws)s
+              AND (episode_ids && %(e)s::text[] OR session_id = ANY(%(s)s))""",
+        {**p, "e": [r[0] for r in await cur.fetchall()]})
     cur = await conn.execute(
         "DELETE FROM messages WHERE workspace_id = %(ws)s AND session_id = ANY(%(s)s) RETURNING content_hash", p)
     hashes = {r[0] for r in await cur.fetchall()}
@@ -256,7 +271,8 @@ async def drawers_with_content(conn: AsyncConnection[Any], workspace_id: str,
 WORKSPACE_TABLES: dict[str, str] = {
     "drawers": "id", "embedding_cache": "model, content_hash", "entity_mentions": "entity_id, drawer_id",
     "triples": "id", "entities": "id", "episodes": "id", "identities": "workspace_id",
-    "type_centroids": "memory_type", "proposal_resolutions": "history_id",
+    "type_centroids": "memory_type", "proposal_resolutions": "history_id", "entity_merges": "id",
+    "entity_flags": "entity_a, entity_b", "dreaming_runs": "id",
 }
 
 

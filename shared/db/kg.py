@@ -92,6 +92,14 @@ async def _fact_by_id(conn: AsyncConnection[Any], workspace_id: str, tid: str) -
     return _fact(row)
 
 
+async def _survivors(conn: AsyncConnection[Any], workspace_id: str, *ids: str) -> tuple[str, ...]:
+    """The ids with every entity merged away (entity dedup) replaced by the one it was merged into."""
+    cur = await conn.execute("SELECT id, merged_into FROM entities WHERE workspace_id = %s AND id = ANY(%s)"
+                             " AND merged_into IS NOT NULL", (workspace_id, list(ids)))
+    moved = {str(i): str(m) for i, m in await cur.fetchall()}
+    return tuple(moved.get(i, i) for i in ids)
+
+
 async def ensure_entities(
     conn: AsyncConnection[Any], workspace_id: str, entities: list[tuple[str, str]]
 ) -> dict[str, bool]:
@@ -189,7 +197,9 @@ async def resolve_entity(conn: AsyncConnection[Any], workspace_id: str, name: st
     when there is none."""
     clean = validate_name(name)
     eid = entity_id(workspace_id, clean)
-    cur = await conn.execute("SELECT id FROM entities WHERE workspace_id = %s AND id = %s", (workspace_id, eid))
+    # A merged entity (entity dedup) answers for its survivor.
+    cur = await conn.execute("SELECT coalesce(merged_into, id) FROM entities WHERE workspace_id = %s AND id = %s",
+                             (workspace_id, eid))
     row = await cur.fetchone()
     if row:
         return str(row[0])
@@ -240,7 +250,8 @@ async def add_triple(
         raise KgError(f"valid_to {vt.isoformat()} is before valid_from {vf.isoformat()}")
 
     created_entities = await ensure_entities(conn, workspace_id, [(s_name, subject_type), (o_name, object_type)])
-    sid, oid = entity_id(workspace_id, s_name), entity_id(workspace_id, o_name)
+    s0, o0 = entity_id(workspace_id, s_name), entity_id(workspace_id, o_name)
+    sid, oid = await _survivors(conn, workspace_id, s0, o0)
     key = {"ws": workspace_id, "s": sid, "p": pred, "o": oid, "vf": vf}
 
     # Already true at that time (said before, or replayed): the fact stands as it is.
@@ -279,7 +290,7 @@ async def add_triple(
                 tid = str(moved[0])
             # else: this very row (same statement, same start) exists already and has ended.
     return TripleAdded(fact=await _fact_by_id(conn, workspace_id, tid), created=created,
-                       subject_created=created_entities[sid], object_created=created_entities.get(oid, False))
+                       subject_created=created_entities[s0], object_created=created_entities.get(o0, False))
 
 
 async def invalidate_triple(
@@ -288,8 +299,8 @@ async def invalidate_triple(
 ) -> list[Fact]:
     """End the current ``subject --predicate--> obj`` fact at ``ended`` (default now): sets valid_to,
     keeps the row. Returns the facts ended (empty when none was current); audited in memory_history."""
-    sid = entity_id(workspace_id, validate_name(subject, "subject"))
-    oid = entity_id(workspace_id, validate_name(obj, "object"))
+    sid, oid = await _survivors(conn, workspace_id, entity_id(workspace_id, validate_name(subject, "subject")),
+                                entity_id(workspace_id, validate_name(obj, "object")))
     pred = normalize_predicate(predicate)
     end = parse_when(ended, "ended")
     cur = await conn.execute(
@@ -348,7 +359,7 @@ async def entity_timeline(
 async def kg_stats(conn: AsyncConnection[Any], workspace_id: str) -> KgStats:
     """Entity, fact and mention counts, and how often each relation is used."""
     cur = await conn.execute(
-        """SELECT (SELECT count(*) FROM entities WHERE workspace_id = %(ws)s),
+        """SELECT (SELECT count(*) FROM entities WHERE workspace_id = %(ws)s AND merged_into IS NULL),
                   (SELECT count(*) FROM entity_mentions WHERE workspace_id = %(ws)s),
                   count(*), count(*) FILTER (WHERE valid_to IS NULL OR valid_to > now())
              FROM triples WHERE workspace_id = %(ws)s""", {"ws": workspace_id})

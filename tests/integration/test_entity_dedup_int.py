@@ -1,0 +1,298 @@
+"""Entity dedup on entity.upserted against the real stack: the cluster service merges the same entity
+(audited, reversible), flags look-alikes and never merges them, and replays change nothing."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import nats
+import psycopg
+import pytest
+from psycopg_pool import AsyncConnectionPool
+
+from shared.consumers import CONSUMERS
+from shared.db.entity_dedup import MergeError, revert_merge
+from shared.db.kg import add_triple, ensure_entities, entity_timeline, kg_stats, query_entity
+from shared.db.pool import open_pool
+from shared.db.tenancy import workspace_tx
+from shared.memory.kg import entity_id
+from tests.integration.helpers import Stack, session, wait_for, ws
+
+
+@pytest.fixture
+async def pool(stack: Stack) -> AsyncIterator[AsyncConnectionPool]:
+    p = await open_pool(stack.database_url, name="test-dedup", max_size=2)
+    try:
+        yield p
+    finally:
+        await p.close()
+
+
+def _upserted(w: str, names: list[str]) -> dict[str, Any]:
+    return {"event_id": f"test-{uuid.uuid4().hex}", "workspace_id": w,
+            "entity_ids": [entity_id(w, n) for n in names], "names": names}
+
+
+def _idle(stack: Stack) -> bool:
+    """Every consumer of the pipeline has nothing pending or un-acked."""
+    async def go() -> bool:
+        nc = await nats.connect(stack.nats_url)
+        try:
+            js = nc.jetstream()
+            for c in CONSUMERS:
+                info = await js.consumer_info(stack.settings.stream_name, c.durable)
+                if info.num_pending or info.num_ack_pending:
+                    return False
+            return True
+        finally:
+            await nc.close()
+    return asyncio.run(go())
+
+
+def _settle(stack: Stack) -> None:
+    """Wait until the pipeline is idle twice in a row (a handler may publish the next stage's event)."""
+    wait_for(lambda: _idle(stack), 60, "the pipeline to drain")
+    import time
+    time.sleep(1.0)
+    wait_for(lambda: _idle(stack), 60, "the pipeline to drain")
+
+
+def _graph(stack: Stack, w: str) -> dict[str, list[tuple[Any, ...]]]:
+    """Every knowledge-graph row of the workspace (updated_at aside: an upsert touches it)."""
+    return {
+        "entities": stack.sql("SELECT id, name, entity_type, properties, mention_count, merged_into, created_at"
+                              " FROM entities WHERE workspace_id = %s ORDER BY id", (w,)),
+        "aliases": stack.sql("SELECT * FROM entity_aliases WHERE workspace_id = %s ORDER BY alias_key, entity_id",
+                             (w,)),
+        "mentions": stack.sql("SELECT entity_id, drawer_id FROM entity_mentions WHERE workspace_id = %s"
+                              " ORDER BY 1, 2", (w,)),
+        "triples": stack.sql("SELECT * FROM triples WHERE workspace_id = %s ORDER BY id", (w,)),
+        "drawer_counts": stack.sql("SELECT id, entity_count, triple_count FROM drawers WHERE workspace_id = %s"
+                                   " ORDER BY id", (w,)),
+    }
+
+
+async def _seed(pool: AsyncConnectionPool, stack: Stack, w: str) -> None:
+    async with workspace_tx(pool, w) as c:
+        # One person written two ways, with a fact under each name.
+        await add_triple(c, w, "Tomás", "works_at", "Acme", valid_from="2024-11-01", subject_type="person",
+                         source_drawer="d-1")
+        await add_triple(c, w, "Tomas", "lives_in", "Lisbon", valid_from="2025-02-01", source_drawer="d-2")
+        await add_triple(c, w, "Tomas", "works_at", "Acme", valid_from="2025-01-10", source_drawer="d-2")
+        await add_triple(c, w, "Maria", "knows", "Tomas", valid_from="2025-03-01", source_drawer="d-3")
+        # Look-alikes with everything in common but the name: Caroline / Carolina.
+        await add_triple(c, w, "Caroline", "likes", "Painting", valid_from="2025-01-01", subject_type="person")
+        await add_triple(c, w, "Carolina", "likes", "Painting", valid_from="2025-01-02", subject_type="person")
+        # Mel the person, Mel's the diner: the same name once the possessive goes, different kinds of thing.
+        await add_triple(c, w, "Mel", "lives_in", "Lisbon", valid_from="2025-01-01", subject_type="person")
+        await add_triple(c, w, "Mel's", "located_in", "Lisbon", valid_from="2025-01-01", subject_type="place")
+        # A person called by their first name, with a relation in common: Jon / Jon Snow.
+        await add_triple(c, w, "Jon Snow", "member_of", "Night Watch", valid_from="2025-01-01")
+        await add_triple(c, w, "Jon", "member_of", "Night Watch", valid_from="2025-01-05", subject_type="person")
+        # ... but Lisbon is not the Lisbon office, whatever they share.
+        await ensure_entities(c, w, [("Lisbon Office", "concept")])
+        await add_triple(c, w, "Lisbon Office", "located_in", "Portugal", valid_from="2025-01-01")
+        await add_triple(c, w, "Lisbon", "located_in", "Portugal", valid_from="2025-01-01")
+    stack.sql("INSERT INTO drawers (workspace_id, id, content, content_hash) SELECT %s, d, 'text of ' || d, d"
+              " FROM unnest('{d-1,d-2,d-9}'::text[]) d RETURNING 1", (w,))
+    # Tomas is the better known of the two (more mentions): the survivor.
+    stack.sql("INSERT INTO entity_mentions (workspace_id, entity_id, drawer_id) VALUES"
+              " (%s, %s, 'd-1'), (%s, %s, 'd-2'), (%s, %s, 'd-9') RETURNING 1",
+              (w, entity_id(w, "Tomás"), w, entity_id(w, "Tomas"), w, entity_id(w, "Tomas")))
+    stack.sql("UPDATE entities e SET mention_count = (SELECT count(*) FROM entity_mentions m WHERE m.workspace_id ="
+              " e.workspace_id AND m.entity_id = e.id) WHERE workspace_id = %s RETURNING 1", (w,))
+
+
+NAMES = ["Tomás", "Tomas", "Maria", "Caroline", "Carolina", "Mel", "Mel's", "Jon", "Jon Snow", "Lisbon",
+         "Lisbon Office"]
+
+
+async def test_dedup_merges_the_same_entity_refuses_look_alikes_and_reverts_exactly(
+        pool: AsyncConnectionPool, stack: Stack) -> None:
+    w = ws()
+    await _seed(pool, stack, w)
+    before = _graph(stack, w)
+    await asyncio.to_thread(stack.publish, _upserted(w, NAMES), "entity.upserted")
+    await asyncio.to_thread(wait_for, lambda: len(stack.sql(
+        "SELECT 1 FROM entity_merges WHERE workspace_id = %s", (w,))) >= 2, 60, "two merges")
+    await asyncio.to_thread(_settle, stack)
+    merges = stack.sql("SELECT survivor_id, merged_id, rule, id FROM entity_merges WHERE workspace_id = %s"
+                       " ORDER BY rule", (w,))
+    e = {n: entity_id(w, n) for n in NAMES}
+    assert [(s, m, r) for s, m, r, _ in merges] == [
+        (e["Tomas"], e["Tomás"], "same_name"), (e["Jon Snow"], e["Jon"], "short_name")]
+    flags = stack.sql("SELECT entity_a, entity_b, rule, status FROM entity_flags WHERE workspace_id = %s"
+                      " ORDER BY rule", (w,))
+    pair = lambda a, b: tuple(sorted((e[a], e[b])))  # noqa: E731
+    assert {(f[0], f[1]): (f[2], f[3]) for f in flags} == {
+        pair("Caroline", "Carolina"): ("spelling", "open"),
+        pair("Mel", "Mel's"): ("type_conflict", "open"),
+        pair("Lisbon", "Lisbon Office"): ("short_name", "open"),
+    }
+
+    async with workspace_tx(pool, w) as c:
+        # Either name reaches the one entity, which holds every fact said under both.
+        facts = await query_entity(c, w, "Tomás")
+        assert sorted((f.subject, f.predicate, f.object) for f in facts) == [
+            ("Maria", "knows", "Tomas"), ("Tomas", "lives_in", "Lisbon"), ("Tomas", "works_at", "Acme")]
+        # "works_at Acme" was said under both names: one fact, starting when it was first said.
+        works = next(f for f in facts if f.predicate == "works_at")
+        assert works.valid_from.date().isoformat() == "2024-11-01"
+        assert [f.object for f in await query_entity(c, w, "Jon")] == ["Night Watch"]
+        assert {f.subject for f in await entity_timeline(c, w, "Carolina")} == {"Carolina"}
+        stats = await kg_stats(c, w)
+        assert stats.entities == len(before["entities"]) - 2
+        # A fact said again under the merged name lands on the survivor, not on a revived duplicate.
+        again = await add_triple(c, w, "Tomás", "lives_in", "Lisbon", valid_from="2025-02-03")
+        assert not again.created and again.fact.subject_id == e["Tomas"]
+    mentions = stack.sql("SELECT drawer_id FROM entity_mentions WHERE workspace_id = %s AND entity_id = %s"
+                         " ORDER BY 1", (w, e["Tomas"]))
+    assert [m[0] for m in mentions] == ["d-1", "d-2", "d-9"]
+    assert stack.sql("SELECT mention_count, entity_type FROM entities WHERE workspace_id = %s AND id = %s",
+                     (w, e["Tomas"])) == [(3, "person")]
+    hist = stack.sql("SELECT action, new_value->>'survivor' FROM memory_history WHERE workspace_id = %s"
+                     " AND action LIKE 'ENTITY%%' ORDER BY 2", (w,))
+    assert sorted(hist) == sorted([("ENTITY_MERGE", e["Tomas"]), ("ENTITY_MERGE", e["Jon Snow"])])
+
+    # Replayed: nothing changes.
+    merged = _graph(stack, w)
+    await asyncio.to_thread(stack.publish, _upserted(w, NAMES), "entity.upserted")
+    await asyncio.to_thread(_settle, stack)
+    assert _graph(stack, w) == merged
+    assert len(stack.sql("SELECT 1 FROM entity_merges WHERE workspace_id = %s", (w,))) == 2
+
+    # Reverted: every row the merge touched is as it was, and the pair stays apart from then on.
+    tomas_merge = next(m[3] for m in merges if m[2] == "same_name")
+    async with workspace_tx(pool, w) as c:
+        r = await revert_merge(c, w, tomas_merge, actor="test")
+        assert r.status == "reverted"
+    async with workspace_tx(pool, w) as c:
+        with pytest.raises(MergeError, match="already reverted"):
+            await revert_merge(c, w, tomas_merge, actor="test")
+    jon = {e["Jon"], e["Jon Snow"]}
+    after = _graph(stack, w)
+    # The survivor's mention count was refreshed by the first upsert event; everything else is exact.
+    for k in ("aliases", "mentions", "triples"):
+        keep = [row for row in after[k] if not jon & set(map(str, row))]
+        assert keep == [row for row in before[k] if not jon & set(map(str, row))], k
+    ents = {row[0]: row for row in after["entities"]}
+    old = {row[0]: row for row in before["entities"]}
+    assert ents[e["Tomás"]] == old[e["Tomás"]]
+    assert ents[e["Tomas"]] == old[e["Tomas"]]
+    await asyncio.to_thread(stack.publish, _upserted(w, ["Tomás", "Tomas"]), "entity.upserted")
+    await asyncio.to_thread(_settle, stack)
+    assert stack.sql("SELECT status FROM entity_merges WHERE workspace_id = %s AND merged_id = %s",
+                     (w, e["Tomás"])) == [("reverted",)]
+    assert stack.sql("SELECT merged_into FROM entities WHERE workspace_id = %s AND id = %s",
+                     (w, e["Tomás"])) == [(None,)]
+    assert stack.sql("SELECT status FROM entity_flags WHERE workspace_id = %s AND entity_a = %s AND entity_b = %s",
+                     (w, *sorted((e["Tomás"], e["Tomas"])))) == [("kept_apart",)]
+
+
+async def test_candidate_lookup_is_an_index_probe(pool: AsyncConnectionPool, stack: Stack) -> None:
+    w = ws()
+    with psycopg.connect(stack.database_url, autocommit=True) as admin:
+        admin.execute("INSERT INTO entities (workspace_id, id, name) SELECT %s, 'e' || i, 'Name' || i"
+                      " FROM generate_series(1, 3000) i", (w,))
+        admin.execute("INSERT INTO entity_keys (workspace_id, key, entity_id)"
+                      " SELECT %s, k || i, 'e' || i FROM generate_series(1, 3000) i, unnest('{n:name,b:}'::text[]) k",
+                      (w,))
+        admin.execute("ANALYZE entity_keys")
+    async with workspace_tx(pool, w) as c:
+        plan = "\n".join(r[0] for r in await (await c.execute(
+            """EXPLAIN SELECT q.i, c.entity_id FROM unnest(%(i)s::int[], %(k)s::text[]) AS q(i, key)
+               CROSS JOIN LATERAL (SELECT DISTINCT entity_id FROM entity_keys
+                                    WHERE workspace_id = %(ws)s AND key = q.key LIMIT 51) c""",
+            {"ws": w, "i": [0, 0, 1], "k": ["n:name7", "w:name7", "b:name"]})).fetchall())
+        assert "entity_keys_pkey" in plan and "Seq Scan" not in plan, plan
+
+
+def test_the_chain_from_one_session_to_dedup_and_replaying_every_event_changes_nothing(stack: Stack) -> None:
+    """session.completed → drawers → episode → episodic.created → entities → entity.upserted → dedup,
+    all through the services; then every event the pipeline published is published again."""
+    w = ws()
+    seen: list[tuple[str, bytes]] = []
+
+    async def capture(ready: asyncio.Event, stop: asyncio.Event) -> None:
+        nc = await nats.connect(stack.nats_url)
+
+        async def cb(msg: Any) -> None:
+            if json.loads(msg.data).get("workspace_id") == w:
+                seen.append((msg.subject, msg.data))
+        for subject in dict.fromkeys(c.subject for c in CONSUMERS):
+            await nc.subscribe(subject, cb=cb)
+        await nc.flush()
+        ready.set()
+        await stop.wait()
+        await nc.drain()
+
+    import threading
+    loop = asyncio.new_event_loop()
+    ready, stop = asyncio.Event(), asyncio.Event()
+    th = threading.Thread(target=loop.run_until_complete, args=(capture(ready, stop),), daemon=True)
+    th.start()
+    wait_for(ready.is_set, 10, "the capture subscription")
+    try:
+        turns = ["Tomás booked the venue in Lisbon for the Orion launch next March.",
+                 "Tomas said the Lisbon venue has room for forty people and a small stage.",
+                 "Caroline will paint the posters; Carolina handles the catering budget.",
+                 "We need the final guest list from Tomás by Friday for the Orion launch."]
+        stack.publish(session(w, "s1", turns))
+        e = {n: entity_id(w, n) for n in ("Tomás", "Tomas", "Caroline", "Carolina")}
+        wait_for(lambda: stack.sql("SELECT 1 FROM entity_merges WHERE workspace_id = %s AND merged_id IN (%s, %s)",
+                                   (w, e["Tomás"], e["Tomas"])), 90, "the Tomás/Tomas merge")
+        _settle(stack)
+        merges = stack.sql("SELECT survivor_id, merged_id, rule FROM entity_merges WHERE workspace_id = %s"
+                           " ORDER BY 1, 2", (w,))
+        assert (e["Tomás"], e["Tomas"], "same_name") in merges or (e["Tomas"], e["Tomás"], "same_name") in merges
+        live = dict(stack.sql("SELECT name, merged_into FROM entities WHERE workspace_id = %s", (w,)))
+        assert live["Caroline"] is None and live["Carolina"] is None  # look-alikes are never merged
+        subjects = {s for s, _ in seen}
+        assert {"session.completed", "drawer.created", "drawer.embedded", "session.stored", "episodic.created",
+                "entity.upserted"} <= subjects, subjects
+        state = _graph(stack, w)
+        episodes = stack.sql("SELECT id, status, summary, announced_at FROM episodes WHERE workspace_id = %s", (w,))
+        drawers = stack.sql("SELECT id, state, wing, room FROM drawers WHERE workspace_id = %s ORDER BY id", (w,))
+        n = len(seen)
+        for subject, data in list(seen):
+            stack.publish(data, subject)  # no Nats-Msg-Id: the stream takes every copy
+        wait_for(lambda: len(seen) >= 2 * n, 30, "the replays to be published")
+        _settle(stack)
+        assert _graph(stack, w) == state
+        assert stack.sql("SELECT id, status, summary, announced_at FROM episodes WHERE workspace_id = %s",
+                         (w,)) == episodes
+        assert stack.sql("SELECT id, state, wing, room FROM drawers WHERE workspace_id = %s ORDER BY id",
+                         (w,)) == drawers
+        assert stack.sql("SELECT survivor_id, merged_id, rule FROM entity_merges WHERE workspace_id = %s"
+                         " ORDER BY 1, 2", (w,)) == merges
+    finally:
+        loop.call_soon_threadsafe(stop.set)
+        th.join(10)
+
+
+async def test_entities_from_before_dedup_get_their_keys_and_are_found(pool: AsyncConnectionPool,
+                                                                       stack: Stack) -> None:
+    from shared.db.entity_dedup import key_entities_span
+    from shared.db.tenancy import maintenance_tx
+
+    w = ws()
+    old = entity_id(w, "Zoë Quill")
+    # Written as an older release did: no dedup keys.
+    stack.sql("INSERT INTO entities (workspace_id, id, name, entity_type, mention_count) VALUES"
+              " (%s, %s, 'Zoë Quill', 'person', 3) RETURNING 1", (w, old))
+    after: tuple[str, str] | None = (w, "")
+    async with maintenance_tx(pool) as conn:  # the walk cluster makes at start, from this workspace on
+        while after is not None and after[0] == w:
+            after = await key_entities_span(conn, after, 500)
+    assert ("n:zoequill",) in stack.sql("SELECT key FROM entity_keys WHERE workspace_id = %s AND entity_id = %s",
+                                        (w, old))
+    async with workspace_tx(pool, w) as c:
+        await ensure_entities(c, w, [("Zoe Quill", "concept")])
+    await asyncio.to_thread(stack.publish, _upserted(w, ["Zoe Quill"]), "entity.upserted")
+    rows = await asyncio.to_thread(wait_for, lambda: stack.sql(
+        "SELECT survivor_id, rule FROM entity_merges WHERE workspace_id = %s", (w,)), 60, "the merge")
+    assert rows == [(old, "same_name")]
