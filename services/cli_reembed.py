@@ -22,7 +22,7 @@ def reembed(
     base_url: Annotated[str | None, typer.Option(help="OpenAI-compatible base URL of the new space.")] = None,
     batch: Annotated[int, typer.Option(help="Rows embedded per call.")] = 64,
     drop_old: Annotated[bool, typer.Option(
-        "--drop-old", help="Drop the retired space's vectors (after the switch, given with a new space).")] = False,
+        "--drop-old", help="Drop the retired space's vectors (with a new space: also after its switch).")] = False,
     abort: Annotated[bool, typer.Option("--abort", help="Abandon a re-embed under way.")] = False,
 ) -> None:
     """Re-embed every drawer, episode and entity into a new space, then switch searches and services to it.
@@ -47,6 +47,8 @@ def reembed(
         dropped = asyncio.run(rb.drop_old(s, db_url))
         console.print("retired space dropped" if dropped else "no retired space to drop")
         return
+    if drop_old and asyncio.run(rb.drop_old(s, db_url)):  # an earlier space's, kept until now
+        console.print("retired space dropped")
     target = SpaceTarget(provider=provider, model=model or (provider if provider == "hash" else s.embed_model),
                          dim=dim or s.embed_dim, base_url=base_url)
     with Progress(TextColumn("{task.description:<9}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),

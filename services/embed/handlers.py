@@ -44,7 +44,9 @@ def register(deps: Deps) -> None:
     @deps.handle(DURABLE)
     async def on_drawer_created(bodies: list[bytes], raws: list[Msg]) -> None:
         """drawer.created (batched) → (embed, then commit) → drawer.embedded."""
-        embedder = await pinned(deps.embedder)  # one embedding space for the whole batch (palace reembed)
+        # The active embedding space, looked up for every batch (one small query): a batch retried after
+        # `palace reembed` switched spaces must not fail again on the old one. Pinned for the whole batch.
+        embedder = await pinned(deps.embedder, force=True)
         events: list[DrawerCreated] = []
         for raw, b in zip(raws, bodies, strict=True):
             try:
