@@ -67,7 +67,10 @@ def reembed(
             raise typer.Exit(1) from None
     console.print(f"active space {result.space.id}: {target.model}, {target.dim} dimensions — "
                   f"{result.drawers} drawers, {result.episodes} episodes, {result.entities} entities, "
-                  f"{result.indexes} vector indexes; switched after {result.switch_attempts} attempt(s)")
+                  f"{result.indexes} vector indexes; switched after {result.switch_attempts} attempt(s) "
+                  f"(locks waited for {result.switch_wait_s * 1000:.0f} ms, "
+                  f"held {result.switch_held_s * 1000:.0f} ms); "
+                  f"{result.settled} drawers settled")
     if drop_old:
         asyncio.run(rb.drop_old(s, db_url))
         console.print("retired space dropped")

@@ -17,12 +17,13 @@ and the service retries in the new space, with the same dimension a settle pass 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
 import psycopg
 from pgvector.psycopg import register_vector_async
+from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential_jitter
 
 from shared.adapters.space_embedder import embedder_for
 from shared.config import Settings
@@ -49,6 +50,8 @@ class ReembedResult:
     entities: int
     indexes: int
     switch_attempts: int
+    switch_wait_s: float  # how long the successful switch waited for the tables' locks
+    switch_held_s: float  # and held them (searches wait behind both)
     settled: int
 
 
@@ -74,6 +77,19 @@ class _Maint:
         await self._tx.__aexit__(*exc)
 
 
+async def _write(conn: psycopg.AsyncConnection[Any], fn: Callable[..., Awaitable[int]], *args: Any) -> int:
+    """One batch's writes in one transaction, tried again when PostgreSQL picks it as a deadlock's victim
+    (a service's transaction may lock the same drawers in another order) or a serialization failure."""
+    async for attempt in AsyncRetrying(
+        retry=retry_if_exception_type((psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure)),
+        stop=stop_after_attempt(8), wait=wait_exponential_jitter(multiplier=0.05, max=2.0), reraise=True,
+    ):
+        with attempt:
+            async with _Maint(conn):
+                return await fn(conn, *args)
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
 async def _drawers_pass(conn: psycopg.AsyncConnection[Any], emb: Embedder, batch: int, progress: Progress,
                         done: int, total: int) -> int:
     """Embed every drawer still to do; returns how many were written."""
@@ -93,8 +109,7 @@ async def _drawers_pass(conn: psycopg.AsyncConnection[Any], emb: Embedder, batch
             k = (ws, did)
             vec = cached.get((ws, hashes[k]))
             out.append((ws, did, chash, context, hashes[k], vec if vec is not None else vecs[texts[k]]))
-        async with _Maint(conn):
-            n = await db.save_drawer_vectors(conn, emb.model_name, out)
+        n = await _write(conn, db.save_drawer_vectors, emb.model_name, out)
         written += n
         done += len(rows)
         progress("drawers", done, max(total, done))
@@ -118,8 +133,7 @@ async def _episodes_pass(conn: psycopg.AsyncConnection[Any], emb: Embedder, batc
         if lone:
             for (ws, eid, _), v in zip(lone, await emb.embed_documents([s for *_, s in lone]), strict=True):
                 means[(ws, eid)] = v
-        async with _Maint(conn):
-            written += await db.save_vectors(conn, "episodes", [(ws, eid, v) for (ws, eid), v in means.items()])
+        written += await _write(conn, db.save_vectors, "episodes", [(ws, eid, v) for (ws, eid), v in means.items()])
         progress("episodes", written, max(total, written))
 
 
@@ -132,9 +146,8 @@ async def _entities_pass(conn: psycopg.AsyncConnection[Any], emb: Embedder, batc
         if not rows:
             return written
         vecs = await emb.embed_documents([name for _, _, name in rows])
-        async with _Maint(conn):
-            written += await db.save_vectors(conn, "entities", [(ws, eid, v) for (ws, eid, _), v in
-                                                                zip(rows, vecs, strict=True)])
+        written += await _write(conn, db.save_vectors, "entities", [
+            (ws, eid, v) for (ws, eid, _), v in zip(rows, vecs, strict=True)])
         progress("entities", written, max(total, written))
 
 
@@ -157,23 +170,14 @@ async def _settle(conn: psycopg.AsyncConnection[Any], emb: Embedder, batch: int)
     last = ("", "")
     while True:
         async with _Maint(conn):
-            cur = await conn.execute(
-                """SELECT workspace_id, id, content_hash, content, speaker, context FROM drawers
-                    WHERE (workspace_id, id) > (%s, %s) AND embedding IS NOT NULL AND embedding_old IS NULL
-                      AND embedding_model IS DISTINCT FROM %s
-                    ORDER BY workspace_id, id LIMIT %s""", (*last, emb.model_name, batch))
-            rows = await cur.fetchall()
+            rows = await db.unsettled_drawers(conn, emb.model_name, last, batch)
         if not rows:
             return fixed
         last = (rows[-1][0], rows[-1][1])
         texts = [embedding_text(r[3], r[4], r[5]) for r in rows]
         vecs = await emb.embed_documents(texts)
-        async with _Maint(conn), conn.cursor() as c:
-            for r, v in zip(rows, vecs, strict=True):
-                await c.execute("UPDATE drawers SET embedding = %s, embedding_model = %s WHERE workspace_id = %s"
-                                " AND id = %s AND content_hash = %s AND embedding_model IS DISTINCT FROM %s",
-                                (v, emb.model_name, r[0], r[1], r[2], emb.model_name))
-                fixed += c.rowcount
+        fixed += await _write(conn, db.replace_vectors, emb.model_name, [
+            (r[0], r[1], r[2], v) for r, v in zip(rows, vecs, strict=True)])
 
 
 async def reembed(settings: Settings, database_url: str, target: db.SpaceTarget, *, batch: int = 64,
@@ -210,8 +214,9 @@ async def reembed(settings: Settings, database_url: str, target: db.SpaceTarget,
             more = await _catch_up(conn, emb, batch, report)
             for k, v in more.items():
                 counts[k] += v
+            timings: dict[str, float] = {}
             try:
-                switched = await db.switch_space(conn)
+                switched = await db.switch_space(conn, timings=timings)
             except psycopg.errors.LockNotAvailable:
                 switched = {"locked": 1}
             if isinstance(switched, db.Space):
@@ -219,14 +224,14 @@ async def reembed(settings: Settings, database_url: str, target: db.SpaceTarget,
             if attempts >= max_switch_attempts:
                 raise RuntimeError(f"the switch kept finding new rows ({switched}); run palace reembed again")
             await asyncio.sleep(min(0.1 * attempts, 2.0))
-        log.info("reembed_switched", space=switched.id, attempts=attempts, **counts)
+        log.info("reembed_switched", space=switched.id, attempts=attempts, **timings, **counts)
         report("switch", 1, 1)
         # Services look at the active space every embed_space_check_s: after two looks none is on the old.
         await asyncio.sleep(2 * settings.embed_space_check_s + 0.5)
         settled = await _settle(conn, emb, batch)
         report("settle", 1, 1)
         return ReembedResult(switched, counts["drawers"], counts["episodes"], counts["entities"], len(wss),
-                             attempts, settled)
+                             attempts, timings["wait_s"], timings["held_s"], settled)
     finally:
         await conn.close()
         await emb.aclose()

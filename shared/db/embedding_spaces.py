@@ -13,6 +13,7 @@ DDL runs as the login role that owns the tables; row reads and writes under ``pa
 
 from __future__ import annotations
 
+import time
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -42,7 +43,7 @@ __all__ = [
     "save_vectors",
     "start_space",
     "switch_space",
-    "todo_counts",
+    "todo_counts", "unsettled_drawers",
 ]
 
 TABLES = ("drawers", "episodes", "entities")
@@ -285,6 +286,31 @@ async def save_vectors(conn: AsyncConnection[Any], table: str, rows: list[tuple[
     return n
 
 
+async def unsettled_drawers(conn: AsyncConnection[Any], model: str, after: tuple[str, str], limit: int) -> list[
+        tuple[str, str, str, str, str | None, str | None]]:
+    """Drawers embedded since the switch by a model other than the active one (a service that had not
+    looked at the active space yet), keyset-paged from ``after``: (workspace_id, id, content_hash,
+    content, speaker, context). Backfilled drawers still hold their old vector; these hold none."""
+    cur = await conn.execute(
+        """SELECT workspace_id, id, content_hash, content, speaker, context FROM drawers
+            WHERE (workspace_id, id) > (%s, %s) AND embedding IS NOT NULL AND embedding_old IS NULL
+              AND embedding_model IS DISTINCT FROM %s
+            ORDER BY workspace_id, id LIMIT %s""", (*after, model, limit))
+    return [tuple(r) for r in await cur.fetchall()]  # type: ignore[misc]
+
+
+async def replace_vectors(conn: AsyncConnection[Any], model: str, rows: list[tuple[str, str, str, np.ndarray]]) -> int:
+    """Overwrite active-space vectors of unsettled drawers: rows are (workspace_id, id, content_hash, vector)."""
+    n = 0
+    async with conn.cursor() as cur:
+        for ws, did, chash, vec in rows:
+            await cur.execute("UPDATE drawers SET embedding = %s, embedding_model = %s WHERE workspace_id = %s"
+                              " AND id = %s AND content_hash = %s AND embedding_model IS DISTINCT FROM %s",
+                              (vec, model, ws, did, chash, model))
+            n += cur.rowcount
+    return n
+
+
 def _next_index(workspace_id: str) -> str:
     return index_name_for(workspace_id) + "_next"
 
@@ -317,7 +343,8 @@ async def build_next_index(conn: AsyncConnection[Any], workspace_id: str, *, m: 
         name=sql.Identifier(name), m=sql.Literal(m), ef=sql.Literal(ef_construction), ws=sql.Literal(workspace_id)))
 
 
-async def switch_space(conn: AsyncConnection[Any], lock_timeout_s: float = 3.0) -> dict[str, int] | Space:
+async def switch_space(conn: AsyncConnection[Any], lock_timeout_s: float = 0.5,
+                       timings: dict[str, float] | None = None) -> dict[str, int] | Space:
     """Make the building space active in one transaction, or report what is still to do.
 
     Under locks on the three tables (taken with a timeout: a long transaction holding one makes this
@@ -325,12 +352,15 @@ async def switch_space(conn: AsyncConnection[Any], lock_timeout_s: float = 3.0) 
     again; rows that arrived since the last catch-up abort the switch with their counts. Otherwise
     columns and indexes are renamed, the type centroids (derived from the old vectors, recomputed by
     classify) are cleared, and the spaces' states flip. ``conn`` is the login role's, autocommit.
+    ``timings`` receives how long the locks took to get (``wait_s``) and were held (``held_s``).
     """
+    t0 = time.perf_counter()
     async with conn.transaction():
         timeout = sql.Literal(f"{int(lock_timeout_s * 1000)}ms")
         await conn.execute(sql.SQL("SET LOCAL lock_timeout = {}").format(timeout))
         await conn.execute("LOCK TABLE drawers, episodes, entities, type_centroids, vector_indexes"
                            " IN ACCESS EXCLUSIVE MODE")
+        t1 = time.perf_counter()
         await conn.execute("SET LOCAL ROLE palace_maintenance")
         left = await todo_counts(conn)
         if any(left.values()):
@@ -374,6 +404,8 @@ async def switch_space(conn: AsyncConnection[Any], lock_timeout_s: float = 3.0) 
         await conn.execute("UPDATE embedding_spaces SET state = 'active', activated_at = now() WHERE id = %s",
                            (new.id,))
         await conn.execute("RESET ROLE")
+    if timings is not None:
+        timings.update(wait_s=t1 - t0, held_s=time.perf_counter() - t1)
     return Space(new.id, new.provider, new.model, new.base_url, new.dim, "active")
 
 

@@ -15,10 +15,12 @@ from typer.testing import CliRunner
 
 from services.cli import app
 from shared.adapters.hash_embedder import HashEmbedder
+from shared.db.embedding_spaces import SpaceTarget
 from shared.db.pool import open_pool
 from shared.db.vector_indexes import index_name_for
 from shared.memory.filing import embedding_text
 from shared.recall import Recaller
+from shared.reembed import reembed
 from tests.integration.helpers import Stack, session, wait_for, ws
 
 pytestmark = pytest.mark.integration
@@ -77,6 +79,18 @@ def test_reembed_switches_model_and_dimension_while_searches_run(stack: Stack) -
              120, "maintain to build the workspace's index")
     assert _index_column_type(stack, index_name_for(w)) == "vector(384)"
 
+    # A re-embed that dies half-way through the drawers leaves its progress in the database...
+    def crash_after_a_batch(phase: str, done: int, total: int) -> None:
+        if phase == "drawers" and done >= 8:
+            raise RuntimeError("simulated crash")
+
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        asyncio.run(reembed(stack.settings, stack.database_url, SpaceTarget("hash", "hash", 64), batch=8,
+                            progress=crash_after_a_batch))
+    building = stack.sql("SELECT id FROM embedding_spaces WHERE state = 'building'")
+    assert len(building) == 1
+    assert 0 < stack.sql("SELECT count(*) FROM drawers WHERE embedding_next IS NOT NULL")[0][0] < 24
+
     failures: list[str] = []
     searches: list[float] = []  # how long each search took
     stop = threading.Event()
@@ -113,9 +127,12 @@ def test_reembed_switches_model_and_dimension_while_searches_run(stack: Stack) -
     assert len(searches) >= 5, len(searches)
     print(f"re-embed {took:.1f} s; {len(searches)} searches meanwhile, p50 {np.median(searches) * 1000:.0f} ms,"
           f" max {max(searches) * 1000:.0f} ms")
+    print(out)
     assert "active space" in out and "64 dimensions" in out, out
     spaces = dict(stack.sql("SELECT state, model FROM embedding_spaces WHERE state IN ('active', 'building')"))
     assert spaces == {"active": "hash"}
+    # ... and running it again resumed that space rather than starting another.
+    assert stack.sql("SELECT id FROM embedding_spaces WHERE state = 'active'") == building
     types = _column_types(stack)
     assert types[("drawers", "embedding")] == types[("episodes", "embedding")] == "vector(64)"
     assert types[("drawers", "embedding_old")] == "vector(384)"  # kept until --drop-old
