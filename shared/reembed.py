@@ -226,6 +226,7 @@ async def reembed(settings: Settings, database_url: str, target: db.SpaceTarget,
             await asyncio.sleep(min(0.1 * attempts, 2.0))
         log.info("reembed_switched", space=switched.id, attempts=attempts, **timings, **counts)
         report("switch", 1, 1)
+        await db.drop_todo_index(conn)
         # Services look at the active space every embed_space_check_s: after two looks none is on the old.
         await asyncio.sleep(2 * settings.embed_space_check_s + 0.5)
         settled = await _settle(conn, emb, batch)

@@ -33,7 +33,7 @@ __all__ = [
     "building_space",
     "cached_vectors",
     "drawers_todo",
-    "drop_old_space",
+    "drop_old_space", "drop_todo_index",
     "entities_todo",
     "episode_vectors",
     "episodes_todo",
@@ -351,62 +351,72 @@ async def switch_space(conn: AsyncConnection[Any], lock_timeout_s: float = 0.5,
     try again rather than stall every search queued behind the lock) the to-do counts are checked
     again; rows that arrived since the last catch-up abort the switch with their counts. Otherwise
     columns and indexes are renamed, the type centroids (derived from the old vectors, recomputed by
-    classify) are cleared, and the spaces' states flip. ``conn`` is the login role's, autocommit.
-    ``timings`` receives how long the locks took to get (``wait_s``) and were held (``held_s``).
+    classify) are cleared, and the spaces' states flip — all in one round trip, since searches wait
+    for as long as the locks are held. ``conn`` is the login role's, autocommit. ``timings``
+    receives how long the locks took to get (``wait_s``) and were held (``held_s``).
     """
     t0 = time.perf_counter()
     async with conn.transaction():
-        timeout = sql.Literal(f"{int(lock_timeout_s * 1000)}ms")
-        await conn.execute(sql.SQL("SET LOCAL lock_timeout = {}").format(timeout))
-        await conn.execute("LOCK TABLE drawers, episodes, entities, type_centroids, vector_indexes"
-                           " IN ACCESS EXCLUSIVE MODE")
+        await conn.execute(sql.SQL("SET LOCAL lock_timeout = {}; LOCK TABLE drawers, episodes, entities, "
+                                   "type_centroids, vector_indexes IN ACCESS EXCLUSIVE MODE").format(
+            sql.Literal(f"{int(lock_timeout_s * 1000)}ms")))
         t1 = time.perf_counter()
         await conn.execute("SET LOCAL ROLE palace_maintenance")
-        left = await todo_counts(conn)
+        cur = await conn.execute(
+            """SELECT (SELECT count(*) FROM drawers WHERE embedding IS NOT NULL AND embedding_next IS NULL),
+                      (SELECT count(*) FROM episodes WHERE embedding IS NOT NULL AND embedding_next IS NULL),
+                      (SELECT count(*) FROM entities WHERE embedding IS NOT NULL AND embedding_next IS NULL),
+                      (SELECT array_agg(workspace_id) FROM vector_indexes)""")
+        row = await cur.fetchone()
+        assert row is not None
+        left = dict(zip(TABLES, (int(row[0]), int(row[1]), int(row[2])), strict=True))
         if any(left.values()):
             return left
-        new = await building_space(conn)
-        old = await active_space(conn)
+        indexed: list[str] = row[3] or []
+        new, old = await building_space(conn), await active_space(conn)
         if new is None:
             raise RuntimeError("no embedding space is building")
-        cur = await conn.execute("SELECT workspace_id FROM vector_indexes")
-        indexed = [r[0] for r in await cur.fetchall()]
-        await conn.execute("RESET ROLE")
-        await _drop_build_objects(conn)
-        for table in TABLES:
-            t = sql.Identifier(table)
-            await conn.execute(sql.SQL("ALTER TABLE {} RENAME COLUMN embedding TO embedding_old").format(t))
-            await conn.execute(sql.SQL("ALTER TABLE {} RENAME COLUMN embedding_next TO embedding").format(t))
-        rebuilt = []
-        for ws in indexed:
-            cur = await conn.execute("SELECT to_regclass(%s) IS NOT NULL, to_regclass(%s) IS NOT NULL",
-                                     (index_name_for(ws), _next_index(ws)))
-            had, built = (await cur.fetchone()) or (False, False)
+        cur = await conn.execute("SELECT ws, to_regclass(a) IS NOT NULL, to_regclass(b) IS NOT NULL"
+                                 " FROM unnest(%s::text[], %s::text[], %s::text[]) AS x(ws, a, b)",
+                                 (indexed, [index_name_for(w) for w in indexed], [_next_index(w) for w in indexed]))
+        have = await cur.fetchall()
+        rebuilt = [ws for ws, _had, built in have if built]
+        steps: list[sql.Composable] = [sql.SQL("RESET ROLE")]
+        steps += [sql.SQL("DROP TRIGGER IF EXISTS {} ON {}").format(sql.Identifier(_TRIGGER), sql.Identifier(t))
+                  for t in TABLES]
+        for t in TABLES:
+            steps += [sql.SQL("ALTER TABLE {} RENAME COLUMN embedding TO embedding_old").format(sql.Identifier(t)),
+                      sql.SQL("ALTER TABLE {} RENAME COLUMN embedding_next TO embedding").format(sql.Identifier(t))]
+        for ws, had, built in have:
             if had:
-                await conn.execute(sql.SQL("ALTER INDEX {} RENAME TO {}").format(
+                steps.append(sql.SQL("ALTER INDEX {} RENAME TO {}").format(
                     sql.Identifier(index_name_for(ws)), sql.Identifier(_old_index(ws))))
             if built:
-                await conn.execute(sql.SQL("ALTER INDEX {} RENAME TO {}").format(
+                steps.append(sql.SQL("ALTER INDEX {} RENAME TO {}").format(
                     sql.Identifier(_next_index(ws)), sql.Identifier(index_name_for(ws))))
-                rebuilt.append(ws)
-        await conn.execute("DELETE FROM type_centroids")
-        await conn.execute(sql.SQL("ALTER TABLE type_centroids ALTER COLUMN centroid TYPE vector({})").format(
-            sql.Literal(new.dim)))
-        await conn.execute("UPDATE palace_meta SET value = %s WHERE key = 'embed_dim'", (str(new.dim),))
-        await conn.execute("SET LOCAL ROLE palace_maintenance")
-        # A workspace whose index was asked for or finished while the space built has none over the new
-        # vectors: maintain builds it again.
-        await conn.execute("UPDATE vector_indexes SET state = 'wanted', ready_at = NULL"
-                           " WHERE state IN ('ready', 'building') AND workspace_id <> ALL(%s)", (rebuilt,))
+        steps += [
+            sql.SQL("UPDATE palace_meta SET value = {} WHERE key = 'embed_dim'").format(sql.Literal(str(new.dim))),
+            sql.SQL("SET LOCAL ROLE palace_maintenance"),
+            sql.SQL("DELETE FROM type_centroids"),
+            # A workspace whose index was asked for or finished while the space built has none over the
+            # new vectors: maintain builds it again.
+            sql.SQL("UPDATE vector_indexes SET state = 'wanted', ready_at = NULL WHERE state IN ('ready', 'building')"
+                    " AND workspace_id <> ALL({})").format(sql.Literal(rebuilt)),
+        ]
         if old is not None:
-            await conn.execute("UPDATE embedding_spaces SET state = 'retired', retired_at = now() WHERE id = %s",
-                               (old.id,))
-        await conn.execute("UPDATE embedding_spaces SET state = 'active', activated_at = now() WHERE id = %s",
-                           (new.id,))
-        await conn.execute("RESET ROLE")
+            steps.append(sql.SQL("UPDATE embedding_spaces SET state = 'retired', retired_at = now() WHERE id = {}")
+                         .format(sql.Literal(old.id)))
+        steps += [sql.SQL("UPDATE embedding_spaces SET state = 'active', activated_at = now() WHERE id = {}")
+                  .format(sql.Literal(new.id)), sql.SQL("RESET ROLE")]
+        await conn.execute(sql.SQL("; ").join(steps))
     if timings is not None:
         timings.update(wait_s=t1 - t0, held_s=time.perf_counter() - t1)
     return Space(new.id, new.provider, new.model, new.base_url, new.dim, "active")
+
+
+async def drop_todo_index(conn: AsyncConnection[Any]) -> None:
+    """The build's to-do index, after the switch, without blocking writes (autocommit, login role)."""
+    await conn.execute(sql.SQL("DROP INDEX CONCURRENTLY IF EXISTS {}").format(sql.Identifier(_TODO_INDEX)))
 
 
 async def drop_old_space(conn: AsyncConnection[Any], keep_model: str) -> bool:

@@ -28,6 +28,9 @@ GRANT SELECT, INSERT, UPDATE, DELETE ON embedding_spaces TO palace_maintenance;
 -- The cache is keyed by model, so a re-embed can fill the new model's entries beside the old ones:
 -- its vectors carry no fixed dimension any more.
 ALTER TABLE embedding_cache ALTER COLUMN embedding TYPE vector;
+-- Type centroids are means of drawer vectors, recomputed by classify from the active space; untyped,
+-- the switch only clears them.
+ALTER TABLE type_centroids ALTER COLUMN centroid TYPE vector;
 
 -- While a space builds, a vector of the active space that changes (re-embedded after a forget, a
 -- reverted decision, an entity renamed) makes the row's new-space vector stale: a trigger that
