@@ -47,7 +47,7 @@ def reembed(
         dropped = asyncio.run(rb.drop_old(s, db_url))
         console.print("retired space dropped" if dropped else "no retired space to drop")
         return
-    if drop_old and asyncio.run(rb.drop_old(s, db_url)):  # an earlier space's, kept until now
+    if drop_old and asyncio.run(rb.drop_old(s, db_url, keep_cache=True)):  # an earlier space's, kept until now
         console.print("retired space dropped")
     target = SpaceTarget(provider=provider, model=model or (provider if provider == "hash" else s.embed_model),
                          dim=dim or s.embed_dim, base_url=base_url)

@@ -93,7 +93,7 @@ async def _write(conn: psycopg.AsyncConnection[Any], fn: Callable[..., Awaitable
 async def _drawers_pass(conn: psycopg.AsyncConnection[Any], emb: Embedder, batch: int, progress: Progress,
                         done: int, total: int) -> int:
     """Embed every drawer still to do; returns how many were written."""
-    written = 0
+    written = stalled = 0
     while True:
         async with _Maint(conn):
             rows = await db.drawers_todo(conn, batch)
@@ -113,6 +113,9 @@ async def _drawers_pass(conn: psycopg.AsyncConnection[Any], emb: Embedder, batch
         written += n
         done += len(rows)
         progress("drawers", done, max(total, done))
+        stalled = stalled + 1 if n == 0 else 0
+        if stalled >= 20:  # not a drawer changing under us any more: something refuses the writes
+            raise RuntimeError(f"{len(rows)} drawers from {rows[0][0]}/{rows[0][1]} on could not be written")
         if n == 0:  # every row of the batch changed under us: read them again (their new text)
             await asyncio.sleep(0.1)
 
@@ -252,14 +255,15 @@ async def abandon(database_url: str) -> bool:
         await conn.close()
 
 
-async def drop_old(settings: Settings, database_url: str) -> bool:
-    """Drop the retired space's vectors and cache entries; False when there were none."""
+async def drop_old(settings: Settings, database_url: str, *, keep_cache: bool = False) -> bool:
+    """Drop the retired space's vectors and (unless ``keep_cache``: a re-embed about to start may be
+    going back to that model) its cache entries; False when there were none."""
     conn = await _connect(database_url)
     try:
         active = await _read(conn, db.active_space)
         emb = embedder_for(settings, active.target if active else None)
         try:
-            return await db.drop_old_space(conn, emb.model_name)
+            return await db.drop_old_space(conn, None if keep_cache else emb.model_name)
         finally:
             await emb.aclose()
     finally:

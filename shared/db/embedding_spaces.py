@@ -229,19 +229,28 @@ async def save_drawer_vectors(conn: AsyncConnection[Any], model: str, rows: list
     A drawer whose text changed since it was read is left alone (it is still to do, with its new text).
     ``embedding_model`` names the model of the row's newest vector.
     """
-    n = 0
+    if not rows:
+        return 0
+    updated: set[tuple[str, str]] = set()
     async with conn.cursor() as cur:
-        for ws, did, chash, context, thash, vec in rows:
-            await cur.execute(
-                """UPDATE drawers SET embedding_next = %s, embedding_model = %s
-                    WHERE workspace_id = %s AND id = %s AND embedding IS NOT NULL AND content_hash = %s
-                      AND context IS NOT DISTINCT FROM %s""", (vec, model, ws, did, chash, context))
-            n += cur.rowcount
-            if cache and cur.rowcount:
-                await cur.execute(
-                    "INSERT INTO embedding_cache (workspace_id, model, content_hash, embedding) VALUES (%s, %s, %s, %s)"
-                    " ON CONFLICT DO NOTHING", (ws, model, thash, vec))
-    return n
+        # executemany runs in one pipeline: a batch costs a round trip, not one per drawer.
+        await cur.executemany(
+            """UPDATE drawers SET embedding_next = %s, embedding_model = %s
+                WHERE workspace_id = %s AND id = %s AND embedding IS NOT NULL AND content_hash = %s
+                  AND context IS NOT DISTINCT FROM %s RETURNING workspace_id, id""",
+            [(vec, model, ws, did, chash, context) for ws, did, chash, context, _, vec in rows], returning=True)
+        while True:
+            row = await cur.fetchone()
+            if row:
+                updated.add((row[0], row[1]))
+            if not cur.nextset():
+                break
+        if cache and updated:
+            await cur.executemany(
+                "INSERT INTO embedding_cache (workspace_id, model, content_hash, embedding) VALUES (%s, %s, %s, %s)"
+                " ON CONFLICT DO NOTHING",
+                [(ws, model, thash, vec) for ws, did, _, _, thash, vec in rows if (ws, did) in updated])
+    return len(updated)
 
 
 async def episodes_todo(conn: AsyncConnection[Any], limit: int) -> list[tuple[str, str, str, str]]:
@@ -276,14 +285,13 @@ async def entities_todo(conn: AsyncConnection[Any], limit: int) -> list[tuple[st
 async def save_vectors(conn: AsyncConnection[Any], table: str, rows: list[tuple[str, str, np.ndarray]]) -> int:
     """New-space vectors of episodes or entities: rows are (workspace_id, id, vector)."""
     assert table in ("episodes", "entities")
-    n = 0
+    if not rows:
+        return 0
     async with conn.cursor() as cur:
-        for ws, rid, vec in rows:
-            await cur.execute(sql.SQL(
-                "UPDATE {} SET embedding_next = %s WHERE workspace_id = %s AND id = %s AND embedding IS NOT NULL"
-            ).format(sql.Identifier(table)), (vec, ws, rid))
-            n += cur.rowcount
-    return n
+        await cur.executemany(sql.SQL(
+            "UPDATE {} SET embedding_next = %s WHERE workspace_id = %s AND id = %s AND embedding IS NOT NULL"
+        ).format(sql.Identifier(table)), [(vec, ws, rid) for ws, rid, vec in rows])
+        return max(cur.rowcount, 0)
 
 
 async def unsettled_drawers(conn: AsyncConnection[Any], model: str, after: tuple[str, str], limit: int) -> list[
@@ -419,15 +427,17 @@ async def drop_todo_index(conn: AsyncConnection[Any]) -> None:
     await conn.execute(sql.SQL("DROP INDEX CONCURRENTLY IF EXISTS {}").format(sql.Identifier(_TODO_INDEX)))
 
 
-async def drop_old_space(conn: AsyncConnection[Any], keep_model: str) -> bool:
+async def drop_old_space(conn: AsyncConnection[Any], keep_model: str | None) -> bool:
     """Drop the retired space's columns (their indexes go with them) and the cache entries of every
-    model but ``keep_model`` (the active embedder's name). False when there was none. ``conn``: the
-    login role's, autocommit."""
+    model but ``keep_model`` (the active embedder's name; None keeps the whole cache). False when there
+    was none. ``conn``: the login role's, autocommit."""
     if not await old_space_exists(conn):
         return False
     for table in TABLES:
         await conn.execute(sql.SQL("ALTER TABLE {} DROP COLUMN IF EXISTS embedding_old").format(
             sql.Identifier(table)))
+    if keep_model is None:
+        return True
     await conn.execute("SET ROLE palace_maintenance")
     try:
         await conn.execute("DELETE FROM embedding_cache WHERE model <> %s", (keep_model,))

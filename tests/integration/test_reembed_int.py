@@ -58,6 +58,7 @@ def _reembed(*args: str) -> str:
     return result.output
 
 
+@pytest.mark.timeout(600)  # two re-embeds of the whole shared database
 def test_reembed_switches_model_and_dimension_while_searches_run(stack: Stack) -> None:
     w = ws()
     for i in range(8):
