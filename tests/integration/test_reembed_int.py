@@ -85,12 +85,23 @@ def test_reembed_switches_model_and_dimension_while_searches_run(stack: Stack) -
         if phase == "drawers" and done >= 8:
             raise RuntimeError("simulated crash")
 
-    with pytest.raises(RuntimeError, match="simulated crash"):
-        asyncio.run(reembed(stack.settings, stack.database_url, SpaceTarget("hash", "hash", 64), batch=8,
-                            progress=crash_after_a_batch))
+    def crashed_reembed(dim: int) -> None:
+        with pytest.raises(RuntimeError, match="simulated crash"):
+            asyncio.run(reembed(stack.settings, stack.database_url, SpaceTarget("hash", "hash", dim), batch=8,
+                                progress=crash_after_a_batch))
+
+    # (one abandoned with --abort leaves nothing behind)
+    crashed_reembed(32)
+    assert _column_types(stack)[("drawers", "embedding_next")] == "vector(32)"
+    assert "re-embed abandoned" in _reembed("--abort")
+    assert stack.sql("SELECT count(*) FROM embedding_spaces WHERE state = 'building'") == [(0,)]
+    assert ("drawers", "embedding_next") not in _column_types(stack)
+    crashed_reembed(64)
     building = stack.sql("SELECT id FROM embedding_spaces WHERE state = 'building'")
     assert len(building) == 1
     assert 0 < stack.sql("SELECT count(*) FROM drawers WHERE embedding_next IS NOT NULL")[0][0] < 24
+    with pytest.raises(ValueError, match="in progress"):  # another target must wait for it (or --abort)
+        asyncio.run(reembed(stack.settings, stack.database_url, SpaceTarget("hash", "hash", 32)))
 
     failures: list[str] = []
     searches: list[float] = []  # how long each search took
