@@ -18,6 +18,7 @@ from shared.adapters.hash_embedder import HashEmbedder
 from shared.db.embedding_spaces import SpaceTarget
 from shared.db.pool import open_pool
 from shared.db.vector_indexes import index_name_for
+from shared.logging import configure_logging
 from shared.memory.filing import embedding_text
 from shared.recall import Recaller
 from shared.reembed import reembed
@@ -54,6 +55,7 @@ def _column_types(stack: Stack) -> dict[tuple[str, str], str]:
 
 def _reembed(*args: str) -> str:
     result = CliRunner().invoke(app, ["reembed", *args])
+    configure_logging("INFO", json=False)  # the command logged to the runner's stream, closed now
     assert result.exit_code == 0, (result.output, result.exception)
     return result.output
 
