@@ -59,7 +59,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from shared.config import Settings
-from shared.db.tenancy import workspace_tx
+from shared.db.lexicon import refresh_lexicon
+from shared.db.tenancy import maintenance_tx, workspace_tx
 from shared.db.vector_indexes import index_name_for
 from shared.events import Message, SessionCompleted
 from shared.ids import content_hash, drawer_id
@@ -571,6 +572,11 @@ async def run(args: argparse.Namespace, settings: Settings, database_url: str) -
                                   f"{calib['real_pair_cos_p50']:.3f}")
                 load = await asyncio.to_thread(load_workspace, database_url, ws, base, rows, embedder.model_name,
                                                args.load)
+                t0 = time.perf_counter()
+                async with maintenance_tx(pool) as conn:  # what maintain does for a workspace past exact search
+                    load["common_lexemes"] = await refresh_lexicon(conn, ws, settings.lexicon_common_share)
+                load["lexicon_s"] = time.perf_counter() - t0
+                load["total_s"] += load["lexicon_s"]
                 console.print(f"[bold]{size:,}[/bold] drawers loaded in {load['total_s']:.1f} s: "
                               + ", ".join(f"{k.removesuffix('_s')} {v:.1f} s" for k, v in load.items()
                                           if k.endswith("_s") and k != "total_s"))

@@ -113,6 +113,13 @@ class Settings(BaseSettings):
         5_000, description="A workspace with more live drawers than this gets an HNSW index of its own (built by "
         "maintain, used by search once ready); smaller ones are searched exactly.",
     )
+    lexicon_common_share: float = Field(
+        0.01, gt=0, lt=1, description="In a workspace past exact search, a word found in at least this share of its "
+        "drawers is common: full-text candidates come from the query's other (rare) words when it has any.",
+    )
+    lexicon_refresh_s: float = Field(
+        3600.0, gt=0, description="How often maintain recounts a large workspace's common words (one pass over it).",
+    )
     centroid_min_cosine: float = Field(
         0.85, description="Cosine to the nearest type centroid from which the centroid phase decides."
     )

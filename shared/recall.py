@@ -100,7 +100,7 @@ class Recaller:
         async with workspace_tx(self.pool, workspace_id) as conn:
             cached = self._sizes.get(workspace_id)
             if cached is None or time.monotonic() - cached[2] > self.size_ttl_s:
-                size = await workspace_size(conn, workspace_id)
+                size = await workspace_size(conn, workspace_id, max(self.params.exact_max, self.vector_index_min) + 1)
                 ready = await vector_index_ready(conn, workspace_id)
                 if not ready and size > self.vector_index_min:
                     # Exact scans until maintain has built the workspace's own index.

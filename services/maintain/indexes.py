@@ -1,5 +1,6 @@
 """maintain's index builder: the per-workspace HNSW indexes that search asked for, one at a time, under
-a lease (one replica builds; a build of a large workspace takes minutes and must not run twice)."""
+a lease (one replica builds; a build of a large workspace takes minutes and must not run twice), and
+the lexicons of those workspaces (their common words, which full-text candidates leave out)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import os
 import socket
 
 from services._runtime import Deps
+from shared.db.lexicon import refresh_lexicon, stale_lexicons
 from shared.db.maintenance import take_lease
 from shared.db.tenancy import maintenance_tx
 from shared.db.vector_indexes import build_vector_index, wanted_vector_indexes
@@ -46,10 +48,32 @@ async def build_wanted(deps: Deps, holder: str) -> int:
     return built
 
 
+async def refresh_lexicons(deps: Deps, holder: str) -> int:
+    """Recount the common words of one workspace whose lexicon is missing or due (one per round: each
+    is a pass over a large workspace); the lease keeps replicas from doing the same one twice."""
+    s = deps.settings
+    async with maintenance_tx(deps.pool) as conn:
+        if not await take_lease(conn, "lexicons", holder, 600.0, 0.0):
+            return 0
+        due = await stale_lexicons(conn, s.lexicon_refresh_s)
+    try:
+        for ws in due:
+            async with maintenance_tx(deps.pool) as conn:
+                n = await refresh_lexicon(conn, ws, s.lexicon_common_share)
+            log.info("lexicon_refreshed", workspace_id=ws, common_lexemes=n)
+    finally:
+        async with maintenance_tx(deps.pool) as conn:
+            await conn.execute("UPDATE job_leases SET expires_at = now() WHERE workspace_id = '*' AND job = %s"
+                               " AND holder = %s", ("lexicons", holder))
+    return len(due)
+
+
 async def vector_index_loop(deps: Deps, stop: asyncio.Event) -> None:
     holder = f"{socket.gethostname()}:{os.getpid()}"
     while not stop.is_set():
         with contextlib.suppress(Exception):  # retried next round; never kills the service
             await build_wanted(deps, holder)
+        with contextlib.suppress(Exception):
+            await refresh_lexicons(deps, holder)
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), deps.settings.maintain_interval_s)

@@ -4,11 +4,12 @@
    ``date_candidates`` drawers inside a time window the query names (shared/memory/timeexpr.py).
    Full text matches an OR of the query's lexemes, since ``plainto_tsquery``'s AND misses most
    paraphrases, and keeps the matches holding most of them (migration 0006: ``ts_rank_cd`` chose no
-   better and cost ~20 µs a row); in workspaces over ``exact_max`` drawers it asks
-   for two of the query's lexemes together (an OR of pairs): a plain OR matched 27% of a 100k-drawer
-   workspace and ranking every match cost ~170 ms (bench/search.py); and at most ``fts_scan_max``
-   matching rows are ranked, which bounds the tail. It goes through the migration-0003 function, so
-   the GIN index serves it under row-level security. Nearest neighbours come from the workspace's own
+   better and cost more a row); in workspaces over ``exact_max`` drawers a plain OR matches a large
+   share of the workspace, so it asks for the query's lexemes that are rare there (the workspace
+   lexicon that maintain keeps, migration 0037), or, when the query holds none, for two of its
+   lexemes together; and at most ``fts_scan_max`` matching rows are ranked, which bounds the tail. It
+   goes through a security-definer function, so the GIN index serves it under row-level security, and
+   that index knows the workspace (migration 0036). Nearest neighbours come from the workspace's own
    HNSW index once it has one (``shared/db/vector_indexes.py``, migration 0019: pgvector 0.6 filters a
    shared index only after its walk, so a tenant in a big table would get a handful of its own
    neighbours), else from an exact scan of the workspace (``+ 0`` keeps the planner off any index). The
@@ -88,10 +89,8 @@ WITH lex AS (
     -- of its words (a cost any caller could otherwise choose).
     SELECT t.lexeme AS l FROM unnest(to_tsvector('english', %(text)s)) t ORDER BY t.positions[1] LIMIT %(max_terms)s
 ), q AS (
-    SELECT CASE WHEN %(exact)s OR (SELECT count(*) FROM lex) < 2
-                THEN (SELECT string_agg(format('%%L', l), ' | ') FROM lex)
-                ELSE (SELECT string_agg(format('(%%L & %%L)', a.l, b.l), ' | ') FROM lex a JOIN lex b ON a.l < b.l)
-           END::tsquery AS tsq
+    -- Which lexemes the full-text candidates need (migration 0037): any, the workspace's rare ones, or pairs.
+    SELECT palace_text_query(%(ws)s, ARRAY(SELECT l FROM lex), %(exact)s) AS tsq
 ), fts AS (
     SELECT t.id FROM q, palace_text_candidates(%(ws)s, q.tsq, ARRAY(SELECT l FROM lex), %(fts_scan)s, %(n_fts)s) t
 ), w AS (
@@ -203,9 +202,11 @@ async def hybrid_search(
     return _hits(rank(cands, lexemes, params.rank, params.k), rows)
 
 
-async def workspace_size(conn: AsyncConnection[Any], workspace_id: str) -> int:
-    """Live drawers in a workspace (an index-only count); decides exact vs HNSW candidate search."""
+async def workspace_size(conn: AsyncConnection[Any], workspace_id: str, cap: int) -> int:
+    """Live drawers in a workspace, counted up to ``cap`` (an index-only scan of at most ``cap`` rows):
+    search only asks whether the workspace is past its thresholds, so the count must not grow with it."""
     cur = await conn.execute(
-        "SELECT count(*) FROM drawers WHERE workspace_id = %s AND deleted_at IS NULL", (workspace_id,))
+        "SELECT count(*) FROM (SELECT 1 FROM drawers WHERE workspace_id = %s AND deleted_at IS NULL LIMIT %s) x",
+        (workspace_id, cap))
     row = await cur.fetchone()
     return int(row[0]) if row else 0

@@ -45,22 +45,30 @@ def _plan(stack: Stack, sql: str, params: tuple[object, ...], role: str = "palac
     return json.dumps(rows[0][0])
 
 
-def test_near_duplicate_candidates_come_from_the_wording_index(stack: Stack, big_workspace: str) -> None:
-    """The deployed lookup function's own statement (read back from the catalogue), planned as the role
-    it runs as, with real parameters."""
-    body = stack.sql("SELECT prosrc FROM pg_proc WHERE proname = 'palace_wording_candidates'")[0][0]
-    bands = wording_bands(big_workspace, "drawer number 17 says something")
+def _function_plan(stack: Stack, function: str, workspace: str, values: dict[str, sql.Composable]) -> str:
+    """The plan of a deployed SQL function's own statement, read back from the catalogue, with its
+    parameters replaced by real values, planned as the role it runs as with its own settings."""
+    body = stack.sql("SELECT prosrc FROM pg_proc WHERE proname = %s", (function,))[0][0]
     with psycopg.connect(stack.database_url) as conn:
-        values = {"ws": sql.Literal(big_workspace), "bands": sql.SQL("{}::bigint[]").format(sql.Literal(bands)),
-                  "scan_limit": sql.Literal(200)}
         for name, value in values.items():
             body = re.sub(rf"\b{name}\b", value.as_string(conn).replace("\\", "\\\\"), body)
         conn.execute("SET ROLE palace_maintenance")
-        for setting in stack.sql("SELECT unnest(proconfig) FROM pg_proc WHERE proname = 'palace_wording_candidates'"):
+        conn.execute("SELECT set_config('palace.workspace_id', %s, true)", (workspace,))
+        for setting in stack.sql("SELECT unnest(proconfig) FROM pg_proc WHERE proname = %s", (function,)):
             name, _, value = setting[0].partition("=")
             conn.execute(sql.SQL("SET {} = {}").format(sql.Identifier(name), sql.Literal(value)))
         plan = json.dumps(conn.execute("EXPLAIN (FORMAT JSON) " + body).fetchall()[0][0])  # type: ignore[arg-type]
         conn.rollback()
+    return plan
+
+
+def test_near_duplicate_candidates_come_from_the_wording_index(stack: Stack, big_workspace: str) -> None:
+    """The deployed lookup function's own statement (read back from the catalogue), planned as the role
+    it runs as, with real parameters."""
+    bands = wording_bands(big_workspace, "drawer number 17 says something")
+    plan = _function_plan(stack, "palace_wording_candidates", big_workspace, {
+        "ws": sql.Literal(big_workspace), "bands": sql.SQL("{}::bigint[]").format(sql.Literal(bands)),
+        "scan_limit": sql.Literal(200)})
     assert "drawers_dedup_bands" in plan and '"Seq Scan"' not in plan, plan
     # And the whole check runs through it, as the application role under row-level security.
     with psycopg.connect(stack.database_url) as conn:
@@ -70,6 +78,16 @@ def test_near_duplicate_candidates_come_from_the_wording_index(stack: Stack, big
         rows = conn.execute(OLDER_TWINS_SQL.replace("%(emb)s", "%(emb)s::vector"),
                             {"ws": big_workspace, "id": "x", "emb": emb, "bands": bands, "n": 5}).fetchall()
         assert rows == []  # the synthetic drawers carry no embeddings; the statement must run, not match
+
+
+def test_full_text_candidates_come_from_the_workspace_scoped_index(stack: Stack, big_workspace: str) -> None:
+    """The full-text lookup goes through the GIN index that knows the workspace, so a small workspace in
+    a big table never pays for the other tenants' matches."""
+    plan = _function_plan(stack, "palace_text_candidates", big_workspace, {
+        "ws": sql.Literal(big_workspace), "query": sql.SQL("to_tsquery('english', '17 | 42')"),
+        "lexemes": sql.SQL("'{17,42}'::text[]"), "scan_limit": sql.Literal(2000), "top_n": sql.Literal(100)})
+    assert "drawers_tsv_ws" in plan and '"Seq Scan"' not in plan, plan
+    assert "drawers_tsv_gin" not in plan, plan
 
 
 @pytest.mark.parametrize("sql", [
@@ -85,3 +103,44 @@ def test_near_duplicate_candidates_come_from_the_wording_index(stack: Stack, big
 def test_maintenance_sweeps_use_an_index(stack: Stack, big_workspace: str, sql: str) -> None:
     plan = _plan(stack, sql, ())
     assert '"Seq Scan"' not in plan, plan
+
+
+def test_full_text_candidates_come_from_the_workspaces_rare_words(stack: Stack, big_workspace: str) -> None:
+    """Past exact search, a query's common words (in every drawer of the big workspace: 'drawer',
+    'number') no longer decide which drawers the index must evaluate once maintain has counted them:
+    the rare one ('17') alone does; with no rare word the pairs remain, and an exact workspace ORs all."""
+    import asyncio
+
+    from shared.db.lexicon import refresh_lexicon
+    from shared.db.pool import open_pool
+    from shared.db.tenancy import maintenance_tx, workspace_tx
+
+    def text_query(lexemes: list[str], exact: bool) -> str:
+        with psycopg.connect(stack.database_url) as conn:
+            conn.execute("SET ROLE palace_app")
+            conn.execute("SELECT set_config('palace.workspace_id', %s, false)", (big_workspace,))
+            return str(conn.execute("SELECT palace_text_query(%s, %s, %s)::text",
+                                    (big_workspace, lexemes, exact)).fetchone()[0])  # type: ignore[index]
+
+    before = text_query(["drawer", "number", "17"], False)
+    assert before.count("&") == 3, before  # no lexicon yet: every pair
+
+    async def refresh() -> int:
+        pool = await open_pool(stack.database_url, name="test-lexicon", max_size=1)
+        try:
+            async with maintenance_tx(pool) as conn:
+                await conn.execute(
+                    "INSERT INTO vector_indexes (workspace_id, index_name, drawers, state)"
+                    " VALUES (%s, 'x', %s, 'failed') ON CONFLICT (workspace_id) DO NOTHING", (big_workspace, N))
+                n = await refresh_lexicon(conn, big_workspace, 0.01)
+            async with workspace_tx(pool, "someone-else") as conn:  # row-level security on the lexicon
+                seen = await (await conn.execute("SELECT count(*) FROM workspace_lexicon")).fetchone()
+                assert seen == (0,)
+            return n
+        finally:
+            await pool.close()
+
+    assert asyncio.run(refresh()) >= 4  # drawer, number, say, someth
+    assert text_query(["drawer", "number", "17"], False) == "'17'"
+    assert text_query(["drawer", "number"], False) == "'drawer' & 'number'"
+    assert set(text_query(["drawer", "number", "17"], True).split(" | ")) == {"'drawer'", "'number'", "'17'"}
