@@ -158,12 +158,10 @@ async def serve_worker(spec: WorkerSpec, settings: Settings, stop: asyncio.Event
                            role=settings.db_role)
     embedder = None
     if spec.needs_embedder:
-        from shared.adapters import build_embedder
+        from shared.adapters.space_embedder import SpaceEmbedder
 
-        embedder = build_embedder(settings)
-        warm = getattr(embedder, "warm_up", None)
-        if warm is not None:
-            await warm()
+        # The database's active embedding space, followed while the service runs (palace reembed).
+        embedder = await SpaceEmbedder.open(settings, pool)
     broker = build_broker(settings, spec.name, nats_url)
     deps = Deps(settings=settings, service=spec.name, pool=pool, broker=broker, embedder=embedder)
     spec.register(deps)

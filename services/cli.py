@@ -21,6 +21,7 @@ from rich.text import Text
 from services.cli_history import history, revert
 from services.cli_proposals import proposals_app
 from services.cli_quality import quality
+from services.cli_reembed import reembed
 from services.cli_render import DeadLetterTable, HitsTable
 from shared.config import Settings
 
@@ -28,6 +29,7 @@ app = typer.Typer(help="Palace: long-term memory for AI agents.", no_args_is_hel
 app.command()(quality)
 app.command()(history)
 app.command()(revert)
+app.command()(reembed)
 stack_app = typer.Typer(help="The embedded PostgreSQL + NATS stack.", no_args_is_help=True)
 dlq_app = typer.Typer(help="Dead letters: list and re-drive.", no_args_is_help=True)
 app.add_typer(stack_app, name="stack")
@@ -284,14 +286,14 @@ def publish(file: Annotated[Path, typer.Argument(help="JSON file: one session.co
 
 
 async def _local_search(s: Settings, workspace: str, query: str, k: int) -> list[Any]:
-    from shared.adapters import build_embedder
+    from shared.adapters.space_embedder import SpaceEmbedder
     from shared.db.pool import open_pool
     from shared.db.search import SearchParams
     from shared.recall import Recaller
 
     db, _ = _urls(s)
     pool = await open_pool(db, name="cli", max_size=2, role=s.db_role)
-    emb = build_embedder(s)
+    emb = await SpaceEmbedder.open(s, pool)
     try:
         r = Recaller(pool, emb, SearchParams.from_settings(s), vector_index_min=s.vector_index_min_drawers)
         hits = await r.search(workspace, query, k)

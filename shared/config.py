@@ -103,6 +103,10 @@ class Settings(BaseSettings):
     embed_api_key: str | None = Field(None, description="API key for the embedding endpoint.")
     embed_batch: int = Field(64, description="Texts per embedding call.")
     embed_timeout_s: float = Field(30.0, description="Timeout of one remote embedding call.")
+    embed_space_check_s: float = Field(
+        5.0, description="How often a process asks the database which embedding space is active (`palace "
+        "reembed` switches it under running services); the PALACE_EMBED_* settings describe only the first space.",
+    )
     heuristic_high: float = Field(0.8, description="Classifier confidence trusted without further tiers.")
     heuristic_low: float = Field(0.5, description="Below high and above this, the centroid tier may decide.")
     vector_index_min_drawers: int = Field(

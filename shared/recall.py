@@ -11,9 +11,11 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 
 import numpy as np
+import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from shared.access import access_log
+from shared.adapters.space_embedder import pinned
 from shared.db.search import SearchHit, SearchParams, hybrid_search, workspace_size
 from shared.db.tenancy import workspace_tx
 from shared.db.vector_indexes import request_vector_index, vector_index_ready
@@ -37,24 +39,31 @@ class Recaller:
     touch: bool = True
     size_ttl_s: float = 60.0
     vector_index_min: int = 5_000  # PALACE_VECTOR_INDEX_MIN_DRAWERS
-    _cache: OrderedDict[str, np.ndarray] = field(default_factory=OrderedDict)
+    _cache: OrderedDict[tuple[str, str], np.ndarray] = field(default_factory=OrderedDict)
     _sizes: dict[str, tuple[int, bool, float]] = field(default_factory=dict)
 
-    async def _embed(self, query: str) -> np.ndarray | None:
+    async def _embed(self, query: str, *, recheck_space: bool = False) -> np.ndarray | None:
         if self.embedder is None:
             return None
-        hit = self._cache.get(query)
+        try:
+            # Cached per model: after a re-embed switches the space, old vectors would not even compare.
+            embedder = await pinned(self.embedder, force=recheck_space)
+        except Exception as e:
+            log.warning("query_embedding_failed", error=repr(e)[:300])
+            return None
+        key = (embedder.model_name, query)
+        hit = self._cache.get(key)
         if hit is not None:
-            self._cache.move_to_end(query)
+            self._cache.move_to_end(key)
             return hit
         try:
             t0 = time.perf_counter()
-            vec = await self.embedder.embed_query(query)
+            vec = await embedder.embed_query(query)
             SEARCH_SECONDS.labels("embed").observe(time.perf_counter() - t0)
         except Exception as e:  # degrade to full text rather than fail the turn
             log.warning("query_embedding_failed", error=repr(e)[:300])
             return None
-        self._cache[query] = vec
+        self._cache[key] = vec
         if len(self._cache) > self.cache_size:
             self._cache.popitem(last=False)
         return vec
@@ -70,6 +79,24 @@ class Recaller:
         vec = await self._embed(query)
         params = SearchParams(**{**self.params.__dict__, "k": k})
         t1 = time.perf_counter()
+        try:
+            hits = await self._search(workspace_id, query, vec, params)
+        except psycopg.errors.DataException as e:
+            if vec is None or "dimensions" not in str(e):
+                raise
+            # The embedding space switched (palace reembed) between embedding the query and searching:
+            # embed it again in the space now active.
+            log.info("embedding_space_switched", error=str(e)[:200])
+            vec = await self._embed(query, recheck_space=True)
+            hits = await self._search(workspace_id, query, vec, params)
+        SEARCH_SECONDS.labels("sql").observe(time.perf_counter() - t1)
+        SEARCH_SECONDS.labels("total").observe(time.perf_counter() - t0)
+        if self.touch and hits:  # noted, written later in one batch (shared/access.py): never awaited here
+            access_log(self.pool).note(workspace_id, [h.id for h in hits])
+        return hits
+
+    async def _search(self, workspace_id: str, query: str, vec: np.ndarray | None,
+                      params: SearchParams) -> list[SearchHit]:
         async with workspace_tx(self.pool, workspace_id) as conn:
             cached = self._sizes.get(workspace_id)
             if cached is None or time.monotonic() - cached[2] > self.size_ttl_s:
@@ -80,13 +107,8 @@ class Recaller:
                     await request_vector_index(conn, workspace_id, size)
                 cached = (size, ready, time.monotonic())
                 self._sizes[workspace_id] = cached
-            hits = await hybrid_search(conn, workspace_id, query, vec, params, workspace_size=cached[0],
+            return await hybrid_search(conn, workspace_id, query, vec, params, workspace_size=cached[0],
                                        vector_index=cached[1])
-        SEARCH_SECONDS.labels("sql").observe(time.perf_counter() - t1)
-        SEARCH_SECONDS.labels("total").observe(time.perf_counter() - t0)
-        if self.touch and hits:  # noted, written later in one batch (shared/access.py): never awaited here
-            access_log(self.pool).note(workspace_id, [h.id for h in hits])
-        return hits
 
     async def drain(self) -> None:
         """Write the access statistics still pending (at shutdown)."""

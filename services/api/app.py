@@ -65,7 +65,7 @@ Closers = list[tuple[str, Callable[[], Awaitable[object]]]]
 async def _connect(app: FastAPI, settings: Settings, closers: Closers) -> None:
     """Open everything requests need, publishing each on ``app.state`` as it comes up; ``closers``
     collects what to close at shutdown, so a start interrupted half-way still closes what it opened."""
-    from shared.adapters import build_embedder
+    from shared.adapters.space_embedder import SpaceEmbedder
 
     db_url, nats_url = resolve_urls(settings)
     await wait_for_database(db_url)
@@ -80,11 +80,8 @@ async def _connect(app: FastAPI, settings: Settings, closers: Closers) -> None:
     await broker.connect()
     await ensure_streams(broker, settings)
     app.state.broker = broker
-    embedder = build_embedder(settings)
+    embedder = await SpaceEmbedder.open(settings, pool)  # follows the active space (palace reembed)
     closers.append(("embedder", embedder.aclose))
-    warm = getattr(embedder, "warm_up", None)
-    if warm is not None:
-        await warm()
     recaller = Recaller(pool, embedder, SearchParams.from_settings(settings),
                         vector_index_min=settings.vector_index_min_drawers)
     closers.append(("recaller", recaller.drain))

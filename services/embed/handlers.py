@@ -11,6 +11,7 @@ import psycopg
 from nats.aio.msg import Msg
 
 from services._runtime import Deps
+from shared.adapters.space_embedder import pinned
 from shared.bus import Poison, dead_letter, decode_event, publish_event
 from shared.db.drawers import cached_embeddings, drawers_by_id, note_failure, save_embeddings
 from shared.db.tenancy import workspace_tx
@@ -43,6 +44,9 @@ def register(deps: Deps) -> None:
     @deps.handle(DURABLE)
     async def on_drawer_created(bodies: list[bytes], raws: list[Msg]) -> None:
         """drawer.created (batched) → (embed, then commit) → drawer.embedded."""
+        # The active embedding space, looked up for every batch (one small query): a batch retried after
+        # `palace reembed` switched spaces must not fail again on the old one. Pinned for the whole batch.
+        embedder = await pinned(deps.embedder, force=True)
         events: list[DrawerCreated] = []
         for raw, b in zip(raws, bodies, strict=True):
             try:

@@ -78,11 +78,11 @@ def request_workspace(ctx: Context) -> str:
 async def open_ops(settings: Settings, database_url: str, nats_url: str, *, name: str = "mcp") -> AsyncIterator[
         PalaceOps]:
     """The servers a stand-alone MCP process needs (the api builds its PalaceOps from its own)."""
-    from shared.adapters import build_embedder
+    from shared.adapters.space_embedder import SpaceEmbedder
 
     pool = await open_pool(database_url, name=name, min_size=1, max_size=min(settings.db_pool_max, 4),
                            role=settings.db_role)
-    embedder = build_embedder(settings)
+    embedder = await SpaceEmbedder.open(settings, pool)  # follows the active space (palace reembed)
     broker = build_broker(settings, name, nats_url)
     recaller = Recaller(pool, embedder)
     try:

@@ -3,7 +3,8 @@
 A session-level advisory lock serialises concurrent runners (every service may call this at start),
 and each migration runs in its own transaction with its ``schema_migrations`` row, so a crash
 mid-migration leaves the previous version intact. The embedding dimension is fixed at the first
-migration and checked on every later run, because changing it needs a re-embed backfill.
+migration and checked on every later run, because only ``palace reembed`` may change it (it records
+the new active space, which services then follow whatever their settings say).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import hashlib
 import re
 from dataclasses import dataclass
 from importlib import resources
+from typing import Any
 
 import psycopg
 from psycopg import sql
@@ -67,11 +69,12 @@ def apply_migrations(database_url: str, embed_dim: int) -> list[str]:
             )
             conn.execute("CREATE TABLE IF NOT EXISTS palace_meta (key text PRIMARY KEY, value text NOT NULL)")
             row = conn.execute("SELECT value FROM palace_meta WHERE key = 'embed_dim'").fetchone()
-            if row and int(row[0]) != embed_dim:
+            if row and int(row[0]) != embed_dim and not _reembedded(conn, int(row[0])):
                 raise RuntimeError(
                     f"database was created with embedding dimension {row[0]}, configuration says {embed_dim}: "
-                    "set PALACE_EMBED_DIM to match, or re-embed into a new database"
+                    "set PALACE_EMBED_DIM to match, or change it with `palace reembed`"
                 )
+            dim = int(row[0]) if row else embed_dim  # the database's own, once it has one
             done = dict(conn.execute("SELECT version, checksum FROM schema_migrations").fetchall())
             for mig in load_migrations():
                 if mig.version in done and done[mig.version] != mig.checksum:
@@ -84,19 +87,29 @@ def apply_migrations(database_url: str, embed_dim: int) -> list[str]:
                 if mig.version in done:
                     continue
                 with conn.transaction():
-                    conn.execute(_render(mig.text, embed_dim))
+                    conn.execute(_render(mig.text, dim))
                     conn.execute(
                         "INSERT INTO schema_migrations (version, name, checksum) VALUES (%s, %s, %s)",
                         (mig.version, mig.name, mig.checksum),
                     )
                     conn.execute(
                         "INSERT INTO palace_meta (key, value) VALUES ('embed_dim', %s) ON CONFLICT (key) DO NOTHING",
-                        (str(embed_dim),),
+                        (str(dim),),
                     )
                 applied.append(f"{mig.version:04d}_{mig.name}")
         finally:
             conn.execute("SELECT pg_advisory_unlock(%s)", (_LOCK_KEY,))
     return applied
+
+
+def _reembedded(conn: psycopg.Connection[Any], dim: int) -> bool:
+    """True when ``palace reembed`` made a space of ``dim`` active: services follow the database's active
+    space (shared/adapters/space_embedder.py), so settings still naming the first one are not an error."""
+    row = conn.execute("SELECT to_regclass('embedding_spaces') IS NOT NULL").fetchone()
+    if not (row and row[0]):
+        return False
+    return conn.execute("SELECT 1 FROM embedding_spaces WHERE state = 'active' AND provider IS NOT NULL"
+                        " AND dim = %s", (dim,)).fetchone() is not None
 
 
 def pending_migrations(database_url: str) -> list[str]:

@@ -25,6 +25,7 @@ TEST_ENV = {
     "PALACE_ACK_WAIT_S": "15",
     "PALACE_MAINTAIN_INTERVAL_S": "1",
     "PALACE_STUCK_AFTER_S": "3",
+    "PALACE_EMBED_SPACE_CHECK_S": "1",
     "PALACE_SHUTDOWN_GRACE_S": "10",
     "PALACE_LOG_JSON": "true",
     "PALACE_DEVSTACK_DIR": ".devstack-test",
