@@ -268,7 +268,7 @@ _VERB_RULES = [
     _r(r"\b(?:received|was given|got given|awarded) ", "received", 0.6),
     _r(r"\b(?:volunteer|volunteered|volunteering|volunteers) (?:at|with|for) ", "volunteers_at", 0.75),
     _r(r"\b(?:won|win|winning|took home|came first in|placed first in) ", "won", 0.65),
-    _r(r"\b(?:i'm|i am|we're|we are|originally) from |\bhome (?:country|town),? ", "from", 0.7),
+    _r(r"\b(?:i'm|i am|we're|we are|originally|i come|we come) from ", "from", 0.7),
     _r(r"\b(?:started|start|starting|took up|taking up|trying out|tried|try|practicing|practising|practice|"
        r"doing|do|play|plays|played|playing|into) (?=(?:some |more )?(?:" + "|".join(sorted(ACTIVITY_WORDS))
        + r")\b)", "does", 0.6, True),
@@ -313,6 +313,7 @@ _POSSESSIVE_RULES = [
     (_kin(_FRIEND), "friend_of", 0.7),
     (_kin(_COLLEAGUE), "colleague_of", 0.7),
 ]
+_HOME = re.compile(r"\b(my|our|your) (?:home ?(?:country|town|city)|hometown),? ", re.IGNORECASE)
 _GAVE_ME = re.compile(r"\b(?:gave|handed|awarded|sent|got) me ", re.IGNORECASE)
 _VOLUNTEER_AT = re.compile(r"\b(?:the|a|an) ((?:[\w'-]+ ){0,2}[\w'-]+) (?:I|we) (?:volunteer|volunteered|work|worked) "
                            r"(?:at|with|for)\b")
@@ -375,7 +376,8 @@ def extract_graph(
         if normalize_name(target) in {"i", "me", "you", "we", "us", "it", "them"}:
             return
         proper = normalize_name(target) in names
-        out.add_entity(target, names[normalize_name(target)].entity_type if proper else etype,
+        named = names[normalize_name(target)].entity_type if proper else "concept"
+        out.add_entity(target, named if named != "concept" else etype,
                        min(1.0, conf + (0.15 if proper else 0.0)))
         out.add_triple(Triple(subject, relation, target, round(min(1.0, conf + (0.1 if proper else 0.0)), 3)))
 
@@ -414,6 +416,10 @@ def extract_graph(
                 continue  # "my family" names nobody
             emit(subj, rel, target, conf + (0.1 if m.group(3) else 0.0),
                  "pet" if rel == "has_pet" else "person")
+    for m in _HOME.finditer(text):
+        got = _phrase(text, m.end())
+        if got:
+            emit(who(m.group(1)), "from", got[0], 0.7, "place")
     for m in _GAVE_ME.finditer(text):
         got = _phrase(text, m.end())
         if got:

@@ -79,3 +79,46 @@ def test_extractor_measured_on_the_hand_labels() -> None:
 def test_odd_text_never_raises(text: str) -> None:
     extract_graph(text, "Ann", None)
     extract_graph(text, None, None)
+
+
+def _turns() -> list:
+    from datetime import UTC, datetime
+
+    from shared.memory.semantic import Turn
+
+    said = datetime(2023, 5, 8, 13, 56, tzinfo=UTC)
+    return [Turn("d1", "Caroline", "I went to a LGBTQ support group yesterday.", said, 0),
+            Turn("d2", "Melanie", "My daughter Sara loved the Grand Canyon.", said, 1)]
+
+
+def test_patterns_read_a_session_with_its_speakers() -> None:
+    from shared.memory.semantic import pattern_sightings
+
+    got = pattern_sightings(_turns(), "s1")
+    facts = {(t[0], t[1], t[2]) for sg in got for t in sg.triples}
+    assert ("Caroline", "attended", "LGBTQ support group") in facts
+    assert ("Melanie", "has_child", "Sara") in facts
+    assert all(sg.said_at is not None and sg.session_id == "s1" for sg in got)
+    assert [sg.seq for sg in got] == [0, 1]
+
+
+def test_llm_answer_is_read_strictly_keeping_what_is_valid() -> None:
+    from shared.memory.llm_labels import LlmParseError
+    from shared.memory.semantic import MAX_ENTITIES, parse_answer
+
+    answer = "<think>hmm {</think>\n```json\n" + json.dumps({
+        "entities": [{"name": "Sara", "type": "Person", "turn": 2}, {"name": " ", "turn": 1},
+                     {"name": "Nowhere", "turn": 7}, "junk"]
+        + [{"name": f"E{i}", "turn": 1} for i in range(MAX_ENTITIES + 5)],
+        "triples": [{"source": "Melanie", "relation": "has_child", "target": "Sara", "turn": 2},
+                    {"source": "x", "relation": "", "target": "y", "turn": 1},
+                    {"source": "x", "relation": "r", "turn": 1}]}) + "\n```"
+    got, warnings = parse_answer(answer, _turns(), "s1")
+    ents = [e for sg in got for e in sg.entities]
+    assert len(ents) == MAX_ENTITIES and ("Sara", "person", 0.8) in ents
+    assert [t[:3] for sg in got for t in sg.triples] == [("Melanie", "has_child", "Sara")]
+    assert len(warnings) == 3 + 6 + 2  # bad entities, the ones past the cap (Sara took a place), bad triples
+    with pytest.raises(LlmParseError):
+        parse_answer("I found some people.", _turns(), "s1")
+    with pytest.raises(LlmParseError):
+        parse_answer('{"items": []}', _turns(), "s1")
