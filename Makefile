@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install tools demo test unit up stop fault audit audit-full bench-ingest bench-search bench-scale bench-pipeline soak schemas lint clean
+.PHONY: install tools demo test unit up stop fault audit audit-full bench-ingest bench-search bench-scale bench-pipeline bench-enrich soak schemas lint clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -87,6 +87,11 @@ bench-scale: install
 ## Pipeline throughput with the model taken out, 1 and 2 replicas per service.
 bench-pipeline: install
 	$(BIN)/python bench/pipeline.py
+
+## Enrich (episodic.created → entities and facts) in sessions/s, without an LLM and with the test server at a
+## fixed latency; and the offline extractor's precision/recall against the hand labels.
+bench-enrich: install
+	$(BIN)/python bench/enrich.py
 
 ## Fixed-rate publishing into a deliberately slower pipeline: per-service peak RSS and growth, backlog, nothing dropped.
 soak: install

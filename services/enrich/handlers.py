@@ -34,6 +34,7 @@ from shared.events import DrawerEmbedded, EntityUpserted, EpisodicCreated, Sessi
 from shared.ids import event_id_for, stable_id
 from shared.logging import get_logger
 from shared.memory.episodes import episode_embedding, summarize_session
+from shared.memory.kg import Sighting
 from shared.memory.llm_labels import LlmParseError
 from shared.memory.semantic import Turn, build_messages, parse_answer, pattern_sightings, speaker_types
 
@@ -165,7 +166,7 @@ async def extract_episode(deps: Deps, llm: LlmClient | None, ev: EpisodicCreated
     turns = [Turn(r["id"], r["speaker"], r["content"], r["said_at"], r["seq"]) for r in rows]
     if not turns:
         return None
-    sightings = pattern_sightings(turns, ev.session_id)
+    sightings: list[Sighting] | None = None
     tier, warnings, usage = "patterns", [], []
     if llm is not None:
         try:
@@ -175,6 +176,8 @@ async def extract_episode(deps: Deps, llm: LlmClient | None, ev: EpisodicCreated
         except (LlmError, LlmParseError) as e:
             warnings = [f"LLM extraction failed, kept the patterns' ({str(e)[:300]})"]
             log.warning("kg_llm_failed", episode_id=ev.episode_id, error=str(e)[:300])
+    if sightings is None:
+        sightings = pattern_sightings(turns, ev.session_id)
     async with workspace_tx(deps.pool, ev.workspace_id) as conn:
         if usage:
             await record_usage(conn, ev.workspace_id, s.llm_model, usage)

@@ -402,7 +402,20 @@ async def record_extraction(
             valid[eid] = (validate_name(name), etype)
         except KgError as e:
             skipped.append(f"entity {name[:80]!r}: {e}")
-    await ensure_entities(conn, workspace_id, sorted(valid.values()))
+    if valid:
+        # One statement for the session's entities (ensure_entities, below in add_triple, then only
+        # finds them): new ones get their alias, 'unknown' ones a type where one is known now.
+        ids = sorted(valid)
+        cur = await conn.execute(
+            """INSERT INTO entities (workspace_id, id, name, entity_type)
+               SELECT %s, i, n, t FROM unnest(%s::text[], %s::text[], %s::text[]) AS e(i, n, t)
+               ON CONFLICT (workspace_id, id) DO UPDATE SET entity_type = EXCLUDED.entity_type, updated_at = now()
+                WHERE entities.entity_type = 'unknown' AND EXCLUDED.entity_type <> 'unknown'
+               RETURNING id, (xmax = 0)""",
+            (workspace_id, ids, [valid[i][0] for i in ids], [valid[i][1] or "unknown" for i in ids]))
+        for eid, created in await cur.fetchall():
+            if created:
+                await add_aliases(conn, workspace_id, eid, [valid[eid][0]])
 
     mentions = sorted({(entity_id(workspace_id, n), sg.drawer_id, float(c))
                        for sg in sightings for n, _, c in sg.entities if entity_id(workspace_id, n) in valid})

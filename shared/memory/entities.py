@@ -65,6 +65,8 @@ def _odd_case(word: str) -> bool:
     return len(core) > 1 and (core.isupper() or any(c.isupper() for c in core[1:]))
 
 
+_PERSON_NEXT = re.compile(r"(?:\s+(?:and|&)\s+(?:I\b|me\b|[A-Z][a-z])|\s+(?:said|says|told|asked|thinks|thought|"
+                          r"replied|wrote|texted|called)\b)")
 _CONNECTORS = frozenset({"of", "the", "de", "van", "&"})
 
 
@@ -122,10 +124,12 @@ def find_names(text: str, speakers: Iterable[str] = (), known: frozenset[str] = 
             start = m.start() + offset
             if at_start and offset == 0:
                 # A sentence's first word is capitalised anyway: it opens a name only when known as
-                # one, written oddly, or followed by more capitalised words ("Grand Canyon").
+                # one, written oddly, followed by more capitalised words ("Grand Canyon"), or in the
+                # place of a person ("Maria and Tomás decided", "Max and I", "Rob said").
                 first = normalize_name(_POSSESSIVE.sub("", words[0]))
                 second = normalize_name(_POSSESSIVE.sub("", words[1])) if len(words) > 1 else ""
-                if not (first in known or _odd_case(words[0])
+                after = text[m.start() + offset + len(words[0]):]
+                if not (first in known or _odd_case(words[0]) or _PERSON_NEXT.match(after)
                         or (len(words) > 1 and not _POSSESSIVE.search(words[0]) and second not in known)):
                     start += len(words[0]) + 1
                     words = words[1:]
