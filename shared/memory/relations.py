@@ -54,7 +54,7 @@ class Extraction:
 
 # --- noun phrases --------------------------------------------------------------------------------
 
-_DETERMINERS = frozenset("""a an the my your our his her their its this that these those some another any
+_DETERMINERS = frozenset("""a an the my your our his her their its this these those some another any
 every each such one two three few several many lots of bunch couple new own whole first""".split())
 # Words that end a noun phrase: prepositions, conjunctions, time words, pronouns, auxiliaries.
 _STOP = frozenset("""and but or nor so because since though although while when where which who whom whose that
@@ -69,7 +69,10 @@ _EMPTY_HEADS = frozenset("""blast time times fun lot lots bit way thing things s
 everything nothing it one ones kind sort part break look chance shot go try day week weeks month
 months year years moment moments while place memories memory experience experiences idea ideas
 feeling news luck care sense rest break reminder journey life difference compliments compliment support help
-advice feedback progress success sure""".split())
+advice feedback progress success sure work""".split())
+# Heads too general to name anything on their own ("a trip"; "a camping trip" does).
+_GENERIC_ALONE = frozenset("""trip vacation holiday event class group place meeting show game stuff project
+thing job""".split())
 # Evaluative words that open a phrase without naming anything ("amazing fantasy series" is a fantasy series).
 _VAGUE = frozenset("""amazing awesome great good nice cool fun wonderful fantastic incredible beautiful lovely
 short long quick little big small huge recent wild crazy special favorite favourite perfect real whole
@@ -150,7 +153,7 @@ def _phrase(text: str, start: int, *, max_words: int = 5) -> tuple[str, int] | N
         return None
     phrase = " ".join(words)
     head = words[-1].lower().strip("'’")
-    if head in _EMPTY_HEADS or head in _STOP or len(phrase) < 2:
+    if head in _EMPTY_HEADS or head in _STOP or len(phrase) < 2 or (len(words) == 1 and head in _GENERIC_ALONE):
         return None
     return phrase, end
 
@@ -198,6 +201,11 @@ _SUBJECT = re.compile(r"\b(I|I'm|I’m|I've|I’ve|I'd|I’d|I'll|I’ll|we|we'r
 _CLAUSE_BREAK = re.compile(r"[.!?;]|\s[-–—]\s|,\s+(?:and|but|so)\s|\bbut\b|\bbecause\b|\bwhen\b|\bwhile\b")
 
 
+_ADVERBS = (r"(?:(?:just|also|really|then|so|and|oh|well|recently|finally|even|still|yesterday|today|lately|been|had|"
+            r"have|last \w+|\w+ly|\w+!)[\s,]+)*")
+# A clause opened by a past-tense verb has dropped its "I" ("Took a short trip", "Lost my job as").
+_LEAD_ONLY = re.compile(rf"^[\s,]*{_ADVERBS}(?:(?:[A-Z][a-z]+ed|Took|Lost|Got|Went|Made|Saw|Found|Bought|Began|Ran|"
+                        r"Left|Met|Won|Had|Spent|Built|Tried|Came)\s+(?:[\w'-]+\s+){0,3})?$")
 _PRONOUNS = frozenset({"i", "i'm", "i've", "i'd", "i'll", "we", "we're", "we've", "you", "you're", "you've", "he",
                        "she", "they", "it", "he's", "she's", "they're", "it's", "there", "this", "that"})
 _BEFORE_PLURAL = re.compile(r"\b(?:my|our|your|the|his|her|their)\s+(?:[\w-]+\s+)?$", re.IGNORECASE)
@@ -216,7 +224,8 @@ def _subject(text: str, pos: int, speaker: str, addressee: str | None) -> str | 
             w = "other"
         last = w
     if last is None:
-        return speaker if len(clause.split()) <= 3 else None
+        # Chat drops the subject of a clause it opens with the verb ("Took a trip to Rome").
+        return speaker if _LEAD_ONLY.match(clause) else None
     if last.startswith("i") and last in {"i", "i'm", "i've", "i'd", "i'll"}:
         return speaker
     if last.startswith("we"):
@@ -259,7 +268,7 @@ _VERB_RULES = [
        r"(?:" + "|".join(sorted(EVENT_HEADS)) + r")\b)", "attended", 0.6),
     _r(r"\b(?:joined|join|joining|member of|part of|belong to) ", "member_of", 0.6),
     _r(r"\b(?:love|loved|loves|like|liked|enjoy|enjoyed|enjoying|adore|adored|a (?:big |huge )?fan of|"
-       r"obsessed with|into) ", "likes", 0.55, True),
+       r"obsessed with|(?:i'm|i am|we're|really|so|totally|big) into) ", "likes", 0.55, True),
     _r(r"\b(?:admire|admired|inspired by|look up to) ", "admires", 0.6),
     _r(r"\b(?:read|reading|finished reading|re-?read) ", "read", 0.65),
     _r(r"\b(?:watched|watching|saw|seen|watch) ", "watched", 0.55),
@@ -288,8 +297,9 @@ _VERB_RULES = [
     _r(r"\b(?:running for|ran for|run for) ", "runs_for", 0.7),
     _r(r"\b(?:recommend|recommended|recommending|recommend you|recommending me) ", "recommends", 0.55),
     _r(r"\b(?:learn|learning|learned|learnt|studying|study|studied|majoring in) ", "studies", 0.55, True),
-    _r(r"\b(?:signed with|signed up|signed a deal with|sponsored by|partnered with|teamed up with) ", "signed_with",
-       0.6),
+    _r(r"\b(?:signed with|signed up|signed a deal with|sponsored by) ", "signed_with", 0.6),
+    _r(r"\b(?:teamed up with|partnered with|collaborating with|collaborated with) ",
+       "works_with", 0.55),
     _r(r"\b(?:hurt|injured|broke|sprained|twisted|pulled) (?=(?:my|his|her|your) )", "injured", 0.75),
     _r(r"\b(?:had|have|got|with) (?:a |an |this |the |my )?(?=(?:[\w-]+ )?(?:injury|accident|surgery|"
        r"operation|concussion|setback)\b)", "had", 0.6),
@@ -439,7 +449,7 @@ def extract_graph(
         if _head(phrase) in GROUP_HEADS and not re.match(r"(?:family|fam)\b", phrase, re.IGNORECASE):
             emit(speaker, "member_of", phrase, 0.55, "organization")
     for m in _JOB.finditer(text):
-        subj = _subject(text, m.start() + 1, speaker or "", addressee) if speaker else None
+        subj = _subject(text, m.start(), speaker or "", addressee) if speaker else None
         rel = "worked_as" if _PAST_JOB.search(text[max(0, m.start() - 30):m.end()]) else "works_as"
         emit(subj, rel, m.group(2), 0.65, "role")
     for m in _PROPER_TRIP.finditer(text):
