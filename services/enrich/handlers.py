@@ -27,7 +27,7 @@ from shared.db.episodes import (
     unannounced_episode,
 )
 from shared.db.forget import forgotten
-from shared.db.kg import ExtractionStored, record_extraction
+from shared.db.kg import ExtractionStored, record_extraction, refresh_entities
 from shared.db.maintenance import take_lease
 from shared.db.tenancy import maintenance_tx, workspace_tx
 from shared.events import DrawerEmbedded, EntityUpserted, EpisodicCreated, SessionStored
@@ -199,6 +199,8 @@ async def extract_episode(deps: Deps, llm: LlmClient | None, ev: EpisodicCreated
     if not stored.entities:
         return stored
     ids = sorted(stored.entities)
+    async with workspace_tx(deps.pool, ev.workspace_id) as conn:
+        await refresh_entities(conn, ev.workspace_id, ids)
     await publish_event(deps.broker, s, EntityUpserted(
         event_id=event_id_for("entity.upserted", ev.event_id), workspace_id=ev.workspace_id,
         entity_ids=ids, names=[stored.entities[i] for i in ids], source_episode_id=ev.episode_id,

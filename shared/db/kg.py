@@ -49,6 +49,7 @@ __all__ = [
     "link_drawers",
     "query_entity",
     "record_extraction",
+    "refresh_entities",
     "resolve_entity",
 ]
 
@@ -387,6 +388,10 @@ async def record_extraction(
     averages over the mention and evidence rows) and the drawers' entity_count/triple_count are
     recomputed from rows, so they do not move either. ``types``: normalised name → type for the
     ends of facts that no drawer writes (a speaker behind "I" is a person).
+
+    Entity rows are only inserted here: their counts and confidence are refreshed afterwards, in a
+    transaction of their own (``refresh_entities``), so that sessions extracted side by side do not
+    queue on the rows of the entities they share for the length of this one.
     """
     skipped: list[str] = []
     names: dict[str, tuple[str, str]] = {}
@@ -406,16 +411,21 @@ async def record_extraction(
         # One statement for the session's entities (ensure_entities, below in add_triple, then only
         # finds them): new ones get their alias, 'unknown' ones a type where one is known now.
         ids = sorted(valid)
+        types = [valid[i][1] or "unknown" for i in ids]
         cur = await conn.execute(
             """INSERT INTO entities (workspace_id, id, name, entity_type)
                SELECT %s, i, n, t FROM unnest(%s::text[], %s::text[], %s::text[]) AS e(i, n, t)
-               ON CONFLICT (workspace_id, id) DO UPDATE SET entity_type = EXCLUDED.entity_type, updated_at = now()
-                WHERE entities.entity_type = 'unknown' AND EXCLUDED.entity_type <> 'unknown'
-               RETURNING id, (xmax = 0)""",
-            (workspace_id, ids, [valid[i][0] for i in ids], [valid[i][1] or "unknown" for i in ids]))
-        for eid, created in await cur.fetchall():
-            if created:
-                await add_aliases(conn, workspace_id, eid, [valid[eid][0]])
+               ON CONFLICT (workspace_id, id) DO NOTHING RETURNING id""",
+            (workspace_id, ids, [valid[i][0] for i in ids], types))
+        for (eid,) in await cur.fetchall():
+            await add_aliases(conn, workspace_id, eid, [valid[eid][0]])
+        # A plain UPDATE locks only the rows it changes (an upsert's DO UPDATE would lock every
+        # existing one, and a speaker's entity is in every session of the workspace).
+        await conn.execute(
+            """UPDATE entities e SET entity_type = x.t, updated_at = now()
+                 FROM unnest(%s::text[], %s::text[]) AS x(i, t)
+                WHERE e.workspace_id = %s AND e.id = x.i AND e.entity_type = 'unknown' AND x.t <> 'unknown'""",
+            (ids, types, workspace_id))
 
     mentions = sorted({(entity_id(workspace_id, n), sg.drawer_id, float(c))
                        for sg in sightings for n, _, c in sg.entities if entity_id(workspace_id, n) in valid})
@@ -462,15 +472,6 @@ async def record_extraction(
                 WHERE t.workspace_id = %(ws)s AND t.id = e.triple_id AND t.confidence IS DISTINCT FROM e.c""",
             {"ws": workspace_id, "ids": sorted(facts)})
 
-    touched = sorted({m[0] for m in mentions})
-    if touched:
-        await conn.execute(
-            """UPDATE entities e SET mention_count = m.n, confidence = m.c, updated_at = now()
-                 FROM (SELECT entity_id, count(*) AS n, avg(confidence) AS c FROM entity_mentions
-                        WHERE workspace_id = %(ws)s AND entity_id = ANY(%(ids)s) GROUP BY entity_id) m
-                WHERE e.workspace_id = %(ws)s AND e.id = m.entity_id
-                  AND (e.mention_count, e.confidence) IS DISTINCT FROM (m.n::integer, m.c::real)""",
-            {"ws": workspace_id, "ids": touched})
     drawers = sorted({sg.drawer_id for sg in sightings})
     if drawers:
         await conn.execute(
@@ -491,3 +492,23 @@ async def record_extraction(
     used = {m[0] for m in mentions} | {entity_id(workspace_id, n) for sg in sightings for s, _, o, _ in sg.triples
                                         for n in (s, o) if entity_id(workspace_id, n) in valid}
     return ExtractionStored({e: valid[e][0] for e in sorted(used)}, new_mentions, new_facts, skipped)
+
+
+async def refresh_entities(conn: AsyncConnection[Any], workspace_id: str, ids: list[str]) -> int:
+    """Recompute mention_count and confidence (the mean of the extracted mentions) of these entities
+    from their mention rows; returns how many changed. Rows that already agree are not touched, and
+    those that change are locked in id order, so two refreshes side by side cannot deadlock."""
+    if not ids:
+        return 0
+    cur = await conn.execute(
+        """WITH m AS (SELECT entity_id, count(*)::integer AS n, avg(confidence)::real AS c FROM entity_mentions
+                       WHERE workspace_id = %(ws)s AND entity_id = ANY(%(ids)s) GROUP BY entity_id),
+                l AS (SELECT e.id FROM entities e JOIN m ON m.entity_id = e.id
+                       WHERE e.workspace_id = %(ws)s AND e.id = ANY(%(ids)s)
+                         AND (e.mention_count, e.confidence) IS DISTINCT FROM (m.n, m.c)
+                       ORDER BY e.id FOR UPDATE OF e)
+           UPDATE entities e SET mention_count = m.n, confidence = m.c, updated_at = now()
+             FROM l JOIN m ON m.entity_id = l.id
+            WHERE e.workspace_id = %(ws)s AND e.id = l.id""",
+        {"ws": workspace_id, "ids": sorted(ids)})
+    return cur.rowcount
