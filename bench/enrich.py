@@ -217,11 +217,12 @@ def _run(args: argparse.Namespace) -> None:
             # Alternate the configurations round by round, so drift in the machine's load hits both.
             for r in range(args.rounds):
                 configs = (("no LLM (patterns)", base_env), (f"LLM test server, {args.latency}s a call", llm_env))
-                for name, env in configs:
+                for c, (name, env) in enumerate(configs):
                     with console.status(f"round {r + 1}: {name} ..."):
                         _restart_enrich(sup, env)
+                        # A tag of its own per round and configuration: JetStream drops a repeated msg id.
                         runs.setdefault(name, []).append(
-                            measure_round(sup, settings, workspace, episodes, f"{r}-{len(runs)}", args.timeout))
+                            measure_round(sup, settings, workspace, episodes, f"r{r}c{c}", args.timeout))
         calls = state.chat.extract_calls
         _clear_graph(sup.database_url, workspace)
         with psycopg.connect(sup.database_url, autocommit=True) as conn:
