@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install tools demo test unit up stop fault audit audit-full bench-ingest bench-search bench-scale bench-pipeline bench-classify soak schemas lint clean
+.PHONY: install tools demo test unit up stop fault audit audit-full bench-ingest bench-search bench-scale bench-pipeline bench-classify bench-enrich soak schemas lint clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -92,6 +92,11 @@ bench-pipeline: install
 ## labels, and the LLM phase batched vs one call per drawer against the test server at a fixed latency.
 bench-classify: install
 	$(BIN)/python bench/classify_phases.py
+
+## Enrich (episodic.created → entities and facts) in sessions/s, without an LLM and with the test server at a
+## fixed latency; and the offline extractor's precision/recall against the hand labels.
+bench-enrich: install
+	$(BIN)/python bench/enrich.py
 
 ## Fixed-rate publishing into a deliberately slower pipeline: per-service peak RSS and growth, backlog, nothing dropped.
 soak: install

@@ -88,6 +88,11 @@ class ChatStub:
     # slow (after ``slow_s``), fail500.
     dreaming: str = "ok"
     dreaming_calls: int = 0
+    # Knowledge-graph extraction (a list of numbered turns): ``extract_mode`` is ok | partial |
+    # malformed | failNNN, answered after ``extract_delay_s`` (a fixed latency, for the benchmark).
+    extract_mode: str = "ok"
+    extract_delay_s: float = 0.0
+    extract_calls: int = 0
 
 
 def build_app(state: StubState) -> FastAPI:
@@ -138,6 +143,8 @@ def build_app(state: StubState) -> FastAPI:
             return await _dreaming_answer(body, st, items)
         if isinstance(items, dict):
             return _chat_reply(body, json.dumps(_side_answer(st, items)))
+        if items and isinstance(items[0], dict) and "turn" in items[0]:
+            return await _extract_answer(st, body, items)
         st.calls += 1
         mode = st.script.pop(0) if st.script else st.mode
         st.modes_seen.append(mode)
@@ -162,6 +169,34 @@ def build_app(state: StubState) -> FastAPI:
         return _chat_reply(body, text)
 
     return app
+
+
+async def _extract_answer(st: ChatStub, body: dict[str, Any], turns: list[dict[str, Any]]) -> Any:
+    """A session's graph: each turn's capitalised words (past a sentence start) as entities, and a
+    fact linking its speaker to the first of them; ``partial`` adds invalid items around the good ones."""
+    st.extract_calls += 1
+    if st.extract_delay_s > 0:
+        await asyncio.sleep(st.extract_delay_s)
+    if st.extract_mode.startswith("fail"):
+        code = int(st.extract_mode[4:])
+        return JSONResponse({"error": {"message": f"stub says {code}"}}, status_code=code)
+    if st.extract_mode == "malformed":
+        return _chat_reply(body, "I found several people and places in this conversation.")
+    entities: list[dict[str, Any]] = []
+    triples: list[dict[str, Any]] = []
+    for t in turns:
+        names = list(dict.fromkeys(re.findall(r"(?<=[a-z,] )[A-Z][a-z]+\b", t["text"])))[:3]  # not sentence starts
+        entities += [{"name": n, "type": "concept", "turn": t["turn"]} for n in names]
+        if names and t["speaker"] != "unknown":
+            triples.append({"source": t["speaker"], "relation": "talked about", "target": names[0], "turn": t["turn"]})
+    if st.extract_mode == "partial":
+        entities += [{"name": "", "type": "concept", "turn": 1}, {"name": "Nowhere", "turn": 99}]
+        entities += [{"name": f"Extra{i}", "type": "concept", "turn": 1} for i in range(60)]
+        triples += [{"source": "orphan", "relation": "lacks", "turn": 1}, {"source": "A", "relation": " ",
+                                                                          "target": "B", "turn": 1}]
+    graph = json.dumps({"entities": entities, "triples": triples})
+    text = "<think>Who is in {this}?</think>\n```json\n" + graph + "\n```"
+    return _chat_reply(body, text)
 
 
 def _chat_reply(body: dict[str, Any], text: str) -> dict[str, Any]:

@@ -10,7 +10,10 @@ import socket
 from nats.aio.msg import Msg
 
 from services._runtime import Deps
+from shared.adapters.llm import LlmClient, LlmError
 from shared.bus import Poison, decode_event, publish_event
+from shared.db.curation import record_usage
+from shared.db.drawers import record_history
 from shared.db.episodes import (
     discard_pending_episode,
     episode_progress,
@@ -22,18 +25,21 @@ from shared.db.episodes import (
     session_turns,
     sessions_awaiting_episode,
     unannounced_episode,
-    upsert_entities,
 )
 from shared.db.forget import forgotten
+from shared.db.kg import ExtractionStored, record_extraction, refresh_entities
 from shared.db.maintenance import take_lease
 from shared.db.tenancy import maintenance_tx, workspace_tx
 from shared.events import DrawerEmbedded, EntityUpserted, EpisodicCreated, SessionStored
 from shared.ids import event_id_for, stable_id
 from shared.logging import get_logger
-from shared.memory.entities import entity_id, extract_entities
 from shared.memory.episodes import episode_embedding, summarize_session
+from shared.memory.kg import Sighting
+from shared.memory.llm_labels import LlmParseError
+from shared.memory.semantic import Turn, build_messages, parse_answer, pattern_sightings, speaker_types
 
-__all__ = ["DURABLE", "DURABLE_EPISODE", "DURABLE_KG", "complete_episode", "episode_sweeper", "register"]
+__all__ = ["DURABLE", "DURABLE_EPISODE", "DURABLE_KG", "complete_episode", "episode_sweeper", "extract_episode",
+           "register"]
 
 DURABLE = "enrich"
 DURABLE_EPISODE = "enrich-episode"
@@ -116,6 +122,7 @@ async def episode_sweeper(deps: Deps, stop: asyncio.Event) -> None:
 
 def register(deps: Deps) -> None:
     s = deps.settings
+    llm = LlmClient(s) if s.llm_base_url else None
 
     @deps.handle(DURABLE)
     async def on_session_stored(body: bytes, raw: Msg) -> None:
@@ -145,30 +152,57 @@ def register(deps: Deps) -> None:
     async def on_episodic_created(body: bytes, raw: Msg) -> None:
         """episodic.created → (extract, then commit) → entity.upserted."""
         ev: EpisodicCreated = decode_event(EpisodicCreated, body, s)
-        async with workspace_tx(deps.pool, ev.workspace_id) as conn:
-            turns = await session_turns(conn, ev.workspace_id, ev.session_id)
-        speakers = tuple(sorted({t["speaker"] for t in turns if t["speaker"]}))
-        entities: dict[str, tuple[str, str, str]] = {}
-        mentions: set[tuple[str, str]] = set()
-        for t in turns:
-            for name, etype in extract_entities(t["content"], speakers):
-                eid = entity_id(ev.workspace_id, name)
-                entities.setdefault(eid, (eid, name, etype))
-                mentions.add((eid, t["id"]))
-        if not entities:
-            return
-        async with workspace_tx(deps.pool, ev.workspace_id) as conn:
-            if await forgotten(conn, ev.workspace_id, session_id=ev.session_id):
-                return
-            # Only drawers that still exist (one forgotten meanwhile must not gain a mention).
-            alive = await existing_drawers(conn, ev.workspace_id, sorted({d for _, d in mentions}))
-            live_mentions = sorted(m for m in mentions if m[1] in alive)
-            if not live_mentions:
-                return
-            used = {e for e, _ in live_mentions}
-            await upsert_entities(conn, ev.workspace_id, [entities[e] for e in sorted(used)], live_mentions)
-        ids = sorted(entities)
-        await publish_event(deps.broker, s, EntityUpserted(
-            event_id=event_id_for("entity.upserted", ev.event_id), workspace_id=ev.workspace_id,
-            entity_ids=ids, names=[entities[i][1] for i in ids], source_episode_id=ev.episode_id,
-        ))
+        await extract_episode(deps, llm, ev)
+
+
+async def extract_episode(deps: Deps, llm: LlmClient | None, ev: EpisodicCreated) -> ExtractionStored | None:
+    """The session's entities and facts: read (patterns, or the LLM with the patterns as fallback),
+    then stored in one transaction, then announced. The LLM is called before the transaction opens,
+    and a failed or unreadable answer keeps the pattern extraction, so the episode and its drawers
+    never depend on the model. Returns what was stored (None: nothing to store)."""
+    s = deps.settings
+    async with workspace_tx(deps.pool, ev.workspace_id) as conn:
+        rows = await session_turns(conn, ev.workspace_id, ev.session_id)
+    turns = [Turn(r["id"], r["speaker"], r["content"], r["said_at"], r["seq"]) for r in rows]
+    if not turns:
+        return None
+    sightings: list[Sighting] | None = None
+    tier, warnings, usage = "patterns", [], []
+    if llm is not None:
+        try:
+            answer = await llm.chat(build_messages(turns), purpose="extract", usage=usage)
+            sightings, warnings = parse_answer(answer, turns, ev.session_id)
+            tier = "llm"
+        except (LlmError, LlmParseError) as e:
+            warnings = [f"LLM extraction failed, kept the patterns' ({str(e)[:300]})"]
+            log.warning("kg_llm_failed", episode_id=ev.episode_id, error=str(e)[:300])
+    if sightings is None:
+        sightings = pattern_sightings(turns, ev.session_id)
+    async with workspace_tx(deps.pool, ev.workspace_id) as conn:
+        if usage:
+            await record_usage(conn, ev.workspace_id, s.llm_model, usage)
+        if await forgotten(conn, ev.workspace_id, session_id=ev.session_id):
+            return None
+        # Only drawers that still exist (one forgotten meanwhile must not gain a mention).
+        alive = await existing_drawers(conn, ev.workspace_id, sorted({sg.drawer_id for sg in sightings}))
+        sightings = [sg for sg in sightings if sg.drawer_id in alive]
+        if not sightings:
+            return None
+        stored = await record_extraction(conn, ev.workspace_id, sightings, episode_id=ev.episode_id,
+                                         types=speaker_types(turns))
+        if warnings or stored.skipped:
+            await record_history(
+                conn, ev.workspace_id, drawer_id=None, action="KG_EXTRACT", actor="enrich", event_id=ev.event_id,
+                reason="; ".join([*warnings, *stored.skipped])[:2000],
+                new_value={"episode_id": ev.episode_id, "tier": tier, "entities": len(stored.entities),
+                           "new_facts": stored.new_facts, "warnings": len(warnings) + len(stored.skipped)})
+    if not stored.entities:
+        return stored
+    ids = sorted(stored.entities)
+    async with workspace_tx(deps.pool, ev.workspace_id) as conn:
+        await refresh_entities(conn, ev.workspace_id, ids)
+    await publish_event(deps.broker, s, EntityUpserted(
+        event_id=event_id_for("entity.upserted", ev.event_id), workspace_id=ev.workspace_id,
+        entity_ids=ids, names=[stored.entities[i] for i in ids], source_episode_id=ev.episode_id,
+    ))
+    return stored

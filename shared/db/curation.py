@@ -10,14 +10,14 @@ from psycopg.types.json import Jsonb
 
 from shared.adapters.llm import Usage
 from shared.db.drawers import record_history
-from shared.db.episodes import upsert_entities
-from shared.ids import stable_id
-from shared.memory.entities import entity_id
+from shared.db.kg import record_extraction, refresh_entities
+from shared.memory.kg import Sighting
 from shared.memory.llm_labels import LlmLabel
 
 __all__ = ["OTHER_WORKSPACES", "llm_cost_today", "record_llm_failures", "record_usage", "save_llm_labels"]
 
 LLM_FAILURE_PREFIX = "llm: "
+_LLM_CONFIDENCE = 0.8  # what a model's entity or fact counts for in the running averages
 
 
 async def save_llm_labels(
@@ -55,27 +55,16 @@ async def save_llm_labels(
 
 
 async def _store_graph(conn: AsyncConnection[Any], workspace_id: str, drawer_id: str, lab: LlmLabel) -> None:
-    """Entities and triples as plain rows (the knowledge-graph module will own this)."""
-    names = {n: t for n, t in lab.entities}
-    for s, _, o in lab.triples:
-        names.setdefault(s, "unknown")
-        names.setdefault(o, "unknown")
-    if not names:
+    """The label's entities and facts through the knowledge-graph writer, so they get what the enrich
+    extraction gets: facts valid from when the drawer's message was said (add_triple finds that time
+    from the drawer), evidence and running-average confidences, the drawer's counts."""
+    if not lab.entities and not lab.triples:
         return
-    ents = [(entity_id(workspace_id, n), n, t) for n, t in names.items()]
-    await upsert_entities(conn, workspace_id, ents, [(e[0], drawer_id) for e in ents])
-    async with conn.cursor() as cur:
-        await cur.executemany(
-            "INSERT INTO triples (workspace_id, id, subject_id, predicate, object_id, source_drawer)"
-            " VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
-            [(workspace_id, stable_id("triple", workspace_id, drawer_id, s, p, o), entity_id(workspace_id, s),
-              p, entity_id(workspace_id, o), drawer_id) for s, p, o in lab.triples],
-        )
-    await conn.execute(
-        "UPDATE drawers SET triple_count = (SELECT count(*) FROM triples WHERE workspace_id = %s"
-        " AND source_drawer = %s) WHERE workspace_id = %s AND id = %s",
-        (workspace_id, drawer_id, workspace_id, drawer_id),
-    )
+    stored = await record_extraction(conn, workspace_id, [Sighting(
+        drawer_id=drawer_id, said_at=None, session_id=None, seq=None,
+        entities=tuple((n, t, _LLM_CONFIDENCE) for n, t in lab.entities),
+        triples=tuple((s, p, o, _LLM_CONFIDENCE) for s, p, o in lab.triples))])
+    await refresh_entities(conn, workspace_id, sorted(stored.entities))
 
 
 async def record_llm_failures(

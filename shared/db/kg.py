@@ -21,11 +21,13 @@ from shared.memory.kg import (
     Fact,
     KgError,
     KgStats,
+    Sighting,
     TripleAdded,
     anchor_word,
     as_of_window,
     entity_id,
     match_key,
+    normalize_name,
     normalize_predicate,
     parse_direction,
     parse_when,
@@ -36,6 +38,7 @@ from shared.memory.kg import (
 )
 
 __all__ = [
+    "ExtractionStored",
     "LinkResult",
     "add_aliases",
     "add_triple",
@@ -45,6 +48,8 @@ __all__ = [
     "kg_stats",
     "link_drawers",
     "query_entity",
+    "record_extraction",
+    "refresh_entities",
     "resolve_entity",
 ]
 
@@ -372,3 +377,149 @@ async def kg_stats(conn: AsyncConnection[Any], workspace_id: str) -> KgStats:
     types = {str(p): int(n) for p, n in await cur.fetchall()}
     return KgStats(entities=entities, triples=triples, current_facts=current, expired_facts=triples - current,
                    mentions=mentions, relationship_types=types)
+
+
+class ExtractionStored(NamedTuple):
+    """What ``record_extraction`` wrote: the entities it touched (id → name), how many mentions
+    and facts were new, and the facts it could not take (bad names or predicates), with why."""
+
+    entities: dict[str, str]
+    new_mentions: int
+    new_facts: int
+    skipped: list[str]
+
+
+async def record_extraction(
+    conn: AsyncConnection[Any], workspace_id: str, sightings: list[Sighting], *, episode_id: str | None = None,
+    types: dict[str, str] | None = None,
+) -> ExtractionStored:
+    """Store what an extractor read in a session's drawers: entities (created when new), a mention
+    per drawer that writes one, facts valid from when they were said, and one evidence row per
+    drawer that stated a fact. Idempotent: a replay adds no row, and the confidences (running
+    averages over the mention and evidence rows) and the drawers' entity_count/triple_count are
+    recomputed from rows, so they do not move either. ``types``: normalised name → type for the
+    ends of facts that no drawer writes (a speaker behind "I" is a person).
+
+    Entity rows are only inserted here: their counts and confidence are refreshed afterwards, in a
+    transaction of their own (``refresh_entities``), so that sessions extracted side by side do not
+    queue on the rows of the entities they share for the length of this one.
+    """
+    skipped: list[str] = []
+    names: dict[str, tuple[str, str]] = {}
+    for sg in sightings:
+        for name, etype, _ in sg.entities:
+            names.setdefault(entity_id(workspace_id, name), (name, etype))
+        for subj, _, obj, _ in sg.triples:
+            for n in (subj, obj):
+                names.setdefault(entity_id(workspace_id, n), (n, (types or {}).get(normalize_name(n), "unknown")))
+    valid: dict[str, tuple[str, str]] = {}
+    for eid, (name, etype) in names.items():
+        try:
+            valid[eid] = (validate_name(name), etype)
+        except KgError as e:
+            skipped.append(f"entity {name[:80]!r}: {e}")
+    if valid:
+        # One statement for the session's entities (ensure_entities, below in add_triple, then only
+        # finds them): new ones get their alias, 'unknown' ones a type where one is known now.
+        ids = sorted(valid)
+        types = [valid[i][1] or "unknown" for i in ids]
+        cur = await conn.execute(
+            """INSERT INTO entities (workspace_id, id, name, entity_type)
+               SELECT %s, i, n, t FROM unnest(%s::text[], %s::text[], %s::text[]) AS e(i, n, t)
+               ON CONFLICT (workspace_id, id) DO NOTHING RETURNING id""",
+            (workspace_id, ids, [valid[i][0] for i in ids], types))
+        for (eid,) in await cur.fetchall():
+            await add_aliases(conn, workspace_id, eid, [valid[eid][0]])
+        # A plain UPDATE locks only the rows it changes (an upsert's DO UPDATE would lock every
+        # existing one, and a speaker's entity is in every session of the workspace).
+        await conn.execute(
+            """UPDATE entities e SET entity_type = x.t, updated_at = now()
+                 FROM unnest(%s::text[], %s::text[]) AS x(i, t)
+                WHERE e.workspace_id = %s AND e.id = x.i AND e.entity_type = 'unknown' AND x.t <> 'unknown'""",
+            (ids, types, workspace_id))
+
+    mentions = sorted({(entity_id(workspace_id, n), sg.drawer_id, float(c))
+                       for sg in sightings for n, _, c in sg.entities if entity_id(workspace_id, n) in valid})
+    new_mentions = 0
+    if mentions:
+        cur = await conn.execute(
+            """INSERT INTO entity_mentions (workspace_id, entity_id, drawer_id, confidence)
+               SELECT %s, e, d, c FROM unnest(%s::text[], %s::text[], %s::real[]) AS m(e, d, c)
+               ON CONFLICT (workspace_id, entity_id, drawer_id) DO UPDATE SET confidence = EXCLUDED.confidence
+                WHERE entity_mentions.confidence IS DISTINCT FROM EXCLUDED.confidence
+               RETURNING (xmax = 0)""",
+            (workspace_id, [m[0] for m in mentions], [m[1] for m in mentions], [m[2] for m in mentions]))
+        new_mentions = sum(1 for r in await cur.fetchall() if r[0])
+
+    facts: set[str] = set()
+    new_facts = 0
+    evidence: list[tuple[str, str, float, Any, str | None, int | None]] = []
+    for sg in sightings:
+        for subj, pred, obj, conf in sg.triples:
+            if entity_id(workspace_id, subj) not in valid or entity_id(workspace_id, obj) not in valid:
+                continue
+            try:
+                added = await add_triple(
+                    conn, workspace_id, subj, pred, obj, valid_from=sg.said_at, confidence=conf,
+                    source_drawer=sg.drawer_id, source_episode=episode_id, source_session=sg.session_id,
+                    source_seq=sg.seq)
+            except KgError as e:
+                skipped.append(f"triple ({subj[:40]!r}, {pred[:40]!r}, {obj[:40]!r}): {e}")
+                continue
+            new_facts += int(added.created)
+            facts.add(added.fact.id)
+            evidence.append((added.fact.id, sg.drawer_id, float(conf), added.fact.valid_from, sg.session_id, sg.seq))
+    if evidence:
+        async with conn.cursor() as cur:
+            await cur.executemany(
+                """INSERT INTO triple_evidence (workspace_id, triple_id, drawer_id, confidence, said_at, episode_id,
+                                                session_id, seq)
+                   VALUES (%s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING""",
+                [(workspace_id, t, d, c, when, episode_id, sess, seq) for t, d, c, when, sess, seq in evidence])
+        await conn.execute(
+            """UPDATE triples t SET confidence = e.c
+                 FROM (SELECT triple_id, avg(confidence) AS c FROM triple_evidence
+                        WHERE workspace_id = %(ws)s AND triple_id = ANY(%(ids)s) GROUP BY triple_id) e
+                WHERE t.workspace_id = %(ws)s AND t.id = e.triple_id AND t.confidence IS DISTINCT FROM e.c""",
+            {"ws": workspace_id, "ids": sorted(facts)})
+
+    drawers = sorted({sg.drawer_id for sg in sightings})
+    if drawers:
+        await conn.execute(
+            """UPDATE drawers d SET entity_count = c.ents, triple_count = c.facts
+                 FROM (SELECT x.id,
+                              (SELECT count(*) FROM entity_mentions m
+                                WHERE m.workspace_id = %(ws)s AND m.drawer_id = x.id) AS ents,
+                              (SELECT count(*) FROM (SELECT triple_id FROM triple_evidence v
+                                                      WHERE v.workspace_id = %(ws)s AND v.drawer_id = x.id
+                                                     UNION
+                                                     SELECT id FROM triples t
+                                                      WHERE t.workspace_id = %(ws)s AND t.source_drawer = x.id) f)
+                                AS facts
+                         FROM unnest(%(ids)s::text[]) AS x(id)) c
+                WHERE d.workspace_id = %(ws)s AND d.id = c.id
+                  AND (d.entity_count, d.triple_count) IS DISTINCT FROM (c.ents::integer, c.facts::integer)""",
+            {"ws": workspace_id, "ids": drawers})
+    used = {m[0] for m in mentions} | {entity_id(workspace_id, n) for sg in sightings for s, _, o, _ in sg.triples
+                                        for n in (s, o) if entity_id(workspace_id, n) in valid}
+    return ExtractionStored({e: valid[e][0] for e in sorted(used)}, new_mentions, new_facts, skipped)
+
+
+async def refresh_entities(conn: AsyncConnection[Any], workspace_id: str, ids: list[str]) -> int:
+    """Recompute mention_count and confidence (the mean of the extracted mentions) of these entities
+    from their mention rows; returns how many changed. Rows that already agree are not touched, and
+    those that change are locked in id order, so two refreshes side by side cannot deadlock."""
+    if not ids:
+        return 0
+    cur = await conn.execute(
+        """WITH m AS (SELECT entity_id, count(*)::integer AS n, avg(confidence)::real AS c FROM entity_mentions
+                       WHERE workspace_id = %(ws)s AND entity_id = ANY(%(ids)s) GROUP BY entity_id),
+                l AS (SELECT e.id FROM entities e JOIN m ON m.entity_id = e.id
+                       WHERE e.workspace_id = %(ws)s AND e.id = ANY(%(ids)s)
+                         AND (e.mention_count, e.confidence) IS DISTINCT FROM (m.n, m.c)
+                       ORDER BY e.id FOR UPDATE OF e)
+           UPDATE entities e SET mention_count = m.n, confidence = m.c, updated_at = now()
+             FROM l JOIN m ON m.entity_id = l.id
+            WHERE e.workspace_id = %(ws)s AND e.id = l.id""",
+        {"ws": workspace_id, "ids": sorted(ids)})
+    return cur.rowcount

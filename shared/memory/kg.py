@@ -32,6 +32,7 @@ __all__ = [
     "Fact",
     "KgError",
     "KgStats",
+    "Sighting",
     "TextWords",
     "TripleAdded",
     "anchor_word",
@@ -218,6 +219,23 @@ def parse_direction(direction: str) -> Direction:
     if d is None:
         raise KgError(f"direction must be one of outgoing, incoming, both (got {direction!r})")
     return d
+
+
+# --- what an extractor read --------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Sighting:
+    """What an extractor (the patterns or an LLM) read in one drawer: the entities written in it
+    (name, type, confidence) and the facts it states (subject, predicate, object, confidence), with
+    when and where it was said: ``said_at`` becomes the facts' valid_from."""
+
+    drawer_id: str
+    said_at: datetime | None
+    session_id: str | None
+    seq: int | None
+    entities: tuple[tuple[str, str, float], ...] = ()
+    triples: tuple[tuple[str, str, str, float], ...] = ()
 
 
 # --- results -------------------------------------------------------------------------------------
