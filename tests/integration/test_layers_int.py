@@ -6,9 +6,12 @@ import asyncio
 import time
 
 import httpx
+import psycopg
 import pytest
+from psycopg import sql
 
 from shared.access import AccessLog
+from shared.db.layers import essential_query
 from shared.db.pool import open_pool
 from shared.db.tenancy import workspace_tx
 from shared.layers import IDENTITY_MAX, L1_BUDGET, L2_BUDGET, MORE_MARKER
@@ -186,11 +189,9 @@ async def test_layer_and_access_statements_use_indexes(stack: Stack, seeded: str
         async with workspace_tx(pool, seeded) as conn:
             await conn.execute("SET LOCAL enable_seqscan = off")
             plan = "\n".join(r[0] for r in await (await conn.execute(
-                "EXPLAIN SELECT id FROM drawers WHERE workspace_id = %s AND deleted_at IS NULL AND state <> 'merged'"
-                " ORDER BY importance DESC, coalesce(occurred_at, filed_at) DESC, id LIMIT 15", (seeded,)
-            )).fetchall())
+                sql.SQL("EXPLAIN ") + essential_query(), {"ws": seeded, "fetch": 60, "n": 400})).fetchall())
             # Which index depends on the statistics of everything else in the shared test database; a
-            # sequential scan of the table is what must never show.
+            # sequential scan of the table is what must never show (test_plans_int checks the index at size).
             assert "Index" in plan and "Seq Scan" not in plan, plan
             plan = "\n".join(r[0] for r in await (await conn.execute(
                 "EXPLAIN " + ACCESS_SQL, {"ids": ["a"], "n": [1], "at": [None], "ws": seeded})).fetchall())
@@ -219,3 +220,55 @@ def test_layer_routes_need_the_workspace_key(stack: Stack, seeded: str) -> None:
                 kw = {} if body is None else {"json": body if "{w}" in path else {**body, "workspace_id": target}}
                 r = client.request(method, path.format(w=target), headers=headers, **kw)
                 assert r.status_code == want, (method, path, target, r.status_code, r.text)
+
+
+async def test_essential_story_is_the_importance_order_even_after_decay(stack: Stack) -> None:
+    """L1 walks the index by importance_peak (an upper bound of importance, migration 0034), so drawers that
+    decayed below their peak must neither hide a more important drawer nor outrank one; decay's rewrites
+    of importance stay HOT until a drawer's peak has to come down."""
+    from shared.db.layers import drawers_by_importance
+
+    w = ws()
+    insert = """INSERT INTO drawers (workspace_id, id, content, content_hash, state, importance, filed_at)
+                SELECT %s, %s || g, 'drawer ' || g, md5(%s || g), 'processed', %s, now() - g * interval '1 minute'
+                  FROM generate_series(1, %s) g"""
+    with psycopg.connect(stack.database_url) as conn:
+        conn.execute(insert, (w, "decayed-", "d", 5.0, 200))
+        conn.execute(insert, (w, "fresh-", "f", 4.0, 2000))
+        conn.execute(insert, (w, "low-", "l", 1.0, 2000))
+        conn.commit()
+        hot = "SELECT pg_stat_get_xact_tuples_hot_updated('drawers'::regclass)"
+        before = conn.execute(hot).fetchone()[0]  # type: ignore[index]
+        for _ in range(3):  # 5 x 0.9^3 = 3.645: below the fresh drawers, still within the peak's slack
+            conn.execute("UPDATE drawers SET importance = importance * 0.9 WHERE workspace_id = %s"
+                         " AND id LIKE 'decayed-%%'", (w,))
+        assert conn.execute(hot).fetchone()[0] - before >= 300  # type: ignore[index]
+        conn.commit()
+        peaks = conn.execute("SELECT min(importance_peak), max(importance_peak) FROM drawers"
+                             " WHERE workspace_id = %s AND id LIKE 'decayed-%%'", (w,)).fetchone()
+        assert peaks == (5.0, 5.0)
+        bad = conn.execute("SELECT count(*) FROM drawers WHERE workspace_id = %s AND NOT"
+                           " (importance <= importance_peak AND importance_peak <= importance * 1.5 + 1e-6)",
+                           (w,)).fetchone()
+        assert bad == (0,)
+    want_sql = ("SELECT id FROM drawers WHERE workspace_id = %s AND deleted_at IS NULL AND state <> 'merged'"
+                " ORDER BY importance DESC, coalesce(occurred_at, filed_at) DESC, id LIMIT %s")
+    pool = await open_pool(stack.database_url, name="test-essential", max_size=1)
+    try:
+        for limit in (15, 3):
+            async with workspace_tx(pool, w) as conn:
+                got = [r.id for r in await drawers_by_importance(conn, w, limit=limit)]
+            assert got == [r[0] for r in stack.sql(want_sql, (w, limit))]
+            assert all(i.startswith("fresh-") for i in got)
+        # A fourth step takes the decayed drawers below their peak's slack: the peak comes down with them.
+        stack.sql("UPDATE drawers SET importance = importance * 0.9 WHERE workspace_id = %s AND id LIKE 'decayed-%%'"
+                  " RETURNING 1", (w,))
+        assert stack.sql("SELECT count(*) FROM drawers WHERE workspace_id = %s AND id LIKE 'decayed-%%'"
+                         " AND importance_peak = importance", (w,)) == [(200,)]
+        # A rise raises the peak: a restored importance puts a decayed drawer first again.
+        stack.sql("UPDATE drawers SET importance = 5 WHERE workspace_id = %s AND id = 'decayed-7' RETURNING 1", (w,))
+        async with workspace_tx(pool, w) as conn:
+            got = [r.id for r in await drawers_by_importance(conn, w, limit=15)]
+        assert got[0] == "decayed-7" and got == [r[0] for r in stack.sql(want_sql, (w, 15))]
+    finally:
+        await pool.close()
