@@ -237,13 +237,16 @@ async def test_essential_story_is_the_importance_order_even_after_decay(stack: S
         conn.execute(insert, (w, "fresh-", "f", 4.0, 2000))
         conn.execute(insert, (w, "low-", "l", 1.0, 2000))
         conn.commit()
-        hot = "SELECT pg_stat_get_xact_tuples_hot_updated('drawers'::regclass)"
-        before = conn.execute(hot).fetchone()[0]  # type: ignore[index]
+        hot = "SELECT pg_stat_get_xact_tuples_hot_updated('drawers'::regclass)"  # this transaction's
+        hot_updates = 0
         for _ in range(3):  # 5 x 0.9^3 = 3.645: below the fresh drawers, still within the peak's slack
             conn.execute("UPDATE drawers SET importance = importance * 0.9 WHERE workspace_id = %s"
                          " AND id LIKE 'decayed-%%'", (w,))
-        assert conn.execute(hot).fetchone()[0] - before >= 300  # type: ignore[index]
-        conn.commit()
+            hot_updates += conn.execute(hot).fetchone()[0]  # type: ignore[index]
+            conn.commit()
+        # As many as the pages' free space allows (all 200 rows share a few pages); a changed indexed
+        # value would make none of them HOT.
+        assert hot_updates >= 200, hot_updates
         peaks = conn.execute("SELECT min(importance_peak), max(importance_peak) FROM drawers"
                              " WHERE workspace_id = %s AND id LIKE 'decayed-%%'", (w,)).fetchone()
         assert peaks == (5.0, 5.0)
@@ -272,3 +275,35 @@ async def test_essential_story_is_the_importance_order_even_after_decay(stack: S
         assert got[0] == "decayed-7" and got == [r[0] for r in stack.sql(want_sql, (w, 15))]
     finally:
         await pool.close()
+
+
+def test_a_citation_reads_back_to_its_drawer(stack: Stack, seeded: str) -> None:
+    from urllib.parse import quote
+
+    hit = stack.search(seeded, "which database did we choose for billing", k=1)[0]
+    base = f"{stack.api_url}/v1/workspaces/{seeded}/palace/citations/"
+    for ref in (hit["citation"], hit["id"], f"[{hit['citation']}]"):
+        r = httpx.get(base + quote(ref, safe="/"), timeout=10)
+        assert r.status_code == 200, r.text
+        assert (r.json()["drawer_id"], r.json()["citation"], r.json()["content"]) == (
+            hit["id"], hit["citation"], hit["content"])
+        assert r.json()["sessions"], "with its provenance, as the drawer page shows it"
+    missing = httpx.get(base + "decisions/billing/0123456789ab", timeout=10)
+    assert missing.status_code == 404 and missing.json()["error"] == "not_found"
+    assert httpx.get(base + "decisions/billing/zzz", timeout=10).status_code == 400
+    other = ws()
+    assert httpx.get(f"{stack.api_url}/v1/workspaces/{other}/palace/citations/{hit['citation']}",
+                     timeout=10).status_code == 404, "resolved within the caller's workspace only"
+    # Two drawers sharing the short id: the citation is ambiguous (409, naming both), the whole id is not.
+    twins = ["abcdef012345" + "0" * 20, "abcdef012345" + "1" * 20]
+    for i, did in enumerate(twins):
+        stack.sql("INSERT INTO drawers (workspace_id, id, content, content_hash, state, wing, room)"
+                  " VALUES (%s, %s, %s, md5(%s), 'processed', 'w', %s) RETURNING 1",
+                  (other, did, f"twin {i}", did, f"r{i}"))
+    both = httpx.get(f"{stack.api_url}/v1/workspaces/{other}/palace/citations/x/y/abcdef012345", timeout=10)
+    assert both.status_code == 409 and all(t in both.text for t in twins)
+    # The citation's room tells them apart; so does the whole id.
+    for i, did in enumerate(twins):
+        for ref in (f"w/r{i}/abcdef012345", did):
+            r = httpx.get(f"{stack.api_url}/v1/workspaces/{other}/palace/citations/{ref}", timeout=10)
+            assert r.status_code == 200 and r.json()["drawer_id"] == did, r.text
