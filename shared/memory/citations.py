@@ -22,6 +22,7 @@ SHORT_ID_LEN = 12
 MIN_PREFIX_LEN = 8
 ID_LEN = 32
 _WS = re.compile(r"\s+")
+_PAIRS = {"[": "]", "(": ")", "<": ">", "`": "`", "'": "'", '"': '"'}
 _HEX = re.compile(rf"[0-9a-f]{{{MIN_PREFIX_LEN},{ID_LEN}}}")
 
 
@@ -38,9 +39,11 @@ class CitationRef:
 def parse_citation(ref: str) -> CitationRef:
     """Read ``wing/room/short-id`` (as ``cite`` writes it, also with the whole id), a bare drawer id or
     a prefix of one of at least ``MIN_PREFIX_LEN`` hex digits. Wing names may hold ``/``: the last
-    segment is the id and the one before it the room. Surrounding whitespace and brackets (as an agent
-    may quote ``[wing/room/id]``) are ignored; ValueError says what is wrong otherwise."""
-    text = ref.strip().strip("[]()<>`'\"").strip()
+    segment is the id and the one before it the room. Surrounding whitespace and a pair of brackets or quotes (as an
+    agent may quote ``[wing/room/id]``) are ignored; ValueError says what is wrong otherwise."""
+    text = ref.strip()
+    while len(text) > 1 and _PAIRS.get(text[0]) == text[-1]:
+        text = text[1:-1].strip()
     parts = text.split("/")
     prefix = parts[-1].lower()
     if not _HEX.fullmatch(prefix):
