@@ -5,9 +5,11 @@ Why this shape: the jobs exist to run beside full traffic, so the figure that ma
 with and without a job running, taken in the same run on the same data (a search loop runs alone,
 then again while the job runs). Rows are written straight into PostgreSQL (this measures the jobs,
 not ingest): N drawers filed 40 days ago with random unit vectors and spread importances (a tenth
-of them prunable), plus one user with ``--forget-drawers`` drawers in sessions of 10 messages.
+of them prunable), plus one user with ``--forget-drawers`` drawers in sessions of 10 messages. The
+workspace gets its own HNSW index, as maintain builds one at this size: search walks it, and decay's
+rewrites must leave it alone (the table shows the share of HOT updates).
 
-    .venv/bin/python bench/lifecycle.py [--drawers 100000] [--forget-drawers 10000] [--queries 300]
+    .venv/bin/python bench/lifecycle.py [--drawers 100000] [--forget-drawers 10000] [--queries 300] [--quick]
 """
 
 from __future__ import annotations
@@ -30,24 +32,25 @@ from _common import (
     start_servers,
     write_results,
 )
+from psycopg import sql
 from rich.table import Table
+
+from shared.db.vector_indexes import build_vector_index, index_name_for
 
 WS = "bench-lifecycle"
 USER = "bench-forget-user"
 WORDS = ["violin", "glacier", "compiler", "saffron", "tram", "orchid", "lighthouse", "ledger", "quokka", "cedar"]
 
 
-def _load(db: str, n: int, n_forget: int, dim: int) -> None:
-    """The workspace, written with COPY (vectors from numpy, so loading is not what takes the time)."""
+def _load(db: str, n: int, n_forget: int, dim: int) -> float:
+    """The workspace, written with COPY (vectors from numpy, so loading is not what takes the time), and
+    its vector index; returns the seconds the index took to build."""
     rng = np.random.default_rng(0)
     with psycopg.connect(db, autocommit=True) as conn:
-        for t in ("drawers", "sessions", "episodes", "embedding_cache", "memory_history", "forget_tombstones",
-                  "forget_audit", "job_leases"):
+        for t in ("drawer_sources", "messages", "drawers", "sessions", "episodes", "embedding_cache", "memory_history",
+                  "forget_tombstones", "forget_audit", "job_leases", "vector_indexes"):
             conn.execute(f"DELETE FROM {t} WHERE workspace_id IN (%s, '*')", (WS,))  # noqa: S608 - fixed names
-        # A shared HNSW index (where the schema has one) is built once after loading instead of
-        # inserted into row by row.
-        shared_hnsw = conn.execute("SELECT to_regclass('drawers_embedding_hnsw') IS NOT NULL").fetchone()[0]
-        conn.execute("DROP INDEX IF EXISTS drawers_embedding_hnsw")
+        conn.execute(sql.SQL("DROP INDEX IF EXISTS {}").format(sql.Identifier(index_name_for(WS))))
         sessions = n_forget // 10
         with conn.cursor() as cur:
             with cur.copy("COPY sessions (workspace_id, session_id, event_id, user_id, agent_id, message_count, "
@@ -76,11 +79,24 @@ def _load(db: str, n: int, n_forget: int, dim: int) -> None:
                 for j in range(n_forget):
                     cp.write_row((WS, f"d{n + j:08d}", f"fs-{j // 10:06d}", j % 10))
         conn.execute("UPDATE drawers SET filed_at = now() - interval '40 days' WHERE workspace_id = %s", (WS,))
-        conn.execute("SET maintenance_work_mem = '512MB'")
-        if shared_hnsw:
-            conn.execute("CREATE INDEX drawers_embedding_hnsw ON drawers USING hnsw (embedding vector_cosine_ops) "
-                         "WITH (m = 16, ef_construction = 64)")
         conn.execute("VACUUM ANALYZE drawers")
+    # The workspace's own HNSW index, as maintain builds it for a workspace this size (migration 0019):
+    # search walks it, and decay must leave it alone (HOT updates).
+    t0 = time.perf_counter()
+    with psycopg.connect(db, autocommit=True) as conn:
+        conn.execute("INSERT INTO vector_indexes (workspace_id, index_name, state, drawers)"
+                     " VALUES (%s, %s, 'building', %s)", (WS, index_name_for(WS), n + n_forget))
+    asyncio.run(build_vector_index(db, WS, index_name_for(WS)))
+    return time.perf_counter() - t0
+
+
+def _update_counts(db: str) -> tuple[int, int]:
+    """drawers' row updates and HOT updates so far (cumulative statistics)."""
+    with psycopg.connect(db, autocommit=True) as conn:
+        row = conn.execute("SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables WHERE relname = 'drawers'"
+                           ).fetchone()
+    assert row is not None
+    return int(row[0]), int(row[1])
 
 
 async def _search_loop(pool: Any, n: int, dim: int, stop: asyncio.Event | None, max_q: int) -> list[float]:
@@ -96,7 +112,7 @@ async def _search_loop(pool: Any, n: int, dim: int, stop: asyncio.Event | None, 
         text = " ".join(random.Random(len(out)).sample(WORDS, 2))
         t0 = time.perf_counter()
         async with workspace_tx(pool, WS) as conn:
-            await hybrid_search(conn, WS, text, q, SearchParams(), workspace_size=n)
+            await hybrid_search(conn, WS, text, q, SearchParams(), workspace_size=n, vector_index=True)
         out.append((time.perf_counter() - t0) * 1000)
     return out
 
@@ -109,25 +125,29 @@ async def run(args: argparse.Namespace, settings: Any, db: str, nats_url: str) -
     dim = settings.embed_dim
     with console.status(f"loading {args.drawers:,} + {args.forget_drawers:,} drawers ..."):
         t0 = time.perf_counter()
-        await asyncio.to_thread(_load, db, args.drawers, args.forget_drawers, dim)
+        index_s = await asyncio.to_thread(_load, db, args.drawers, args.forget_drawers, dim)
         load_s = time.perf_counter() - t0
     n = args.drawers + args.forget_drawers
     pool = await open_pool(db, name="bench-lifecycle", max_size=4)
-    res: dict[str, Any] = {"load_s": load_s, "jobs": {}}
+    res: dict[str, Any] = {"load_s": load_s, "vector_index_build_s": index_s, "jobs": {}}
     try:
         await _search_loop(pool, n, dim, None, 30)  # warm up
         for job in ("decay", "prune"):
             alone = await _search_loop(pool, n, dim, None, args.queries)
             stop = asyncio.Event()
             searching = asyncio.create_task(_search_loop(pool, n, dim, stop, 10**9))
+            updates, hot = _update_counts(db)
             t0 = time.perf_counter()
             counts = await run_job(JOBS[job], pool=pool, settings=settings, holder="bench", manual=True)
             job_s = time.perf_counter() - t0
             stop.set()
             beside = await searching
+            await asyncio.sleep(1.5)  # backends publish their table statistics within a second
+            updates2, hot2 = _update_counts(db)
             res["jobs"][job] = {"seconds": job_s, "seconds_per_100k": job_s * 100_000 / n, "counts": counts,
+                                "row_updates": updates2 - updates, "hot_updates": hot2 - hot,
                                 "search_alone_ms": percentiles(alone), "search_beside_ms": percentiles(beside)}
-            console.print(f"{job}: {job_s:.1f} s, {counts}")
+            console.print(f"{job}: {job_s:.1f} s, {counts}, {hot2 - hot:,} of {updates2 - updates:,} row updates HOT")
         t0 = time.perf_counter()
         r = await forget(pool, settings, nats_url, Scope(WS, "user", USER), requested_by="bench")
         res["forget"] = {"seconds": time.perf_counter() - t0, "drawers": args.forget_drawers, "counts": r.counts}
@@ -141,7 +161,10 @@ def main() -> None:
     ap.add_argument("--drawers", type=int, default=100_000, help="drawers in the workspace besides the user's")
     ap.add_argument("--forget-drawers", type=int, default=10_000, help="drawers of the user forgotten")
     ap.add_argument("--queries", type=int, default=300, help="searches timed alone before each job")
+    ap.add_argument("--quick", action="store_true", help="a smoke run: 20,000 + 2,000 drawers, 100 queries")
     args = ap.parse_args()
+    if args.quick:
+        args.drawers, args.forget_drawers, args.queries = 20_000, 2_000, 100
     prepare_process()
     with bench_lock():
         from services.supervisor import Supervisor
@@ -158,15 +181,17 @@ def main() -> None:
                 sup.stop()
     out = {"bench": "lifecycle", "config": vars(args), "stale_migrations": stale, **res,
            "wall_s": time.perf_counter() - t_start, "machine": machine_info()}
-    path = write_results("lifecycle", out)
+    path = write_results("lifecycle-quick" if args.quick else "lifecycle", out)
     total = args.drawers + args.forget_drawers
     t = Table(title=f"lifecycle jobs over {total:,} drawers, batch {settings.maintain_batch}, "
                     f"{out['machine']['cpus']} cores; search = hybrid recall SQL")
-    for col in ("job", "seconds", "s per 100k", "changed", "search p50/p99 alone", "search p50/p99 beside"):
+    for col in ("job", "seconds", "s per 100k", "changed", "HOT updates", "search p50/p99 alone",
+                "search p50/p99 beside"):
         t.add_column(col, justify="left" if col == "job" else "right")
     for job, r in res["jobs"].items():
         a, b = r["search_alone_ms"], r["search_beside_ms"]
-        t.add_row(job, f"{r['seconds']:.1f}", f"{r['seconds_per_100k']:.1f}", str(sum(r["counts"].values())),
+        hot = f"{r['hot_updates'] / r['row_updates']:.0%}" if r["row_updates"] else "-"
+        t.add_row(job, f"{r['seconds']:.1f}", f"{r['seconds_per_100k']:.1f}", str(sum(r["counts"].values())), hot,
                   f"{a['p50']:.1f} / {a['p99']:.1f} ms", f"{b['p50']:.1f} / {b['p99']:.1f} ms")
     console.print(t)
     f = res["forget"]

@@ -15,7 +15,8 @@ shaped like the pipeline's own: every LoCoMo session is planned by ``plan_sessio
 chunking, speaker, position, preceding turn) and its drawers get their real embeddings (computed
 once, cached); beyond those ~2,700 drawers come copies with a numbered text suffix, their own
 session ids and noisy normalised copies of the real vectors, so vectors, words and sessions stay
-realistic as the workspace grows.
+realistic as the workspace grows. Importances are spread (1.0-4.9) and a fifth of the drawers are
+decayed below their peak, so wake_up's essential story (L1) is measured with an order to find.
 
     .venv/bin/python bench/search.py [--sizes 10000,100000] [--queries 200] [--k 10]
 """
@@ -270,7 +271,7 @@ def load_workspace(database_url: str, workspace: str, base: list[BaseDrawer], ro
                         d, lap = base[rows.base[i]], int(rows.lap[i])
                         h = content_hash(text)
                         rec: list[Any] = [workspace, drawer_id(workspace, h), text, h, rows.vecs[i], model,
-                                          "processed", 3.0, "fact", d.role, d.speaker,
+                                          "processed", importance_of(i), "fact", d.role, d.speaker,
                                           d.session_id if lap == 0 else f"{d.session_id}#{lap}"]
                         for c, _ in extra:
                             rec.append(d.seq if c == "seq" else d.context)
@@ -279,6 +280,13 @@ def load_workspace(database_url: str, workspace: str, base: list[BaseDrawer], ro
                             bar.advance(task, 1000)
                     bar.update(task, completed=n)
             stats["copy_s"] = time.perf_counter() - t0
+            # Decayed drawers, as daily decay leaves them: importance below the peak wake_up's index
+            # orders (migration 0034), which its walk must see through.
+            t0 = time.perf_counter()
+            stats["decayed_rows"] = conn.execute(
+                "UPDATE drawers SET importance = importance * %s WHERE workspace_id = %s AND id < %s",
+                (DECAYED_BY, workspace, DECAYED_BELOW_ID)).rowcount
+            stats["decay_s"] = time.perf_counter() - t0
             if mode == "rebuild":
                 t0 = time.perf_counter()
                 conn.execute("SET CONSTRAINTS ALL IMMEDIATE")  # the layout-version triggers fire at commit
@@ -297,6 +305,15 @@ def load_workspace(database_url: str, workspace: str, base: list[BaseDrawer], ro
 
 
 BG_PREFIX = "bench-bg-"
+# A fifth of the drawers decayed by 0.7 (ids are hex: those below '33' are a fifth of them), within the
+# slack of their importance peak, so the index keeps the peak they had.
+DECAYED_BY, DECAYED_BELOW_ID = 0.7, "33"
+
+
+def importance_of(i: int) -> float:
+    """Importances spread over 1.0-4.9 as classification gives them, so the essential story (L1) has an
+    order to find rather than a tie."""
+    return 1.0 + (i * 7919 % 40) / 10.0
 
 
 def background_sizes(total: int, workspaces: int, seed: int, lo: int = 100, hi: int = 50_000) -> list[int]:

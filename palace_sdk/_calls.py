@@ -6,6 +6,7 @@ the answer is read lives here, so the two can never drift apart.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 from urllib.parse import quote
@@ -17,6 +18,7 @@ from palace_sdk.errors import error_for
 from palace_sdk.models import (
     Accepted,
     Deleted,
+    Drawer,
     FactAdded,
     Facts,
     FactsEnded,
@@ -43,6 +45,14 @@ class Call(Generic[M]):
         if response.status_code >= 400:
             raise error_for(response)
         return self.model.model_validate(response.json())
+
+
+_DRAWER_ID = re.compile(r"[0-9a-f]{32}")
+
+
+def is_drawer_id(ref: str) -> bool:
+    """A whole drawer id (anything else, such as a citation, is resolved through ``get_drawer`` first)."""
+    return _DRAWER_ID.fullmatch(ref) is not None
 
 
 def _ws(workspace: str) -> str:
@@ -87,6 +97,10 @@ def add(ws: str, content: str, wing: str | None, room: str | None, hall: str | N
 def delete(ws: str, drawer_id: str, reason: str | None) -> Call[Deleted]:
     return Call("DELETE", f"{_ws(ws)}/drawers/{quote(drawer_id, safe='')}", Deleted, None,
                 _clean({"reason": reason}))
+
+
+def get_drawer(ws: str, ref: str) -> Call[Drawer]:
+    return Call("GET", f"{_ws(ws)}/palace/citations/{quote(ref.strip(), safe='/')}", Drawer)
 
 
 def kg_query(ws: str, entity: str, as_of: str | None, direction: str, limit: int) -> Call[Facts]:

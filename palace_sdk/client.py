@@ -21,6 +21,7 @@ from palace_sdk.errors import PalaceError
 from palace_sdk.models import (
     Accepted,
     Deleted,
+    Drawer,
     FactAdded,
     Facts,
     FactsEnded,
@@ -175,8 +176,16 @@ class AsyncPalaceClient:
         return await self._run(calls.add(self.workspace, content, wing, room, hall, agent))
 
     async def delete(self, drawer_id: str, *, reason: str | None = None) -> Deleted:
-        """Forget a memory (soft delete, audited, reversible). NotFound when no live drawer has the id."""
+        """Forget a memory (soft delete, audited, reversible) by drawer id or citation. NotFound when no
+        live drawer has the id."""
+        if not calls.is_drawer_id(drawer_id):
+            drawer_id = (await self.get(drawer_id)).drawer_id
         return await self._run(calls.delete(self.workspace, drawer_id, reason))
+
+    async def get(self, ref: str) -> Drawer:
+        """The drawer a citation (``wing/room/short id``, as hits, layers and inject cite it) or a drawer id
+        names. NotFound when no live drawer matches, Conflict when a short id is shared (use the id)."""
+        return await self._run(calls.get_drawer(self.workspace, ref))
 
 
 # ----------------------------------------------------------------------------------------- sync
@@ -284,5 +293,13 @@ class PalaceClient:
         return self._run(calls.add(self.workspace, content, wing, room, hall, agent))
 
     def delete(self, drawer_id: str, *, reason: str | None = None) -> Deleted:
-        """Forget a memory (soft delete, audited, reversible). NotFound when no live drawer has the id."""
+        """Forget a memory (soft delete, audited, reversible) by drawer id or citation. NotFound when no
+        live drawer has the id."""
+        if not calls.is_drawer_id(drawer_id):
+            drawer_id = self.get(drawer_id).drawer_id
         return self._run(calls.delete(self.workspace, drawer_id, reason))
+
+    def get(self, ref: str) -> Drawer:
+        """The drawer a citation (``wing/room/short id``, as hits, layers and inject cite it) or a drawer id
+        names. NotFound when no live drawer matches, Conflict when a short id is shared (use the id)."""
+        return self._run(calls.get_drawer(self.workspace, ref))

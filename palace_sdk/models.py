@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 __all__ = [
     "Accepted",
     "Deleted",
+    "Drawer",
     "Explanation",
     "Fact",
     "FactAdded",
@@ -116,6 +117,23 @@ class Injection(_Model):
     top_score: float
     skipped: Literal["trivial", "no_match", "budget"] | None = None
     citations: list[str] = Field(default_factory=list)
+
+
+class Drawer(_Model):
+    """One drawer whole, as a citation (or its id) names it, with where it is filed and its state."""
+
+    drawer_id: str
+    citation: str
+    content: str
+    wing: str
+    room: str
+    hall: str | None = None
+    memory_type: str | None = None
+    importance: float | None = None
+    speaker: str | None = None
+    state: str | None = None
+    occurred_at: datetime | None = None
+    filed_at: datetime | None = None
 
 
 class Identity(_Model):

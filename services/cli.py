@@ -598,12 +598,31 @@ def add_cmd(content: Annotated[str, typer.Argument(help="The memory, verbatim.")
     return None
 
 
+@app.command("show")
+def show_cmd(ref: Annotated[str, typer.Argument(help="A citation (wing/room/short id) or drawer id.")],
+             workspace: WorkspaceOpt, api: ApiOpt = None, key: KeyOpt = None, as_json: JsonOpt = False) -> None:
+    """Show the drawer a citation names (as search, wake-up and inject cite it), whole."""
+    with _client(workspace, api, key) as c:
+        d = _sdk(lambda: c.get(ref))
+    if as_json:
+        return _print_json(d)
+    console.print(Text.assemble((d.citation, "bold"), f"  drawer {d.drawer_id}"))
+    facts = [d.memory_type or "unclassified"]
+    if d.importance is not None:
+        facts.append(f"importance {d.importance:.2f}")
+    if d.filed_at is not None:
+        facts.append(f"filed {d.filed_at:%Y-%m-%d %H:%M}")
+    console.print(Text(", ".join(facts), style="dim"))
+    console.print(Text(d.content))
+    return None
+
+
 @app.command("delete")
-def delete_cmd(drawer_id: Annotated[str, typer.Argument(help="The drawer's id.")], workspace: WorkspaceOpt,
+def delete_cmd(drawer_id: Annotated[str, typer.Argument(help="The drawer's id or citation.")], workspace: WorkspaceOpt,
                reason: Annotated[str | None, typer.Option(help="Why (kept in the audit history).")] = None,
                api: ApiOpt = None, key: KeyOpt = None) -> None:
-    """Delete one drawer by id: a soft delete, audited and reversible (``palace forget`` forgets a user,
-    agent or session)."""
+    """Delete one drawer by id or citation: a soft delete, audited and reversible (``palace forget``
+    forgets a user, agent or session)."""
     with _client(workspace, api, key) as c:
         d = _sdk(lambda: c.delete(drawer_id, reason=reason))
     console.print(f"deleted: {d.drawer_id} (audit {d.history_event_id})")

@@ -37,7 +37,8 @@ from shared.db import forget as sql
 from shared.db.drawers import as_array
 from shared.db.search import SearchParams, candidates
 from shared.db.tenancy import workspace_tx
-from shared.db.vector_indexes import vector_index_ready
+from shared.db.vector_indexes import drop_vector_index, vector_index_left, vector_index_ready
+from shared.endpoints import resolve_urls
 from shared.ids import content_hash, stable_id
 from shared.logging import get_logger
 from shared.memory.filing import SessionPlan, embedding_text
@@ -227,8 +228,12 @@ def t_id(scope: Scope) -> str:
 
 
 async def forget(pool: AsyncConnectionPool, settings: Settings, nats_url: str, scope: Scope, *,
-                 requested_by: str, progress: Progress | None = None) -> ForgetResult:
-    """Forget ``scope`` everywhere (idempotent: forgetting again finds nothing more to remove)."""
+                 requested_by: str, progress: Progress | None = None,
+                 database_url: str | None = None) -> ForgetResult:
+    """Forget ``scope`` everywhere (idempotent: forgetting again finds nothing more to remove).
+
+    ``database_url`` (default: the configured one) is used, as the table's owner, only to drop a
+    forgotten workspace's own vector index."""
     ws = scope.workspace_id
     forget_id = uuid.uuid4().hex
     counts: Counter[str] = Counter()
@@ -280,6 +285,9 @@ async def forget(pool: AsyncConnectionPool, settings: Settings, nats_url: str, s
                     counts["history_scrubbed"] += n
                     if not n:
                         break
+                # Its HNSW index holds only its (now deleted) drawers' vectors until a vacuum: it goes whole.
+                counts.update(await drop_vector_index(database_url or resolve_urls(settings)[0], ws))
+                step("vector_indexes", counts["vector_indexes"])
             # Events published while this ran (by handlers that committed just before the tombstones).
             n, _ = await _purge_streams(settings, js, scope, t)
             counts["stream_events"] += n
@@ -308,8 +316,9 @@ async def forget(pool: AsyncConnectionPool, settings: Settings, nats_url: str, s
 async def verify(pool: AsyncConnectionPool, settings: Settings, nats_url: str, scope: Scope,
                  t: Targets) -> dict[str, int]:
     """Look for the forgotten identifiers and content hashes in every table, the embedding cache,
-    the vector and full-text indexes (probing them with forgotten texts and vectors) and both
-    streams. Returns place -> rows found: all zero means nothing remains."""
+    the vector and full-text indexes (probing them with forgotten texts and vectors), for a whole
+    workspace its own vector index and the request for it, and both streams. Returns place -> rows
+    found: all zero means nothing remains."""
     ws = scope.workspace_id
     whole = scope.kind == "workspace"
     p = {"ws": ws, "s": sorted(t.session_ids), "d": sorted(t.drawer_ids), "h": sorted(t.content_hashes),
@@ -361,6 +370,8 @@ async def verify(pool: AsyncConnectionPool, settings: Settings, nats_url: str, s
                     hnsw += found
         out["search_exact_and_full_text"] = exact
         out["search_hnsw_and_full_text"] = hnsw
+        if whole:
+            out.update(await vector_index_left(conn, ws))
     nc = await nats.connect(nats_url.split(","), connect_timeout=5, max_reconnect_attempts=3)
     try:
         js = nc.jetstream()

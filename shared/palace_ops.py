@@ -22,12 +22,24 @@ from pydantic import BaseModel, Field
 
 from shared.bus import publish_event
 from shared.config import Settings
-from shared.db.drawer_admin import DrawerSummary, diary_entries, restore_drawer, similar_drawers, soft_delete_drawer
+from shared.db.drawer_admin import (
+    DrawerSummary,
+    diary_entries,
+    drawers_by_id_prefix,
+    restore_drawer,
+    similar_drawers,
+    soft_delete_drawer,
+)
 from shared.db.drawers import drawers_by_id
 from shared.db.identity import get_identity, set_identity
 from shared.db.tenancy import workspace_tx
+from shared.endpoints import resolve_urls
 from shared.events import Message, SessionCompleted
+from shared.forget import Scope
+from shared.forget import forget as forget_scope
+from shared.forget import verify as verify_scope
 from shared.ids import content_hash, drawer_id, stable_id
+from shared.memory.citations import ID_LEN, cite, parse_citation
 from shared.memory.filing import plan_session
 from shared.palace_graph import PalaceGraph
 from shared.recall import Recaller
@@ -35,9 +47,12 @@ from shared.recall import Recaller
 __all__ = [
     "IDENTITY_MAX_CHARS",
     "Accepted",
+    "AmbiguousReference",
     "Deleted",
+    "DrawerNotFound",
     "DrawerOut",
     "Duplicate",
+    "Forgotten",
     "Hit",
     "IdentityOut",
     "OperationError",
@@ -53,6 +68,14 @@ class OperationError(ValueError):
     """A request the palace refuses, with a reason the caller can act on."""
 
 
+class DrawerNotFound(OperationError):
+    """No live drawer of the workspace matches a drawer id or citation."""
+
+
+class AmbiguousReference(OperationError):
+    """A short id or prefix that several live drawers of the workspace share."""
+
+
 class Status(BaseModel):
     drawers: int = Field(description="Live drawers (not deleted, not merged).")
     wings: int
@@ -63,7 +86,8 @@ class Status(BaseModel):
 
 class Hit(BaseModel):
     drawer_id: str
-    citation: str = Field(description="wing/room/drawer_id: cite this instead of quoting.")
+    citation: str = Field(description="wing/room/short id: cite this instead of quoting (memory_get_drawer "
+                          "reads it back).")
     score: float
     content: str
     wing: str
@@ -99,6 +123,14 @@ class Deleted(BaseModel):
     history_event_id: str
 
 
+class Forgotten(BaseModel):
+    forget_id: str = Field(description="The audit record of this forget (who asked, what scope, counts).")
+    scope: str = Field(description="What was forgotten: 'workspace', or kind:value (user, agent, session, drawer).")
+    counts: dict[str, int] = Field(description="Rows or events removed per store.")
+    remaining: dict[str, int] | None = Field(None, description="With verify: what is left per place (all zero: "
+                                             "nothing remains).")
+
+
 class IdentityOut(BaseModel):
     identity: str
     previous: str | None
@@ -106,6 +138,7 @@ class IdentityOut(BaseModel):
 
 class DrawerOut(BaseModel):
     drawer_id: str
+    citation: str = Field(description="wing/room/short id: cite this instead of quoting.")
     content: str
     wing: str
     room: str
@@ -116,7 +149,8 @@ class DrawerOut(BaseModel):
 
     @classmethod
     def of(cls, d: DrawerSummary) -> DrawerOut:
-        return cls(drawer_id=d.id, content=d.content, wing=d.wing, room=d.room, hall=d.hall,
+        return cls(drawer_id=d.id, citation=cite(d.wing, d.room, d.id), content=d.content, wing=d.wing, room=d.room,
+                   hall=d.hall,
                    memory_type=d.memory_type, written_at=d.occurred_at, filed_at=d.filed_at)
 
 
@@ -142,7 +176,7 @@ class PalaceOps:
 
     async def search(self, ws: str, query: str, limit: int) -> list[Hit]:
         hits = await self.recaller.search(ws, query, limit)
-        return [Hit(drawer_id=h.id, citation=f"{h.wing}/{h.room}/{h.id}", score=round(h.score, 4), content=h.content,
+        return [Hit(drawer_id=h.id, citation=h.citation, score=round(h.score, 4), content=h.content,
                     wing=h.wing, room=h.room, memory_type=h.memory_type, speaker=h.speaker,
                     occurred_at=h.occurred_at, session_id=h.session_id) for h in hits]
 
@@ -163,6 +197,33 @@ class PalaceOps:
                 out[:0] = [Duplicate(drawer_id=d.id, similarity=1.0, content=d.content, wing=None, room=d.room)
                            for d in await drawers_by_id(conn, ws, [exact_id])]
         return sorted(out, key=lambda d: -d.similarity)[:limit]
+
+    async def resolve(self, ws: str, ref: str) -> DrawerSummary:
+        """The live drawer a drawer id or citation (``wing/room/short id``) names, in this workspace only.
+
+        Raises OperationError when ``ref`` is neither, DrawerNotFound when no live drawer matches and
+        AmbiguousReference when several do (a prefix shared by more than one id: the citation's wing
+        and room decide between them when they can)."""
+        try:
+            parsed = parse_citation(ref)
+        except ValueError as e:
+            raise OperationError(str(e)) from None
+        async with workspace_tx(self.pool, ws) as conn:
+            found = await drawers_by_id_prefix(conn, ws, parsed.id_prefix, limit=5)
+        if len(found) > 1 and parsed.room is not None:
+            found = [d for d in found if (d.wing, d.room) == (parsed.wing, parsed.room)] or found
+        if not found:
+            raise DrawerNotFound(f"no live drawer matches {ref.strip()!r} in this workspace (unknown, deleted or "
+                                 "forgotten)")
+        if len(found) > 1:
+            raise AmbiguousReference(f"{ref.strip()!r} matches several drawers: "
+                                     + ", ".join(cite(d.wing, d.room, d.id) + f" ({d.id})" for d in found)
+                                     + "; give the whole drawer id")
+        return found[0]
+
+    async def get_drawer(self, ws: str, ref: str) -> DrawerOut:
+        """One live drawer by id or citation, whole (see ``resolve``)."""
+        return DrawerOut.of(await self.resolve(ws, ref))
 
     async def diary_read(self, ws: str, agent: str, limit: int) -> list[DrawerOut]:
         async with workspace_tx(self.pool, ws) as conn:
@@ -199,6 +260,10 @@ class PalaceOps:
                         session_id=session_id, wing=first.wing, room=first.room or None, hall=first.hall)
 
     async def delete_drawer(self, ws: str, drawer_id_: str, reason: str | None = None) -> Deleted:
+        """Soft-delete by drawer id or citation. A whole id is taken as it is (deleting it again, or an
+        unknown one, answers ``deleted=False``); a citation or prefix is resolved first (``resolve``)."""
+        if len(drawer_id_) != ID_LEN or "/" in drawer_id_:
+            drawer_id_ = (await self.resolve(ws, drawer_id_)).id
         event_id = f"{self.actor}-delete:{uuid.uuid4().hex}"
         async with workspace_tx(self.pool, ws) as conn:
             done = await soft_delete_drawer(conn, ws, drawer_id_, actor=self.actor, event_id=event_id, reason=reason)
@@ -208,6 +273,23 @@ class PalaceOps:
         async with workspace_tx(self.pool, ws) as conn:
             return await restore_drawer(conn, ws, drawer_id_, actor=self.actor,
                                         event_id=f"{self.actor}-restore:{uuid.uuid4().hex}")
+
+    async def forget(self, ws: str, kind: str, value: str, *, verify: bool = False) -> Forgotten:
+        """Forget a drawer (by id or citation), session, user, agent or the whole workspace (kind
+        'workspace', value '*') everywhere it lives (shared/forget.py): irreversible, audited with
+        ``actor`` as who asked, idempotent."""
+        if kind == "drawer":
+            value = (await self.resolve(ws, value)).id if len(value) != ID_LEN or "/" in value else value
+        try:
+            scope = Scope(ws, kind, value)
+        except ValueError as e:
+            raise OperationError(str(e)) from None
+        db_url, nats_url = resolve_urls(self.settings)
+        result = await forget_scope(self.pool, self.settings, nats_url, scope, requested_by=self.actor,
+                                    database_url=db_url)
+        remaining = await verify_scope(self.pool, self.settings, nats_url, scope, result.targets) if verify else None
+        return Forgotten(forget_id=result.forget_id, scope="workspace" if kind == "workspace" else f"{kind}:{value}",
+                         counts=result.counts, remaining=remaining)
 
     async def set_identity(self, ws: str, text: str) -> IdentityOut:
         text = text.strip()

@@ -18,6 +18,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request
 from fastapi.staticfiles import StaticFiles
+from psycopg_pool import AsyncConnectionPool
 from pydantic import BaseModel, Field
 
 from services.api.deps import BrokerDep, PoolDep, RecallerDep, SettingsDep, WorkspacePath
@@ -26,7 +27,7 @@ from shared.db import palace_browse as pb
 from shared.db.tenancy import workspace_tx
 from shared.memory.citations import cite
 from shared.palace_graph import PalaceGraph
-from shared.palace_ops import PalaceOps
+from shared.palace_ops import AmbiguousReference, DrawerNotFound, OperationError, PalaceOps
 
 __all__ = ["STATIC_DIR", "router"]
 
@@ -219,6 +220,28 @@ async def drawer(ws: WorkspacePath, pool: PoolDep,
                  drawer_id: Annotated[str, Path(min_length=1, max_length=200)]) -> DrawerDetailOut:
     """One drawer (deleted ones too), where it came from (the raw session and messages, the chunk
     positions) and what happened to it (memory_history)."""
+    return await _detail(pool, ws, drawer_id)
+
+
+@api.get("/citations/{citation:path}", response_model=DrawerDetailOut,
+         responses={404: {"description": "No live drawer matches."},
+                    409: {"description": "The short id is shared by several drawers: use the whole id."}})
+async def cited_drawer(ws: WorkspacePath, pool: PoolDep, ops: OpsDep,
+                       citation: Annotated[str, Path(min_length=1, max_length=400)]) -> DrawerDetailOut:
+    """The live drawer a citation names (``wing/room/short id``, as search hits, layers and inject cite
+    it; a whole drawer id works too), with its provenance and history as ``/drawers/{drawer_id}``."""
+    try:
+        found = await ops.resolve(ws, citation)
+    except DrawerNotFound as e:
+        raise HTTPException(404, str(e)) from None
+    except AmbiguousReference as e:
+        raise HTTPException(409, str(e)) from None
+    except OperationError as e:
+        raise HTTPException(400, str(e)) from None
+    return await _detail(pool, ws, found.id)
+
+
+async def _detail(pool: AsyncConnectionPool, ws: str, drawer_id: str) -> DrawerDetailOut:
     async with workspace_tx(pool, ws) as conn:
         d = await pb.drawer_detail(conn, ws, drawer_id)
         if d is None:

@@ -38,6 +38,7 @@ from shared.palace_ops import (
     Deleted,
     DrawerOut,
     Duplicate,
+    Forgotten,
     Hit,
     IdentityOut,
     OperationError,
@@ -104,6 +105,8 @@ WingArg = Annotated[Name, Field(description="Wing name (a person, project or age
 RoomArg = Annotated[Name, Field(description="Room name (a topic; see memory_list_rooms).")]
 AgentArg = Annotated[Name, Field(description="The agent whose diary this is (its name or id).")]
 Content = Annotated[str, Field(min_length=1, max_length=10_000, description="The memory, verbatim.")]
+DrawerRef = Annotated[str, Field(min_length=8, max_length=400, description="The drawer's citation (wing/room/short "
+                                 "id, as search, wake-up and inject give it) or its id.")]
 
 
 class WingCount(BaseModel):
@@ -359,14 +362,55 @@ async def memory_add_drawer(
 @tool(ToolAnnotations(read_only_hint=False, destructive_hint=True, idempotent_hint=True, open_world_hint=False))
 async def memory_delete_drawer(
     ctx: Context,
-    drawer_id: Annotated[str, Field(pattern=r"^[0-9a-f]{32}$", description="The drawer's id (from search or a "
-                                    "citation).")],
+    drawer_id: DrawerRef,
     reason: Annotated[str | None, Field(max_length=500, description="Why it should be forgotten (audited).")] = None,
 ) -> Deleted:
-    """Remove a memory by drawer id. It stops appearing in search and listings; the deletion is recorded
-    in the audit history and can be undone by an operator."""
+    """Remove a memory by drawer id or citation. It stops appearing in search and listings; the deletion
+    is recorded in the audit history and can be undone by an operator (use memory_forget to erase
+    something for good)."""
     ops, ws = bound(ctx)
     return await ops.delete_drawer(ws, drawer_id, reason)
+
+
+@tool(ToolAnnotations(read_only_hint=False, destructive_hint=True, idempotent_hint=True, open_world_hint=False))
+async def memory_forget(
+    ctx: Context,
+    drawer: Annotated[str | None, Field(min_length=8, max_length=400, description="Forget this one memory: its "
+                                        "drawer id or citation (wing/room/short id).")] = None,
+    session_id: Annotated[str | None, Field(min_length=1, max_length=200, description="Forget one whole "
+                                            "conversation (session) and everything filed from it.")] = None,
+    user_id: Annotated[str | None, Field(min_length=1, max_length=200, description="Forget everything a user "
+                                         "said or was told, in every session.")] = None,
+    agent_id: Annotated[str | None, Field(min_length=1, max_length=200, description="Forget everything of one "
+                                          "agent's sessions.")] = None,
+    everything: Annotated[bool, Field(description="Forget this whole memory palace: every memory, session, "
+                                      "identity and graph fact it holds.")] = False,
+    verify: Annotated[bool, Field(description="Then search every store for what was forgotten and report what "
+                                  "remains (all zero: nothing).")] = False,
+) -> Forgotten:
+    """PERMANENTLY erase memories — irreversible, unlike memory_delete_drawer. Give exactly one scope: a
+    drawer, a session, a user, an agent, or everything. It removes them from every place they live in
+    this memory palace only (the raw conversations, memories, embeddings, episodes, knowledge-graph
+    facts that came only from them, the content of their history, the queued events) and nothing of
+    any other workspace; an audit record keeps who asked and how much went, never the content. Use it
+    only when a person asks for their data to be forgotten."""
+    ops, ws = bound(ctx)
+    given = [(k, v) for k, v in (("drawer", drawer), ("session", session_id), ("user", user_id),
+                                 ("agent", agent_id)) if v is not None]
+    if everything:
+        given.append(("workspace", "*"))
+    if len(given) != 1:
+        raise ToolError("give exactly one of drawer, session_id, user_id, agent_id or everything=true")
+    kind, value = given[0]
+    return await ops.forget(ws, kind, value, verify=verify)
+
+
+@tool(READ)
+async def memory_get_drawer(ctx: Context, drawer: DrawerRef) -> DrawerOut:
+    """Read one memory whole by its citation (wing/room/short id, as search, wake-up and inject cite
+    it) or drawer id: to quote it exactly, check what a citation points at, or see where it is filed."""
+    ops, ws = bound(ctx)
+    return await ops.get_drawer(ws, drawer)
 
 
 @tool(WRITE)

@@ -12,7 +12,8 @@ from psycopg import AsyncConnection
 
 from shared.db.drawers import record_history
 
-__all__ = ["DrawerSummary", "diary_entries", "restore_drawer", "similar_drawers", "soft_delete_drawer"]
+__all__ = ["PREFIX_LOOKUP_SQL", "DrawerSummary", "diary_entries", "drawers_by_id_prefix", "restore_drawer",
+           "similar_drawers", "soft_delete_drawer"]
 
 
 @dataclass(frozen=True)
@@ -95,4 +96,21 @@ async def diary_entries(conn: AsyncConnection[Any], workspace_id: str, agent: st
             ORDER BY occurred_at DESC NULLS LAST, filed_at DESC LIMIT %s""",
         (workspace_id, agent, limit),
     )
+    return [DrawerSummary(*r) for r in await cur.fetchall()]
+
+
+# The range bounds the primary-key walk (every hex continuation of the prefix sorts below prefix || 'g',
+# in the C collation and the usual locales alike); ``left`` is the exact test.
+PREFIX_LOOKUP_SQL = """SELECT id, content, wing, room, hall, memory_type, filed_at, occurred_at FROM drawers
+                        WHERE workspace_id = %(ws)s AND id >= %(p)s AND id < %(p)s || 'g'
+                          AND left(id, length(%(p)s)) = %(p)s AND deleted_at IS NULL
+                        ORDER BY id LIMIT %(n)s"""
+
+
+async def drawers_by_id_prefix(
+    conn: AsyncConnection[Any], workspace_id: str, prefix: str, *, limit: int = 5,
+) -> list[DrawerSummary]:
+    """Live drawers of the workspace whose id starts with ``prefix`` (a citation's short id, or a whole
+    id), at most ``limit``, by id: more than one means the prefix is ambiguous."""
+    cur = await conn.execute(PREFIX_LOOKUP_SQL, {"ws": workspace_id, "p": prefix, "n": limit})
     return [DrawerSummary(*r) for r in await cur.fetchall()]

@@ -15,8 +15,8 @@ from typing import Any
 import psycopg
 from psycopg import AsyncConnection, sql
 
-__all__ = ["build_vector_index", "index_name_for", "request_vector_index", "vector_index_ready",
-           "wanted_vector_indexes"]
+__all__ = ["build_vector_index", "drop_vector_index", "index_name_for", "request_vector_index",
+           "vector_index_left", "vector_index_ready", "wanted_vector_indexes"]
 
 
 def index_name_for(workspace_id: str) -> str:
@@ -79,5 +79,39 @@ async def build_vector_index(database_url: str, workspace_id: str, index_name: s
                                (repr(e)[:500], workspace_id))
             raise
         await conn.execute("SET ROLE palace_maintenance")
-        await conn.execute("UPDATE vector_indexes SET state = 'ready', ready_at = now() WHERE workspace_id = %s",
-                           (workspace_id,))
+        cur = await conn.execute("UPDATE vector_indexes SET state = 'ready', ready_at = now() WHERE workspace_id = %s"
+                                 " RETURNING 1", (workspace_id,))
+        if await cur.fetchone() is None:
+            # The workspace was forgotten while this built (drop_vector_index removed the request and found
+            # no index yet): the new index is of nobody's memory.
+            await conn.execute("RESET ROLE")
+            await conn.execute(sql.SQL("DROP INDEX CONCURRENTLY IF EXISTS {}").format(sql.Identifier(index_name)))
+
+
+async def drop_vector_index(database_url: str, workspace_id: str) -> dict[str, int]:
+    """Remove a forgotten workspace's request row and its partial HNSW index, built or half built
+    (``CONCURRENTLY``: its own autocommit connection as the table's owner, like the build, so searches
+    of other workspaces are never blocked). A build still running finishes first and the drop follows
+    it; one that had not created its index yet sees its request gone and drops what it built.
+    Returns how many rows and indexes went."""
+    name = index_name_for(workspace_id)
+    async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as conn:
+        await conn.execute("SET ROLE palace_maintenance")
+        cur = await conn.execute("DELETE FROM vector_indexes WHERE workspace_id = %s", (workspace_id,))
+        rows = cur.rowcount
+        await conn.execute("RESET ROLE")
+        cur = await conn.execute("SELECT to_regclass(%s) IS NOT NULL", (name,))
+        found = await cur.fetchone()
+        await conn.execute(sql.SQL("DROP INDEX CONCURRENTLY IF EXISTS {}").format(sql.Identifier(name)))
+    return {"vector_index_requests": max(rows, 0), "vector_indexes": int(bool(found and found[0]))}
+
+
+async def vector_index_left(conn: AsyncConnection[Any], workspace_id: str) -> dict[str, int]:
+    """What of a workspace's vector index exists: its request row and the index itself (for verify)."""
+    cur = await conn.execute(
+        "SELECT (SELECT count(*) FROM vector_indexes WHERE workspace_id = %s),"
+        "       (SELECT count(*) FROM pg_class WHERE relname = %s AND relkind = 'i')",
+        (workspace_id, index_name_for(workspace_id)))
+    row = await cur.fetchone()
+    assert row is not None
+    return {"vector_index_requests": int(row[0]), "vector_indexes": int(row[1])}

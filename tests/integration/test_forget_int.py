@@ -17,6 +17,7 @@ import nats
 
 from shared.consumers import CONSUMERS
 from shared.db.pool import open_pool
+from shared.db.vector_indexes import build_vector_index, index_name_for
 from shared.dlq import redrive
 from shared.events import DeadLetterInfo
 from shared.forget import ForgetResult, Scope, Targets, forget, verify
@@ -227,11 +228,34 @@ def test_forget_by_drawer_and_whole_workspace_through_the_api(stack: Stack) -> N
                      (w, text_hash))[0][0] == 0
     assert stack.sql("SELECT count(*) FROM drawers WHERE workspace_id = %s", (w,))[0][0] == 5
 
+    # The workspace has its own vector index (as maintain builds it once a workspace grows): it goes too,
+    # request row and all, and the proof looks for both.
+    name = index_name_for(w)
+    stack.sql("INSERT INTO vector_indexes (workspace_id, index_name, state, drawers) VALUES (%s, %s, 'building', 5)"
+              " RETURNING 1", (w, name))
+    asyncio.run(build_vector_index(stack.database_url, w, name))
+    assert stack.sql("SELECT state FROM vector_indexes WHERE workspace_id = %s", (w,)) == [("ready",)]
+    before = _verify(stack, Scope(w, "workspace", "*"), Targets())
+    assert (before["vector_index_requests"], before["vector_indexes"]) == (1, 1)
     r = httpx.post(f"{stack.api_url}/v1/forget", json={"workspace_id": w, "all": True, "verify": True}, timeout=60)
     assert r.status_code == 200, r.text
     assert not any(r.json()["remaining"].values()), r.json()["remaining"]
+    assert r.json()["remaining"]["vector_indexes"] == 0 and r.json()["counts"]["vector_indexes"] == 1
+    assert stack.sql("SELECT to_regclass(%s) IS NULL", (name,)) == [(True,)]
     for table in ("sessions", "messages", "drawers", "embedding_cache", "episodes", "entities", "entity_mentions"):
         assert stack.sql(f"SELECT count(*) FROM {table} WHERE workspace_id = %s", (w,))[0][0] == 0, table  # noqa: S608
     assert _fingerprint(stack, other, "dave") == other_before
     bad = httpx.post(f"{stack.api_url}/v1/forget", json={"workspace_id": w, "user_id": "x", "all": True}, timeout=10)
     assert bad.status_code == 422
+
+
+def test_an_index_build_that_outlives_its_forgotten_workspace_drops_what_it_built(stack: Stack) -> None:
+    """Forget removed the request (and found no index yet) while maintain was still building: the build
+    sees its request gone and drops the index instead of leaving it behind."""
+    w = ws()
+    _publish_user(stack, w, "erin", 1, "e")
+    stack.wait_processed(w, 3)
+    name = index_name_for(w)
+    asyncio.run(build_vector_index(stack.database_url, w, name))  # no request row: as after a forget
+    assert stack.sql("SELECT to_regclass(%s) IS NULL", (name,)) == [(True,)]
+    assert not stack.sql("SELECT 1 FROM vector_indexes WHERE workspace_id = %s", (w,))

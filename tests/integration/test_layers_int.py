@@ -6,9 +6,12 @@ import asyncio
 import time
 
 import httpx
+import psycopg
 import pytest
+from psycopg import sql
 
 from shared.access import AccessLog
+from shared.db.layers import essential_query
 from shared.db.pool import open_pool
 from shared.db.tenancy import workspace_tx
 from shared.layers import IDENTITY_MAX, L1_BUDGET, L2_BUDGET, MORE_MARKER
@@ -186,11 +189,9 @@ async def test_layer_and_access_statements_use_indexes(stack: Stack, seeded: str
         async with workspace_tx(pool, seeded) as conn:
             await conn.execute("SET LOCAL enable_seqscan = off")
             plan = "\n".join(r[0] for r in await (await conn.execute(
-                "EXPLAIN SELECT id FROM drawers WHERE workspace_id = %s AND deleted_at IS NULL AND state <> 'merged'"
-                " ORDER BY importance DESC, coalesce(occurred_at, filed_at) DESC, id LIMIT 15", (seeded,)
-            )).fetchall())
+                sql.SQL("EXPLAIN ") + essential_query(), {"ws": seeded, "fetch": 60, "n": 400})).fetchall())
             # Which index depends on the statistics of everything else in the shared test database; a
-            # sequential scan of the table is what must never show.
+            # sequential scan of the table is what must never show (test_plans_int checks the index at size).
             assert "Index" in plan and "Seq Scan" not in plan, plan
             plan = "\n".join(r[0] for r in await (await conn.execute(
                 "EXPLAIN " + ACCESS_SQL, {"ids": ["a"], "n": [1], "at": [None], "ws": seeded})).fetchall())
@@ -219,3 +220,90 @@ def test_layer_routes_need_the_workspace_key(stack: Stack, seeded: str) -> None:
                 kw = {} if body is None else {"json": body if "{w}" in path else {**body, "workspace_id": target}}
                 r = client.request(method, path.format(w=target), headers=headers, **kw)
                 assert r.status_code == want, (method, path, target, r.status_code, r.text)
+
+
+async def test_essential_story_is_the_importance_order_even_after_decay(stack: Stack) -> None:
+    """L1 walks the index by importance_peak (an upper bound of importance, migration 0034), so drawers that
+    decayed below their peak must neither hide a more important drawer nor outrank one; decay's rewrites
+    of importance stay HOT until a drawer's peak has to come down."""
+    from shared.db.layers import drawers_by_importance
+
+    w = ws()
+    insert = """INSERT INTO drawers (workspace_id, id, content, content_hash, state, importance, filed_at)
+                SELECT %s, %s || g, 'drawer ' || g, md5(%s || g), 'processed', %s, now() - g * interval '1 minute'
+                  FROM generate_series(1, %s) g"""
+    with psycopg.connect(stack.database_url) as conn:
+        conn.execute(insert, (w, "decayed-", "d", 5.0, 200))
+        conn.execute(insert, (w, "fresh-", "f", 4.0, 2000))
+        conn.execute(insert, (w, "low-", "l", 1.0, 2000))
+        conn.commit()
+        hot = "SELECT pg_stat_get_xact_tuples_hot_updated('drawers'::regclass)"  # this transaction's
+        hot_updates = 0
+        for _ in range(3):  # 5 x 0.9^3 = 3.645: below the fresh drawers, still within the peak's slack
+            conn.execute("UPDATE drawers SET importance = importance * 0.9 WHERE workspace_id = %s"
+                         " AND id LIKE 'decayed-%%'", (w,))
+            hot_updates += conn.execute(hot).fetchone()[0]  # type: ignore[index]
+            conn.commit()
+        # As many as the pages' free space allows (all 200 rows share a few pages); a changed indexed
+        # value would make none of them HOT.
+        assert hot_updates >= 200, hot_updates
+        peaks = conn.execute("SELECT min(importance_peak), max(importance_peak) FROM drawers"
+                             " WHERE workspace_id = %s AND id LIKE 'decayed-%%'", (w,)).fetchone()
+        assert peaks == (5.0, 5.0)
+        bad = conn.execute("SELECT count(*) FROM drawers WHERE workspace_id = %s AND NOT"
+                           " (importance <= importance_peak AND importance_peak <= importance * 1.5 + 1e-6)",
+                           (w,)).fetchone()
+        assert bad == (0,)
+    want_sql = ("SELECT id FROM drawers WHERE workspace_id = %s AND deleted_at IS NULL AND state <> 'merged'"
+                " ORDER BY importance DESC, coalesce(occurred_at, filed_at) DESC, id LIMIT %s")
+    pool = await open_pool(stack.database_url, name="test-essential", max_size=1)
+    try:
+        for limit in (15, 3):
+            async with workspace_tx(pool, w) as conn:
+                got = [r.id for r in await drawers_by_importance(conn, w, limit=limit)]
+            assert got == [r[0] for r in stack.sql(want_sql, (w, limit))]
+            assert all(i.startswith("fresh-") for i in got)
+        # A fourth step takes the decayed drawers below their peak's slack: the peak comes down with them.
+        stack.sql("UPDATE drawers SET importance = importance * 0.9 WHERE workspace_id = %s AND id LIKE 'decayed-%%'"
+                  " RETURNING 1", (w,))
+        assert stack.sql("SELECT count(*) FROM drawers WHERE workspace_id = %s AND id LIKE 'decayed-%%'"
+                         " AND importance_peak = importance", (w,)) == [(200,)]
+        # A rise raises the peak: a restored importance puts a decayed drawer first again.
+        stack.sql("UPDATE drawers SET importance = 5 WHERE workspace_id = %s AND id = 'decayed-7' RETURNING 1", (w,))
+        async with workspace_tx(pool, w) as conn:
+            got = [r.id for r in await drawers_by_importance(conn, w, limit=15)]
+        assert got[0] == "decayed-7" and got == [r[0] for r in stack.sql(want_sql, (w, 15))]
+    finally:
+        await pool.close()
+
+
+def test_a_citation_reads_back_to_its_drawer(stack: Stack, seeded: str) -> None:
+    from urllib.parse import quote
+
+    hit = stack.search(seeded, "which database did we choose for billing", k=1)[0]
+    base = f"{stack.api_url}/v1/workspaces/{seeded}/palace/citations/"
+    for ref in (hit["citation"], hit["id"], f"[{hit['citation']}]"):
+        r = httpx.get(base + quote(ref, safe="/"), timeout=10)
+        assert r.status_code == 200, r.text
+        assert (r.json()["drawer_id"], r.json()["citation"], r.json()["content"]) == (
+            hit["id"], hit["citation"], hit["content"])
+        assert r.json()["sessions"], "with its provenance, as the drawer page shows it"
+    missing = httpx.get(base + "decisions/billing/0123456789ab", timeout=10)
+    assert missing.status_code == 404 and missing.json()["error"] == "not_found"
+    assert httpx.get(base + "decisions/billing/zzz", timeout=10).status_code == 400
+    other = ws()
+    assert httpx.get(f"{stack.api_url}/v1/workspaces/{other}/palace/citations/{hit['citation']}",
+                     timeout=10).status_code == 404, "resolved within the caller's workspace only"
+    # Two drawers sharing the short id: the citation is ambiguous (409, naming both), the whole id is not.
+    twins = ["abcdef012345" + "0" * 20, "abcdef012345" + "1" * 20]
+    for i, did in enumerate(twins):
+        stack.sql("INSERT INTO drawers (workspace_id, id, content, content_hash, state, wing, room)"
+                  " VALUES (%s, %s, %s, md5(%s), 'processed', 'w', %s) RETURNING 1",
+                  (other, did, f"twin {i}", did, f"r{i}"))
+    both = httpx.get(f"{stack.api_url}/v1/workspaces/{other}/palace/citations/x/y/abcdef012345", timeout=10)
+    assert both.status_code == 409 and all(t in both.text for t in twins)
+    # The citation's room tells them apart; so does the whole id.
+    for i, did in enumerate(twins):
+        for ref in (f"w/r{i}/abcdef012345", did):
+            r = httpx.get(f"{stack.api_url}/v1/workspaces/{other}/palace/citations/{ref}", timeout=10)
+            assert r.status_code == 200 and r.json()["drawer_id"] == did, r.text

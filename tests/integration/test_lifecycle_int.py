@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import re
 from typing import Any
 
 import psycopg
@@ -257,7 +258,10 @@ def test_every_batch_query_uses_an_index(stack: Stack, big_workspace: str, name:
     }
     query, params = cases[name]
     plan = _plan(stack, query, params)
-    assert '"Seq Scan"' not in plan, plan
+    # The tables the fixture filled to size; a small one beside them (entity_mentions in the purge, a few
+    # rows here) may be scanned whole when that is cheaper, as its statistics of the moment decide.
+    scanned = re.findall(r'"Node Type": "Seq Scan", [^}]*?"Relation Name": "(\w+)"', plan)
+    assert not {"drawers", "episodes"} & set(scanned), plan
     assert "Index" in plan, plan
     if name == "centroid_training_set":  # not the primary key filtered row by row
         assert "drawers_llm_labelled" in plan, plan

@@ -25,7 +25,7 @@ EXPECTED_TOOLS = {
     "memory_check_duplicate", "memory_traverse", "memory_find_tunnels", "memory_graph_stats", "memory_add_drawer",
     "memory_delete_drawer", "memory_set_identity", "memory_diary_write", "memory_diary_read", "memory_wake_up",
     "memory_inject", "memory_kg_query", "memory_kg_add", "memory_kg_invalidate", "memory_kg_timeline",
-    "memory_kg_stats",
+    "memory_kg_stats", "memory_get_drawer", "memory_forget",
 }
 
 # (content, wing, room): alice/{music, hiking}, bob/{music, cooking}; music is the tunnel.
@@ -105,7 +105,14 @@ async def exercise_every_tool(session: ClientSession, stack: Stack, w: str) -> d
     found = await call(session, "memory_search", query="When are Alice's violin lessons?", limit=3)
     top = found["hits"][0]
     assert top["content"] == MEMORIES[0][0]
-    assert top["citation"] == f"alice/music/{ids[MEMORIES[0][0]]}"
+    assert top["citation"] == f"alice/music/{ids[MEMORIES[0][0]][:12]}"
+    # A citation reads back to its drawer (so does the whole id); a wrong or malformed one is refused.
+    cited = await call(session, "memory_get_drawer", drawer=top["citation"])
+    assert (cited["drawer_id"], cited["content"], cited["citation"]) == (ids[MEMORIES[0][0]], MEMORIES[0][0],
+                                                                         top["citation"])
+    assert (await call(session, "memory_get_drawer", drawer=f"[{ids[MEMORIES[0][0]]}]"))["citation"] == top["citation"]
+    assert "no live drawer" in await call_error(session, "memory_get_drawer", drawer="alice/music/0123456789ab")
+    assert "not a" in await call_error(session, "memory_get_drawer", drawer="alice/music/violin")
     scores = [h["score"] for h in found["hits"]]
     assert scores == sorted(scores, reverse=True)
     assert "limit" in await call_error(session, "memory_search", query="x", limit=500)
@@ -180,7 +187,9 @@ async def exercise_every_tool(session: ClientSession, stack: Stack, w: str) -> d
 
     # Soft delete: gone from search and the graph (the cached taxonomy is invalidated), audited, reversible.
     hiking = ids[MEMORIES[1][0]]
-    gone = await call(session, "memory_delete_drawer", drawer_id=hiking, reason="asked to forget")
+    gone = await call(session, "memory_delete_drawer", drawer_id=f"alice/hiking/{hiking[:12]}",
+                      reason="asked to forget")
+    assert gone["drawer_id"] == hiking
     assert gone["deleted"] is True
     assert (await call(session, "memory_get_taxonomy"))["wings"]["alice"] == {"music": 1}
     hits = (await call(session, "memory_search", query="Kungsleden trail Lapland hike", limit=10))["hits"]
@@ -208,6 +217,19 @@ async def exercise_every_tool(session: ClientSession, stack: Stack, w: str) -> d
         "Helped plan the Saturday market trip and the grocery list."]
     assert (await call(session, "memory_diary_read", agent="someone-else"))["entries"] == []
     assert (await call(session, "memory_list_wings"))["wings"][-1] == {"wing": "diary", "drawers": 2}
+
+    # Forget, for good: one scope at a time, proved gone everywhere.
+    entry = "Helped plan the Saturday market trip and the grocery list."
+    assert "exactly one" in await call_error(session, "memory_forget", user_id="someone", everything=True)
+    assert "exactly one" in await call_error(session, "memory_forget")
+    cite = (await call(session, "memory_get_drawer", drawer=ids[entry]))["citation"]
+    out = await call(session, "memory_forget", drawer=cite, verify=True)
+    assert out["scope"] == f"drawer:{ids[entry]}" and out["counts"]["drawers"] == 1
+    assert not any(out["remaining"].values()), out["remaining"]
+    assert not stack.sql("SELECT 1 FROM drawers WHERE workspace_id = %s AND id = %s", (w, ids[entry]))
+    audits = stack.sql("SELECT requested_by, scope_kind FROM forget_audit WHERE workspace_id = %s", (w,))
+    assert audits == [("mcp", "drawer")]
+    assert len((await call(session, "memory_diary_read", agent="atlas"))["entries"]) == 1
     return ids
 
 
@@ -276,13 +298,17 @@ async def test_http_session_calls_every_tool_and_is_bound_to_its_key(stack: Stac
         assert (await call(other, "memory_check_duplicate", content=MEMORIES[0][0]))["matches"] == []
         assert (await call(other, "memory_diary_read", agent="atlas"))["entries"] == []
         assert (await call(other, "memory_delete_drawer", drawer_id=violin))["deleted"] is False
+        assert "no live drawer" in await call_error(other, "memory_get_drawer", drawer=f"alice/music/{violin[:12]}")
+        assert "no live drawer" in await call_error(other, "memory_forget", drawer=f"alice/music/{violin[:12]}")
+        everything = await call(other, "memory_forget", everything=True, verify=True)
+        assert everything["scope"] == "workspace" and not any(everything["remaining"].values())
         assert (await call(other, "memory_find_tunnels"))["tunnels"] == []
         assert (await call(other, "memory_status"))["identity"] is None
         assert (await call(other, "memory_kg_query", entity="Orion"))["facts"] == []
         assert (await call(other, "memory_kg_stats"))["triples"] == 0
         assert (await call(other, "memory_kg_invalidate", subject="Orion", predicate="uses",
                            object="PostgreSQL"))["invalidated"] == 0
-    assert _live_drawers(stack, a) == len(MEMORIES) + 2, "A's drawers are untouched"
+    assert _live_drawers(stack, a) == len(MEMORIES) + 1, "A's drawers are untouched (one diary entry forgotten)"
 
     # No key, a malformed key or a revoked one: 401 before any MCP handling.
     async with httpx.AsyncClient(timeout=30) as client:

@@ -240,8 +240,13 @@ def test_palace_endpoints_scope_and_page(stack: Stack, authed_api: str) -> None:
         documented = set(c.get(f"{authed_api}/openapi.json").json()["paths"])
         assert {"/v1/workspaces/{workspace_id}/palace/taxonomy", "/v1/workspaces/{workspace_id}/palace/drawers",
                 "/v1/workspaces/{workspace_id}/palace/drawers/{drawer_id}",
-                "/v1/workspaces/{workspace_id}/palace/drawers/{drawer_id}/restore"} <= documented
+                "/v1/workspaces/{workspace_id}/palace/drawers/{drawer_id}/restore",
+                "/v1/workspaces/{workspace_id}/palace/citations/{citation}"} <= documented
         assert c.get(f"{base}/{other}/palace/taxonomy", headers=auth).status_code == 403
+        some = sorted(ids)[0]
+        assert c.get(f"{base}/{w}/palace/citations/{some}").status_code == 401
+        assert c.get(f"{base}/{other}/palace/citations/{some}", headers=auth).status_code == 403
+        assert c.get(f"{base}/{w}/palace/citations/{some}", headers=auth).json()["drawer_id"] == some
         assert c.delete(f"{base}/{other}/palace/drawers/x", headers=auth).status_code == 403
         tax = c.get(f"{base}/{w}/palace/taxonomy", headers=auth).json()
         rooms = [(wg["wing"], r["room"], r["drawers"]) for wg in tax["wings"] for r in wg["rooms"]]

@@ -144,3 +144,21 @@ def test_full_text_candidates_come_from_the_workspaces_rare_words(stack: Stack, 
     assert text_query(["drawer", "number", "17"], False) == "'17'"
     assert text_query(["drawer", "number"], False) == "'drawer' & 'number'"
     assert set(text_query(["drawer", "number", "17"], True).split(" | ")) == {"'drawer'", "'number'", "'17'"}
+
+
+@pytest.mark.parametrize("wing", [None, "w"])
+def test_essential_story_reads_its_index(stack: Stack, big_workspace: str, wing: str | None) -> None:
+    """wake_up's L1 (the most important drawers, optionally of a wing) walks drawers_essential: the first
+    rows of its order, not a sort of the whole workspace."""
+    from shared.db.layers import essential_query
+
+    with psycopg.connect(stack.database_url) as conn:
+        conn.execute("SET ROLE palace_app")
+        conn.execute("SELECT set_config('palace.workspace_id', %s, false)", (big_workspace,))
+        query = sql.SQL("EXPLAIN (FORMAT JSON) ") + essential_query(wing)
+        plan = json.dumps(conn.execute(query, {"ws": big_workspace, "wing": wing, "fetch": 60, "n": 400}
+                                       ).fetchall()[0][0])
+        conn.rollback()
+    assert '"Seq Scan"' not in plan, plan
+    if wing is None:
+        assert "drawers_essential" in plan and '"Sort"' not in plan, plan

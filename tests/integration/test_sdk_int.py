@@ -73,6 +73,12 @@ async def scenario(c: Any, stack: Stack) -> None:
     found = await c.search("Which database did we choose for Orion?", k=3)
     assert "PostgreSQL" in found.hits[0].content and found.hits[0].citation.startswith("orion/")
     assert [h.score for h in found.hits] == sorted((h.score for h in found.hits), reverse=True)
+    cited = await c.get(found.hits[0].citation)
+    assert (cited.drawer_id, cited.citation, cited.content) == (found.hits[0].id, found.hits[0].citation,
+                                                                found.hits[0].content)
+    assert (await c.get(found.hits[0].id)).citation == found.hits[0].citation
+    with pytest.raises(NotFound, match="no live drawer"):
+        await c.get("orion/decisions/0123456789ab")
     assert found.hits[0].explanation is not None and found.hits[0].explanation.vector > 0
 
     with pytest.raises(NotFound):
@@ -241,10 +247,14 @@ def test_cli_covers_the_sdk_operations_at_80_columns(stack: Stack) -> None:
     assert "2 facts (1 current, 1 ended)" in st and "uses" in st
     facts = json.loads(palace(stack, "kg", "query", "Orion", "-w", w, "--json"))["facts"]
     assert sorted(f["object"] for f in facts) == ["MongoDB", "PostgreSQL"]
+    cite = f"orion/ops/{drawer[1][:12]}"
+    outputs.append(shown := palace(stack, "show", cite, "-w", w))
+    assert shown.startswith(f"{cite}  drawer {drawer[1]}") and "Frankfurt bucket" in shown
+    assert json.loads(palace(stack, "show", drawer[1], "-w", w, "--json"))["citation"] == cite
     for out in outputs:
         assert max(len(line) for line in out.splitlines()) <= 80, out
 
-    assert f"deleted: {drawer[1]}" in palace(stack, "delete", drawer[1], "-w", w)
+    assert f"deleted: {drawer[1]}" in palace(stack, "delete", cite, "-w", w)
     again = subprocess.run([sys.executable, "-m", "services.cli", "delete", drawer[1], "-w", w],
                            env={**os.environ, "PALACE_API": stack.api_url}, capture_output=True, text=True,
                            timeout=120, stdin=subprocess.DEVNULL)
