@@ -438,8 +438,22 @@ async def record_extraction(
                 WHERE e.workspace_id = %s AND e.id = x.i AND e.entity_type = 'unknown' AND x.t <> 'unknown'""",
             (ids, types, workspace_id))
 
-    mentions = sorted({(entity_id(workspace_id, n), sg.drawer_id, float(c))
-                       for sg in sightings for n, _, c in sg.entities if entity_id(workspace_id, n) in valid})
+    # An entity merged by entity dedup answers for its survivor (a replayed extraction must not bring the
+    # merged one's mentions back).
+    survivor: dict[str, str] = {}
+    if valid:
+        cur = await conn.execute("SELECT id, merged_into FROM entities WHERE workspace_id = %s AND id = ANY(%s)"
+                                 " AND merged_into IS NOT NULL", (workspace_id, sorted(valid)))
+        survivor = {r[0]: r[1] for r in await cur.fetchall()}
+    mentioned = {entity_id(workspace_id, n) for sg in sightings for n, _, _ in sg.entities} & set(valid)
+    best: dict[tuple[str, str], float] = {}
+    for sg in sightings:
+        for n, _, c in sg.entities:
+            eid = entity_id(workspace_id, n)
+            if eid in valid:
+                key = (survivor.get(eid, eid), sg.drawer_id)
+                best[key] = max(best.get(key, 0.0), float(c))
+    mentions = sorted((e, d, c) for (e, d), c in best.items())
     new_mentions = 0
     if mentions:
         cur = await conn.execute(
@@ -500,7 +514,7 @@ async def record_extraction(
                 WHERE d.workspace_id = %(ws)s AND d.id = c.id
                   AND (d.entity_count, d.triple_count) IS DISTINCT FROM (c.ents::integer, c.facts::integer)""",
             {"ws": workspace_id, "ids": drawers})
-    used = {m[0] for m in mentions} | {entity_id(workspace_id, n) for sg in sightings for s, _, o, _ in sg.triples
+    used = mentioned | {entity_id(workspace_id, n) for sg in sightings for s, _, o, _ in sg.triples
                                         for n in (s, o) if entity_id(workspace_id, n) in valid}
     return ExtractionStored({e: valid[e][0] for e in sorted(used)}, new_mentions, new_facts, skipped)
 

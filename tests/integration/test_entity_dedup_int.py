@@ -239,7 +239,7 @@ def test_the_chain_from_one_session_to_dedup_and_replaying_every_event_changes_n
     try:
         turns = ["Tomás booked the venue in Lisbon for the Orion launch next March.",
                  "Tomas said the Lisbon venue has room for forty people and a small stage.",
-                 "Caroline will paint the posters; Carolina handles the catering budget.",
+                 "We asked Caroline to paint the posters, and Carolina handles the catering budget.",
                  "We need the final guest list from Tomás by Friday for the Orion launch."]
         stack.publish(session(w, "s1", turns))
         e = {n: entity_id(w, n) for n in ("Tomás", "Tomas", "Caroline", "Carolina")}
