@@ -197,6 +197,13 @@ async def delete_drawers(conn: AsyncConnection[Any], workspace_id: str, ids: lis
             WHERE workspace_id = %(ws)s AND drawer_id = ANY(%(ids)s)
               AND (reason IS NOT NULL OR old_value IS NOT NULL OR new_value IS NOT NULL)""", p)
     out["history_scrubbed"] = cur.rowcount
+    # Decisions filed under another drawer whose proposal came from a forgotten one: the proposal's
+    # content and reason go; the target's own prior state (old_value) stays, so it can still be reverted.
+    cur = await conn.execute(
+        """UPDATE memory_history SET reason = NULL, new_value = NULL
+            WHERE workspace_id = %(ws)s AND new_value ? 'source_drawer'
+              AND (new_value ->> 'source_drawer') = ANY(%(ids)s)""", p)
+    out["history_scrubbed"] += cur.rowcount
     return out
 
 

@@ -428,6 +428,19 @@ def test_update_in_full_mode_is_archived_and_revert_restores_the_exact_prior_sta
     assert bad.returncode == 1 and "no audit entry" in bad.stderr
 
 
+def test_forgetting_the_source_of_an_update_scrubs_its_proposal_but_keeps_the_targets_prior_state(
+        stack: Stack, llm: ChatStub) -> None:
+    """The UPDATE is filed under its target, but its proposal is the forgotten session's fact."""
+    w, old_id, first = _two_sessions(stack, llm, "UPDATE")
+    (_, drawer, reason, old_value, new_value), = _history(stack, w, "UPDATE")
+    assert drawer == old_id and new_value["content"] and reason
+    out = _cli(stack, "forget", "-w", w, "--session", "s2")
+    assert out.returncode == 0, out.stderr
+    (_, _, reason, old_value, new_value), = _history(stack, w, "UPDATE")
+    assert reason is None and new_value is None, (reason, new_value)
+    assert old_value["content"] == first  # the target's own prior state: still revertible
+
+
 def test_pinned_memories_are_never_deleted(stack: Stack, llm: ChatStub) -> None:
     w, old_id, _ = _two_sessions(stack, llm, "DELETE", pin_first=True)
     (row,) = _history(stack, w, "DELETE")
