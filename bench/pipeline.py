@@ -92,7 +92,8 @@ def run_config(settings: Any, turns: list[Any], args: argparse.Namespace, replic
         result["cpu_seconds"] = {k: cpu1[k] - cpu0[k] for k in cpu1 if k in cpu0}
         result["postgres_cpu_seconds_by_service"] = {k: round(v - pg0.get(k, 0.0), 2) for k, v in pg1.items()}
         result["cpu_wall_s"] = wall1 - wall0
-        asyncio.run(cleanup_workspace(sup.database_url, workspace))
+        if not args.keep:
+            asyncio.run(cleanup_workspace(sup.database_url, workspace))
     finally:
         with console.status("stopping services ..."):
             sup.stop()
@@ -123,6 +124,7 @@ def main() -> None:
     ap.add_argument("--replicas", default="1,2", help="configurations to measure, e.g. 1,2")
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for every drawer")
     ap.add_argument("--publish-concurrency", type=int, default=64, help="JetStream publishes in flight")
+    ap.add_argument("--keep", action="store_true", help="keep the runs' workspaces in the database (to study plans)")
     args = ap.parse_args()
     prepare_process()
     with bench_lock():

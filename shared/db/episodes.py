@@ -217,11 +217,15 @@ async def upsert_entities(
     conn: AsyncConnection[Any], workspace_id: str, entities: list[tuple[str, str, str]],
     mentions: list[tuple[str, str]],
 ) -> None:
-    """entities: (id, name, type); mentions: (entity_id, drawer_id). Idempotent."""
+    """entities: (id, name, type); mentions: (entity_id, drawer_id). Idempotent.
+
+    An entity that exists already is left alone (``DO NOTHING`` takes no lock on it): a speaker is named
+    in every session of a workspace, and touching its row made every concurrent extraction wait for the
+    one before it to commit. Its mention count is refreshed from the mentions on ``entity.upserted``."""
     async with conn.cursor() as cur:
         await cur.executemany(
             """INSERT INTO entities (workspace_id, id, name, entity_type) VALUES (%s, %s, %s, %s)
-               ON CONFLICT (workspace_id, id) DO UPDATE SET updated_at = now()""",
+               ON CONFLICT (workspace_id, id) DO NOTHING""",
             [(workspace_id, i, n, t) for i, n, t in entities],
         )
     for eid, name, _ in entities:
