@@ -120,10 +120,13 @@ def register(deps: Deps) -> None:
                                     "reason": d.reason, "new_value": {"cluster_id": d.target}})
                     DRAWERS.labels(deps.service, "merged").inc()
             await record_history_many(conn, ws, history)
-            for r, p, cands in proposals:
-                why = writes.validate(p, {c for c, _ in cands}, gate=s.decisions_gate)
-                await apply_proposal(conn, ws, p, source_drawer=r.id, source_embedding=r.embedding,
-                                     mode=s.decisions_mode, event_id=ev.event_id, dropped=why)
+            # Pipelined: an audit-only decision (ADD, NONE) waits for no answer, so the event's decisions
+            # travel in one round trip instead of one each.
+            async with conn.pipeline():
+                for r, p, cands in proposals:
+                    why = writes.validate(p, {c for c, _ in cands}, gate=s.decisions_gate)
+                    await apply_proposal(conn, ws, p, source_drawer=r.id, source_embedding=r.embedding,
+                                         mode=s.decisions_mode, event_id=ev.event_id, dropped=why)
             if usage:
                 await record_usage(conn, ws, s.llm_model, usage)
 

@@ -27,26 +27,33 @@ from psycopg.types.json import Jsonb
 
 from shared.ids import stable_id
 
-__all__ = ["CANDIDATES_SQL", "Neighbours", "cluster_candidates", "merge_into", "record_history_many", "supersede"]
+__all__ = ["CANDIDATES_SQL", "TWINS_SQL", "Neighbours", "cluster_candidates", "merge_into", "record_history_many",
+           "supersede"]
 
-# Drawer i's wording bands are the i-th run of ``nb`` values in one flat bigint[] (a ragged 2-D array
-# cannot be bound, and every drawer has the same number of bands).
-CANDIDATES_SQL = """
+# The twins are fetched by primary key from an array of the wording candidates: joined to the function
+# instead (whose row count the planner cannot know), the lateral subquery hashed every processed drawer
+# of the workspace once per drawer of the event. Drawer i's wording bands are the i-th run of ``nb``
+# values in one flat bigint[] (a ragged 2-D array cannot be bound; every drawer has as many bands).
+_EVENT = """
 WITH q AS MATERIALIZED (
     SELECT u.id, u.emb, u.i, me.filed_at,
            (%(bands)s::bigint[])[(u.i - 1) * %(nb)s + 1 : u.i * %(nb)s] AS bands
       FROM unnest(%(ids)s::text[], %(embs)s::vector[]) WITH ORDINALITY AS u(id, emb, i)
       JOIN drawers me ON me.workspace_id = %(ws)s AND me.id = u.id
 )
+"""
+_TWINS = """
 SELECT q.i, true AS twin, t.id, t.sim, t.content
   FROM q CROSS JOIN LATERAL (
        SELECT d.id, 1 - (d.embedding <=> q.emb) AS sim, d.content
-         FROM palace_wording_candidates(%(ws)s, q.bands, 200) c
-         JOIN drawers d ON d.workspace_id = %(ws)s AND d.id = c.id
-        WHERE d.id <> q.id AND d.state = 'processed' AND d.deleted_at IS NULL AND d.embedding IS NOT NULL
+         FROM drawers d
+        WHERE d.workspace_id = %(ws)s
+          AND d.id = ANY(ARRAY(SELECT c.id FROM palace_wording_candidates(%(ws)s, q.bands, 200) c))
+          AND d.id <> q.id AND d.state = 'processed' AND d.deleted_at IS NULL AND d.embedding IS NOT NULL
           AND (d.filed_at, d.id) < (q.filed_at, q.id)
         ORDER BY d.embedding <=> q.emb LIMIT %(n)s) t
-UNION ALL
+"""
+_NEIGHBOURS = """
 SELECT q.i, false, n.id, n.sim, n.content
   FROM q CROSS JOIN LATERAL (
        SELECT d.id, 1 - (d.embedding <=> q.emb) AS sim, d.content
@@ -55,6 +62,9 @@ SELECT q.i, false, n.id, n.sim, n.content
           AND d.embedding IS NOT NULL AND (d.filed_at, d.id) < (q.filed_at, q.id)
         ORDER BY d.embedding <=> q.emb LIMIT %(n)s) n
 """
+# The twins alone (the plan test checks they never scan the workspace), and the whole statement.
+TWINS_SQL = _EVENT + _TWINS
+CANDIDATES_SQL = _EVENT + _TWINS + "UNION ALL" + _NEIGHBOURS
 
 
 @dataclass
