@@ -139,7 +139,7 @@ def register(deps: Deps) -> None:
                 """UPDATE entities e SET mention_count = m.n, updated_at = now()
                      FROM (SELECT entity_id, count(*) AS n FROM entity_mentions
                             WHERE workspace_id = %(ws)s AND entity_id = ANY(%(ids)s) GROUP BY entity_id) m
-                    WHERE e.workspace_id = %(ws)s AND e.id = m.entity_id""",
+                    WHERE e.workspace_id = %(ws)s AND e.id = m.entity_id AND e.mention_count IS DISTINCT FROM m.n""",
                 {"ws": ev.workspace_id, "ids": ev.entity_ids},
             )
 

@@ -230,6 +230,8 @@ async def upsert_entities(
         )
     for eid, name, _ in entities:
         await add_aliases(conn, workspace_id, eid, [name])  # so the inline linker finds it from now on
+    # The drawers' counts only where they change: an UPDATE that changes nothing still writes a new row
+    # version into every index of the table (the inline linker has usually counted these mentions).
     async with conn.cursor() as cur:
         await cur.executemany(
             "INSERT INTO entity_mentions (workspace_id, entity_id, drawer_id) VALUES (%s, %s, %s)"
@@ -240,7 +242,7 @@ async def upsert_entities(
             """UPDATE drawers d SET entity_count = m.n FROM
                  (SELECT drawer_id, count(*) AS n FROM entity_mentions WHERE workspace_id = %s
                    AND drawer_id = ANY(%s) GROUP BY drawer_id) m
-               WHERE d.workspace_id = %s AND d.id = m.drawer_id""",
+               WHERE d.workspace_id = %s AND d.id = m.drawer_id AND d.entity_count IS DISTINCT FROM m.n""",
             (workspace_id, list({d for _, d in mentions}), workspace_id),
         )
 
