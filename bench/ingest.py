@@ -156,17 +156,25 @@ def _nats_connect_options(settings: Settings) -> dict[str, Any]:
 
 
 async def run_pipeline(settings: Settings, nats_url: str, database_url: str, work: Workload,
-                       timeout_s: float, concurrency: int, dead: Callable[[], list[str]]) -> dict[str, Any]:
-    """Publish every event as fast as JetStream acks them, then poll until all drawers are processed.
+                       timeout_s: float, concurrency: int, dead: Callable[[], list[str]],
+                       drain: list[str] | None = None) -> dict[str, Any]:
+    """Publish every event as fast as JetStream acks them, then poll until all drawers are processed
+    and, when ``drain`` names durable consumers, until each of them has acked everything it was given.
 
-    Stops early if a drawer fails or a service process dies (``dead`` names them): a crashed stage
-    would otherwise look like a slow one until the timeout.
+    A consumer's drain time is when it last became idle (nothing pending, nothing awaiting its ack) and
+    stayed so to the end: a later stage can be idle for a while only because the one before it has not
+    published yet. Stops early if a drawer fails or a service process dies (``dead`` names them): a
+    crashed stage would otherwise look like a slow one until the timeout.
     """
     import nats
 
     expected = len(work.drawer_texts)
     nc = await nats.connect(nats_url.split(","), **_nats_connect_options(settings))
     marks: dict[str, float] = {}
+    idle_since: dict[str, float | None] = dict.fromkeys(drain or [])
+    filed = embedded = processed = failed = 0
+    died: list[str] = []
+    done = False
     try:
         js = nc.jetstream()
         sem = asyncio.Semaphore(concurrency)
@@ -179,48 +187,59 @@ async def run_pipeline(settings: Settings, nats_url: str, database_url: str, wor
         t0 = time.perf_counter()
         await asyncio.gather(*(pub(b, m) for b, m in work.payloads))
         t_pub = time.perf_counter()
+
+        async def consumers_idle(now: float) -> bool:
+            for durable in idle_since:
+                info = await js.consumer_info(settings.stream_name, durable)
+                if info.num_pending or info.num_ack_pending:
+                    idle_since[durable] = None
+                elif idle_since[durable] is None:
+                    idle_since[durable] = now
+            return all(v is not None for v in idle_since.values())
+
+        sql = """SELECT count(*), count(*) FILTER (WHERE embedding IS NOT NULL),
+                        count(*) FILTER (WHERE state IN ('processed', 'merged')),
+                        count(*) FILTER (WHERE state = 'failed')
+                   FROM drawers WHERE workspace_id = %s"""
+        async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as conn:
+            with Progress(TextColumn("[bold]drawers processed"), BarColumn(), MofNCompleteColumn(),
+                          TextColumn("filed {task.fields[filed]} · embedded {task.fields[embedded]}"),
+                          TimeElapsedColumn(), console=console, transient=False) as bar:
+                task = bar.add_task("pipeline", total=expected, filed=0, embedded=0)
+                deadline = t0 + timeout_s
+                while time.perf_counter() < deadline:
+                    if "all_processed" not in marks:  # the count reads the whole workspace: only until it is done
+                        cur = await conn.execute(sql, (work.workspace,))
+                        row = await cur.fetchone()
+                        assert row is not None
+                        filed, embedded, processed, failed = (int(x) for x in row)
+                    now = time.perf_counter()
+                    if filed >= expected:
+                        marks.setdefault("all_filed", now)
+                    if embedded >= expected:
+                        marks.setdefault("all_embedded", now)
+                    bar.update(task, completed=processed, filed=filed, embedded=embedded)
+                    died = dead()
+                    if failed or died:
+                        break
+                    if filed >= expected and processed >= filed:
+                        marks.setdefault("all_processed", now)
+                        if await consumers_idle(now):
+                            done = True
+                            break
+                    await asyncio.sleep(0.1 if "all_processed" not in marks else 0.25)
     finally:
         await nc.close()
-
-    sql = """SELECT count(*), count(*) FILTER (WHERE embedding IS NOT NULL),
-                    count(*) FILTER (WHERE state IN ('processed', 'merged')),
-                    count(*) FILTER (WHERE state = 'failed')
-               FROM drawers WHERE workspace_id = %s"""
-    filed = embedded = processed = failed = 0
-    died: list[str] = []
-    done = False
-    async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as conn:
-        with Progress(TextColumn("[bold]drawers processed"), BarColumn(), MofNCompleteColumn(),
-                      TextColumn("filed {task.fields[filed]} · embedded {task.fields[embedded]}"),
-                      TimeElapsedColumn(), console=console, transient=False) as bar:
-            task = bar.add_task("pipeline", total=expected, filed=0, embedded=0)
-            deadline = t0 + timeout_s
-            while time.perf_counter() < deadline:
-                cur = await conn.execute(sql, (work.workspace,))
-                row = await cur.fetchone()
-                assert row is not None
-                filed, embedded, processed, failed = (int(x) for x in row)
-                now = time.perf_counter()
-                if filed >= expected:
-                    marks.setdefault("all_filed", now)
-                if embedded >= expected:
-                    marks.setdefault("all_embedded", now)
-                bar.update(task, completed=processed, filed=filed, embedded=embedded)
-                died = dead()
-                if failed or died:
-                    break
-                if filed >= expected and processed >= filed:
-                    marks["all_processed"] = now
-                    done = True
-                    break
-                await asyncio.sleep(0.1)
     end = marks.get("all_processed", time.perf_counter())
+    drained = {k: v - t0 for k, v in idle_since.items() if v is not None} if done else {}
     return {
         "completed": done, "expected_drawers": expected, "filed": filed, "embedded": embedded,
         "processed": processed, "failed": failed, "services_died": died,
         "publish_s": t_pub - t0, "end_to_end_s": end - t0,
         "all_filed_s": marks["all_filed"] - t0 if "all_filed" in marks else None,
         "all_embedded_s": marks["all_embedded"] - t0 if "all_embedded" in marks else None,
+        "drained_s": drained,
+        "all_drained_s": max(drained.values()) if drained else None,
     }
 
 

@@ -4,9 +4,11 @@ database and the services carry, per stage and end to end, with one and with two
 Embedding is the hashing embedder (``PALACE_EMBED_PROVIDER=hash``: real lexical vectors at almost no
 cost), so what is measured is Palace itself. Every consuming service runs (ingest, embed, classify,
 cluster, enrich). Sessions are published as fast as JetStream acks them; a stage's rate is the run's
-messages over the time from the first publish until that stage had handled all of them, and end to
-end is published → every drawer processed. Both configurations run on one stack in one process,
-one after the other, each on a fresh workspace.
+messages over the time from the first publish until that stage's durable consumer had acked all it
+was given, and end to end is published → every stage drained (every drawer classified, clustered and
+its session's episode and entities built: nothing left behind in any queue). Both configurations run
+on one stack in one process, one after the other, each on a fresh workspace. PostgreSQL's CPU is split
+by the service whose connection spent it (``application_name``), which is where the cost per message is.
 
 The last line is ``end_to_end_msg_per_s=N replicas=R`` for the better configuration.
 
@@ -40,6 +42,28 @@ from ingest import build_workload, cleanup_workspace, cpu_seconds, run_pipeline
 from rich.table import Table
 
 SERVICES = ["ingest", "embed", "classify", "cluster", "enrich"]
+# Upstream first: a drain check that finds a stage idle after the stages feeding it were idle cannot
+# miss an event they published in between (each publishes before it acks what it handled).
+STAGES = ["ingest", "embed", "classify", "enrich", "enrich-episode", "cluster", "enrich-kg", "cluster-entities"]
+
+
+def pg_cpu_by_service(database_url: str) -> dict[str, float]:
+    """CPU seconds so far of each PostgreSQL backend, summed by the connecting service (application_name
+    'palace-<service>'); other backends (this bench's own polling, autovacuum, ...) under 'other'."""
+    import psutil
+    import psycopg
+
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        rows = conn.execute("SELECT pid, application_name FROM pg_stat_activity").fetchall()
+    out: dict[str, float] = {}
+    for pid, app in rows:
+        name = app.removeprefix("palace-") if app and app.startswith("palace-") else "other"
+        try:
+            t = psutil.Process(pid).cpu_times()
+        except psutil.Error:
+            continue
+        out[name] = out.get(name, 0.0) + t.user + t.system
+    return out
 
 
 def run_config(settings: Any, turns: list[Any], args: argparse.Namespace, replicas: int) -> dict[str, Any]:
@@ -61,13 +85,15 @@ def run_config(settings: Any, turns: list[Any], args: argparse.Namespace, replic
         def dead() -> list[str]:
             return [n for n, c in sup.children.items() if c.proc.poll() is not None]
 
-        cpu0, wall0 = cpu_seconds(sup), time.perf_counter()
+        cpu0, pg0, wall0 = cpu_seconds(sup), pg_cpu_by_service(sup.database_url), time.perf_counter()
         result = asyncio.run(run_pipeline(settings, sup.nats_url, sup.database_url, work, args.timeout,
-                                          args.publish_concurrency, dead))
-        cpu1, wall1 = cpu_seconds(sup), time.perf_counter()
+                                          args.publish_concurrency, dead, drain=STAGES))
+        cpu1, pg1, wall1 = cpu_seconds(sup), pg_cpu_by_service(sup.database_url), time.perf_counter()
         result["cpu_seconds"] = {k: cpu1[k] - cpu0[k] for k in cpu1 if k in cpu0}
+        result["postgres_cpu_seconds_by_service"] = {k: round(v - pg0.get(k, 0.0), 2) for k, v in pg1.items()}
         result["cpu_wall_s"] = wall1 - wall0
-        asyncio.run(cleanup_workspace(sup.database_url, workspace))
+        if not args.keep:
+            asyncio.run(cleanup_workspace(sup.database_url, workspace))
     finally:
         with console.status("stopping services ..."):
             sup.stop()
@@ -83,8 +109,9 @@ def run_config(settings: Any, turns: list[Any], args: argparse.Namespace, replic
             "ingest (all filed)": rate(result["all_filed_s"]),
             "embed (all embedded)": rate(result["all_embedded_s"]),
             "classify (all processed)": rate(result["end_to_end_s"] if result["completed"] else None),
+            **{f"{d} (drained)": rate(result["drained_s"].get(d)) for d in STAGES},
         },
-        "end_to_end_msg_per_s": rate(result["end_to_end_s"]) if result["completed"] else 0.0,
+        "end_to_end_msg_per_s": rate(result["all_drained_s"]) if result["completed"] else 0.0,
         "pipeline": result,
     }
 
@@ -97,6 +124,7 @@ def main() -> None:
     ap.add_argument("--replicas", default="1,2", help="configurations to measure, e.g. 1,2")
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for every drawer")
     ap.add_argument("--publish-concurrency", type=int, default=64, help="JetStream publishes in flight")
+    ap.add_argument("--keep", action="store_true", help="keep the runs' workspaces in the database (to study plans)")
     args = ap.parse_args()
     prepare_process()
     with bench_lock():
@@ -123,7 +151,7 @@ def _run(args: argparse.Namespace) -> None:
         t.add_column(f"{r['replicas']} replica(s)", justify="right")
     for stage in runs[0]["rates_msg_per_s"]:
         t.add_row(stage, *(f"{r['rates_msg_per_s'][stage]:,.0f}" for r in runs))
-    t.add_row("[bold]end to end (published → processed)",
+    t.add_row("[bold]end to end (published → every stage drained)",
               *(f"[bold]{r['end_to_end_msg_per_s']:,.0f}" + ("" if r["completed"] else " [red]INCOMPLETE")
                 for r in runs))
     console.print(t)
@@ -138,6 +166,12 @@ def _run(args: argparse.Namespace) -> None:
     for name in names:
         c.add_row(name, *(f"{sum(v for k, v in r['pipeline']['cpu_seconds'].items() if group(k) == name):.1f}"
                           for r in runs))
+    pg_names = sorted({n for r in runs for n in r["pipeline"]["postgres_cpu_seconds_by_service"]})
+    for name in pg_names:
+        c.add_row(f"  postgres for {name}",
+                  *(f"{r['pipeline']['postgres_cpu_seconds_by_service'].get(name, 0.0):.1f}" for r in runs))
+    c.add_row("[bold]PostgreSQL ms per message",
+              *(f"[bold]{1000 * r['pipeline']['cpu_seconds'].get('postgres', 0.0) / r['messages']:.1f}" for r in runs))
     console.print(c)
     console.print(f"results: {path.relative_to(path.parents[2])}")
     print(f"end_to_end_msg_per_s={best['end_to_end_msg_per_s']:.0f} replicas={best['replicas']}")

@@ -50,6 +50,7 @@ class StubState:
     in_flight: int = 0
     max_in_flight: int = 0
     keep_inputs: bool = True  # off for long runs (bench/soak.py): the list would grow without bound
+    reject_marker: str | None = None  # a text containing it gets a NaN vector: one bad input spoils its call
     chat: ChatStub = field(default_factory=lambda: ChatStub())
 
 
@@ -124,7 +125,7 @@ def build_app(state: StubState) -> FastAPI:
         data = []
         for i, t in enumerate(texts):
             vec = hashed_embedding(t, dim)
-            if state.mode == "garbage_nan":
+            if state.mode == "garbage_nan" or (state.reject_marker and state.reject_marker in t):
                 vec[0] = float("nan")
             data.append({"object": "embedding", "index": i, "embedding": vec})
         # json.dumps writes NaN as a bare literal, as a misbehaving server would; JSONResponse refuses to.

@@ -10,18 +10,15 @@ from nats.aio.msg import Msg
 from services._runtime import Deps
 from shared.adapters.llm import LlmClient, Usage
 from shared.bus import decode_event
+from shared.db.clustering import cluster_candidates, merge_into, record_history_many, supersede
 from shared.db.curation import record_usage
 from shared.db.decisions import apply_proposal
 from shared.db.drawers import (
     drawers_by_id,
     drawers_missing_bands,
-    older_neighbours,
-    older_twins,
-    record_history,
     set_dedup_bands,
 )
 from shared.db.entity_dedup import key_entities_span
-from shared.db.search import SearchParams, hybrid_search
 from shared.db.tenancy import maintenance_tx, workspace_tx
 from shared.events import DrawerClassified, EntityUpserted
 from shared.kg_dedup import dedup_entities
@@ -36,7 +33,6 @@ __all__ = ["DURABLE", "DURABLE_ENTITIES", "backfill_bands", "backfill_entity_key
 DURABLE = "cluster"
 DURABLE_ENTITIES = "cluster-entities"
 log = get_logger("palace.cluster")
-_CANDIDATES = SearchParams(k=6)  # top 5 besides the drawer itself
 
 
 def register(deps: Deps) -> None:
@@ -76,80 +72,69 @@ def register(deps: Deps) -> None:
     @deps.handle(DURABLE)
     async def on_drawer_classified(body: bytes, raw: Msg) -> None:
         """drawer.classified → merge near-duplicates into their older twin; an older drawer that a newer
-        one contradicts is superseded by it (ranks below it, never deleted). Both audited."""
+        one contradicts is superseded by it (ranks below it, never deleted); a write decision on the rest,
+        taken against their nearest older memories. All audited; one read and one write transaction."""
         ev: DrawerClassified = decode_event(DrawerClassified, body, s)
-        async with workspace_tx(deps.pool, ev.workspace_id) as conn:
-            rows = await drawers_by_id(conn, ev.workspace_id, ev.drawer_ids, with_embedding=True)
-            decisions = []
-            checks = []
-            proposing = []
-            for r in rows:
-                if r.state != "processed" or r.embedding is None:
-                    continue
-                # Ingest stored the bands with the row (the backfill below covers older drawers).
-                twins = await older_twins(conn, ev.workspace_id, r.id, r.embedding,
-                                          wording_bands(ev.workspace_id, r.content))
-                # "enabled" and "disabled" differ by one word: a negation is never a duplicate to merge away.
-                d = decide(r.content, [t for t in twins
-                                       if not contradiction.lexical_contradiction(t[2], r.content).contradicts],
-                           s.dedup_threshold)
-                if d.action == "MERGE":
-                    decisions.append((r.id, d))
-                    continue
-                # The band's upper end is the merge rule: a neighbour that is not near-verbatim may still be
-                # its negation ("enabled" / "disabled" sit very close in embedding space). Neighbours by
-                # embedding here, not by wording: a contradiction may be worded differently.
-                near = await older_neighbours(conn, ev.workspace_id, r.id, r.embedding)
-                band = [t for t in near if t[1] >= s.contradiction_low]
-                if band:
-                    checks.append((r.id, r.content, band))
-                hits = await hybrid_search(conn, ev.workspace_id, r.content, r.embedding, _CANDIDATES)
-                proposing.append((r, [(h.id, h.content) for h in hits if h.id != r.id][:5]))
+        ws = ev.workspace_id
+        async with workspace_tx(deps.pool, ws) as conn:
+            rows = [r for r in await drawers_by_id(conn, ws, ev.drawer_ids, with_embedding=True)
+                    if r.state == "processed" and r.embedding is not None]
+            # Ingest stored the bands with the row (the backfill below covers older drawers).
+            found = await cluster_candidates(conn, ws, [(r.id, r.embedding, wording_bands(ws, r.content))
+                                                        for r in rows])
+        decisions = []
+        checks = []
+        proposing = []
+        for r in rows:
+            n = found[r.id]
+            # "enabled" and "disabled" differ by one word: a negation is never a duplicate to merge away.
+            d = decide(r.content, [t for t in n.twins
+                                   if not contradiction.lexical_contradiction(t[2], r.content).contradicts],
+                       s.dedup_threshold)
+            if d.action == "MERGE":
+                decisions.append((r.id, d))
+                continue
+            # The band's upper end is the merge rule: a neighbour that is not near-verbatim may still be
+            # its negation ("enabled" / "disabled" sit very close in embedding space). Neighbours by
+            # embedding here, not by wording: a contradiction may be worded differently.
+            band = [t for t in n.near if t[1] >= s.contradiction_low]
+            if band:
+                checks.append((r.id, r.content, band))
+            proposing.append((r, [(nid, content) for nid, _, content in n.near]))
         # Contradiction checks outside any transaction: the LLM may be asked.
         usage: list[Usage] = []
-        supersede = []
+        supersede_ = []
         for did, content, band in checks:
             for tid, sim, tcontent in band:
                 v = await verdict(tcontent, content, usage)
                 if v.contradicts:
-                    supersede.append((tid, did, sim, v.reason))
+                    supersede_.append((tid, did, sim, v.reason))
         proposals = [(r, await propose(r.content, cands, usage), cands) for r, cands in proposing]
-        if supersede or usage or proposals:
-            async with workspace_tx(deps.pool, ev.workspace_id) as conn:
-                for old, new, sim, reason in supersede:
-                    cur = await conn.execute(
-                        """UPDATE drawers SET superseded_by = %(new)s, updated_at = now()
-                            WHERE workspace_id = %(ws)s AND id = %(old)s AND superseded_by IS NULL
-                              AND state = 'processed' AND deleted_at IS NULL""",
-                        {"new": new, "old": old, "ws": ev.workspace_id},
-                    )
-                    if cur.rowcount:
-                        await record_history(
-                            conn, ev.workspace_id, drawer_id=old, action="SUPERSEDE", actor="cluster",
-                            event_id=ev.event_id, reason=reason, old_value={"superseded_by": None},
-                            new_value={"superseded_by": new, "similarity": round(sim, 4)},
-                        )
-                        DRAWERS.labels(deps.service, "superseded").inc()
+        if not (supersede_ or usage or proposals or decisions):
+            return
+        async with workspace_tx(deps.pool, ws) as conn:
+            history = []
+            for old, new, sim, reason in supersede_:
+                if await supersede(conn, ws, old, new):
+                    history.append({"drawer_id": old, "action": "SUPERSEDE", "actor": "cluster",
+                                    "event_id": ev.event_id, "reason": reason, "old_value": {"superseded_by": None},
+                                    "new_value": {"superseded_by": new, "similarity": round(sim, 4)}})
+                    DRAWERS.labels(deps.service, "superseded").inc()
+            for did, d in decisions:
+                if await merge_into(conn, ws, did, d.target):
+                    history.append({"drawer_id": did, "action": "MERGE", "actor": "cluster", "event_id": ev.event_id,
+                                    "reason": d.reason, "new_value": {"cluster_id": d.target}})
+                    DRAWERS.labels(deps.service, "merged").inc()
+            await record_history_many(conn, ws, history)
+            # Pipelined: an audit-only decision (ADD, NONE) waits for no answer, so the event's decisions
+            # travel in one round trip instead of one each.
+            async with conn.pipeline():
                 for r, p, cands in proposals:
                     why = writes.validate(p, {c for c, _ in cands}, gate=s.decisions_gate)
-                    await apply_proposal(conn, ev.workspace_id, p, source_drawer=r.id, source_embedding=r.embedding,
+                    await apply_proposal(conn, ws, p, source_drawer=r.id, source_embedding=r.embedding,
                                          mode=s.decisions_mode, event_id=ev.event_id, dropped=why)
-                if usage:
-                    await record_usage(conn, ev.workspace_id, s.llm_model, usage)
-        for did, d in decisions:
-            async with workspace_tx(deps.pool, ev.workspace_id) as conn:
-                # Merge only while the target is still a live, processed drawer (checked in the same statement).
-                cur = await conn.execute(
-                    """UPDATE drawers SET state = 'merged', cluster_id = %(t)s, updated_at = now()
-                        WHERE workspace_id = %(ws)s AND id = %(id)s AND state = 'processed'
-                          AND EXISTS (SELECT 1 FROM drawers t WHERE t.workspace_id = %(ws)s AND t.id = %(t)s
-                                         AND t.state = 'processed' AND t.deleted_at IS NULL)""",
-                    {"t": d.target, "ws": ev.workspace_id, "id": did},
-                )
-                if cur.rowcount:
-                    await record_history(conn, ev.workspace_id, drawer_id=did, action="MERGE", actor="cluster",
-                                         event_id=ev.event_id, reason=d.reason, new_value={"cluster_id": d.target})
-                    DRAWERS.labels(deps.service, "merged").inc()
+            if usage:
+                await record_usage(conn, ws, s.llm_model, usage)
 
     @deps.handle(DURABLE_ENTITIES)
     async def on_entity_upserted(body: bytes, raw: Msg) -> None:

@@ -16,9 +16,11 @@ from shared.bus import Poison, dead_letter, decode_event, publish_event
 from shared.db.drawers import cached_embeddings, drawers_by_id, note_failure, save_embeddings
 from shared.db.tenancy import workspace_tx
 from shared.events import DrawerCreated, DrawerEmbedded
+from shared.faults import is_transient
 from shared.ids import content_hash, event_id_for
 from shared.memory.filing import embedding_text
 from shared.metrics import DRAWERS, EMBED_SECONDS, EMBED_TEXTS
+from shared.ports import Embedder
 
 __all__ = ["DURABLE", "register"]
 
@@ -38,8 +40,7 @@ class _Pending(NamedTuple):
 
 def register(deps: Deps) -> None:
     s = deps.settings
-    embedder = deps.embedder
-    assert embedder is not None
+    assert deps.embedder is not None
 
     @deps.handle(DURABLE)
     async def on_drawer_created(bodies: list[bytes], raws: list[Msg]) -> None:
@@ -47,18 +48,39 @@ def register(deps: Deps) -> None:
         # The active embedding space, looked up for every batch (one small query): a batch retried after
         # `palace reembed` switched spaces must not fail again on the old one. Pinned for the whole batch.
         embedder = await pinned(deps.embedder, force=True)
-        events: list[DrawerCreated] = []
+        events: list[tuple[DrawerCreated, Msg]] = []
         for raw, b in zip(raws, bodies, strict=True):
             try:
-                events.append(decode_event(DrawerCreated, b, s))
+                events.append((decode_event(DrawerCreated, b, s), raw))
             except Poison as e:
                 # One bad event must not hold back (or silently ride along with) the good ones.
                 await dead_letter(deps.broker, s, service=deps.service, raw=raw, reason=str(e), error_type="invalid")
                 await raw.ack()
         if not events:
             return
+        try:
+            await embed_and_save(events, embedder)
+        except Exception as e:
+            if is_transient(e) or len(events) == 1:
+                raise  # the endpoint is down for all of them: the loop holds, NAKs or dead-letters them
+            # Something in the batch broke the call: each event alone, so one bad text fails only its own
+            # event (NAKed, then dead-lettered, by the loop); the others are committed and acked here.
+            failed: Exception | None = None
+            for ev, raw in events:
+                try:
+                    await embed_and_save([(ev, raw)], embedder)
+                except Exception as one:
+                    failed = failed or one
+                else:
+                    if not raw._ackd:  # a retry in place of this batch may have acked it already
+                        await raw.ack()
+            if failed is not None:
+                raise failed from None
+
+    async def embed_and_save(events: list[tuple[DrawerCreated, Msg]], embedder: Embedder) -> None:
+        """Embed every drawer of these events still lacking a vector (one model call), commit, announce."""
         by_ws: dict[str, list[DrawerCreated]] = defaultdict(list)
-        for ev in events:
+        for ev, _ in events:
             by_ws[ev.workspace_id].append(ev)
         # Read every workspace first, then embed all the batch's missing texts in one call: a batch
         # from many workspaces (the multi-tenant norm) would otherwise be many small model calls, and

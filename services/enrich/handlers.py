@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import os
 import socket
+from typing import Any
 
 from nats.aio.msg import Msg
 
@@ -56,16 +57,23 @@ async def complete_episode(deps: Deps, workspace_id: str, session_id: str) -> st
     """
     s = deps.settings
     episode_id = stable_id("episode", workspace_id, session_id)
+    turns: list[dict[str, Any]] = []
+    ready: dict[str, Any] | None = None
+    # One read transaction decides what is left to do and reads what that needs.
     async with workspace_tx(deps.pool, workspace_id) as conn:
         progress = await episode_progress(conn, workspace_id, episode_id)
-    if progress is None:
-        return "absent"  # session.stored opens it, and checks again itself
+        if progress is None:
+            return "absent"  # session.stored opens it, and checks again itself
+        if progress.status == "pending":
+            if progress.unembedded and progress.waited_s < s.episode_wait_s:
+                return "waiting"  # the drawer.embedded of its last drawers comes back here
+            turns = await session_turns(conn, workspace_id, session_id)
+        elif progress.announced:
+            return "done"
+        else:
+            ready = await unannounced_episode(conn, workspace_id, episode_id)
     outcome = "done"
     if progress.status == "pending":
-        if progress.unembedded and progress.waited_s < s.episode_wait_s:
-            return "waiting"  # the drawer.embedded of its last drawers comes back here
-        async with workspace_tx(deps.pool, workspace_id) as conn:
-            turns = await session_turns(conn, workspace_id, session_id)
         if not turns:
             async with workspace_tx(deps.pool, workspace_id) as conn:
                 await discard_pending_episode(conn, workspace_id, episode_id)
@@ -78,11 +86,8 @@ async def complete_episode(deps: Deps, workspace_id: str, session_id: str) -> st
             await save_episode(conn, workspace_id, episode_id=episode_id, source_hash=progress.source_hash,
                                summary=draft.summary, abstract=draft.abstract, topics=draft.topics,
                                embedding=vector, ttl_days=s.episode_ttl_days)
+            ready = await unannounced_episode(conn, workspace_id, episode_id)
         outcome = "built"
-    elif progress.announced:
-        return "done"
-    async with workspace_tx(deps.pool, workspace_id) as conn:
-        ready = await unannounced_episode(conn, workspace_id, episode_id)
     if ready is None:
         return outcome
     # Commit, then publish, then record it: a crash in between publishes again (same event id, so

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 from nats.aio.msg import Msg
 
 from services._runtime import Deps
@@ -16,7 +14,7 @@ from shared.events import DrawerCreated, SessionCompleted, SessionStored
 from shared.forget import drop_forgotten_drawers
 from shared.ids import event_id_for
 from shared.logging import get_logger
-from shared.memory.filing import DrawerPlan, plan_session
+from shared.memory.filing import plan_session
 from shared.metrics import DRAWERS
 
 __all__ = ["DURABLE", "register"]
@@ -24,14 +22,6 @@ __all__ = ["DURABLE", "register"]
 log = get_logger("palace.ingest")
 DURABLE = "ingest"
 _ANNOUNCE_CHUNK = 256
-
-
-async def _link(deps: Deps, workspace_id: str, drawers: Sequence[DrawerPlan]) -> None:
-    """Inline linker: the session's drawers → the workspace's existing entities they name (no LLM,
-    never a new entity). After the raw rows are committed; idempotent, so a redelivery completes it."""
-    if drawers:
-        async with workspace_tx(deps.pool, workspace_id) as conn:
-            await link_drawers(conn, workspace_id, [(d.id, d.content) for d in drawers])
 
 
 def register(deps: Deps) -> None:
@@ -59,12 +49,16 @@ def register(deps: Deps) -> None:
                 conn, event.workspace_id, [d.id for d in plan.drawers]))
             created = await store_session(conn, plan)
         DRAWERS.labels(deps.service, "created").inc(len(created))
-        await _link(deps, event.workspace_id, plan.drawers)
         all_ids = [d.id for d in plan.drawers]
-        # Announce every drawer of the session still raw, not only the new ones: if an earlier
-        # attempt committed and then died before publishing, this redelivery finishes its job.
-        async with workspace_tx(deps.pool, event.workspace_id) as conn:
-            pending = await unembedded_drawer_ids(conn, event.workspace_id, all_ids) if all_ids else []
+        pending: list[str] = []
+        if all_ids:
+            # Inline linker: the session's drawers → the workspace's existing entities they name (no LLM,
+            # never a new entity). After the raw rows are committed; idempotent, so a redelivery completes it.
+            async with workspace_tx(deps.pool, event.workspace_id) as conn:
+                await link_drawers(conn, event.workspace_id, [(d.id, d.content) for d in plan.drawers])
+                # Announce every drawer of the session still raw, not only the new ones: if an earlier
+                # attempt committed and then died before publishing, this redelivery finishes its job.
+                pending = await unembedded_drawer_ids(conn, event.workspace_id, all_ids)
         for i in range(0, len(pending), _ANNOUNCE_CHUNK):
             ids = pending[i : i + _ANNOUNCE_CHUNK]
             await publish_event(deps.broker, s, DrawerCreated(

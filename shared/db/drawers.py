@@ -140,28 +140,41 @@ async def save_classifications(
     conn: AsyncConnection[Any], workspace_id: str, rows: list[dict[str, Any]], *, event_id: str, actor: str
 ) -> int:
     """Apply classifier outcomes to drawers still raw, or failed by maintain while their work was only
-    queued behind a backlog (a late success beats a give-up); audit each one. Returns drawers changed."""
-    changed = 0
-    async with conn.cursor() as cur:
-        for r in rows:
-            await cur.execute(
-                """
-                UPDATE drawers
-                   SET memory_type = %(memory_type)s, confidence = %(confidence)s, importance = %(importance)s,
-                       pipeline_tier = %(tier)s, state = 'processed', failure_reason = NULL, updated_at = now(),
-                       room = CASE WHEN room = 'general' THEN %(memory_type)s ELSE room END
-                 WHERE workspace_id = %(ws)s AND id = %(id)s AND state IN ('raw', 'failed')
-                """,
-                {**r, "ws": workspace_id},
+    queued behind a backlog (a late success beats a give-up); audit each one. Returns drawers changed.
+
+    One UPDATE for the whole list and one round trip for its audit rows: a statement per drawer cost a
+    round trip and a plan each."""
+    if not rows:
+        return 0
+    cur = await conn.execute(
+        """
+        UPDATE drawers d
+           SET memory_type = c.memory_type, confidence = c.confidence, importance = c.importance,
+               pipeline_tier = c.tier, state = 'processed', failure_reason = NULL, updated_at = now(),
+               room = CASE WHEN d.room = 'general' THEN c.memory_type ELSE d.room END
+          FROM unnest(%(ids)s::text[], %(types)s::text[], %(confs)s::real[], %(imps)s::real[], %(tiers)s::text[])
+               AS c(id, memory_type, confidence, importance, tier)
+         WHERE d.workspace_id = %(ws)s AND d.id = c.id AND d.state IN ('raw', 'failed')
+        RETURNING d.id
+        """,
+        {"ws": workspace_id, "ids": [r["id"] for r in rows], "types": [r["memory_type"] for r in rows],
+         "confs": [r["confidence"] for r in rows], "imps": [r["importance"] for r in rows],
+         "tiers": [r["tier"] for r in rows]},
+    )
+    changed = {r[0] for r in await cur.fetchall()}
+    audit = [r for r in rows if r["id"] in changed]
+    if audit:
+        async with conn.cursor() as cur:
+            await cur.executemany(
+                "INSERT INTO memory_history (workspace_id, id, drawer_id, action, actor, reason, new_value, event_id)"
+                " VALUES (%s, %s, %s, 'CLASSIFY', %s, %s, %s, %s) ON CONFLICT DO NOTHING",
+                [(workspace_id, stable_id("history", workspace_id, event_id or "", r["id"], "CLASSIFY"), r["id"], actor,
+                  f"{r['tier']} confidence {r['confidence']}",
+                  Jsonb(json.loads(json.dumps({k: r[k] for k in ("memory_type", "confidence", "importance", "tier")},
+                                              default=str))), event_id)
+                 for r in audit],
             )
-            if cur.rowcount:
-                changed += 1
-                await record_history(
-                    conn, workspace_id, drawer_id=r["id"], action="CLASSIFY", actor=actor, event_id=event_id,
-                    reason=f"{r['tier']} confidence {r['confidence']}",
-                    new_value={k: r[k] for k in ("memory_type", "confidence", "importance", "tier")},
-                )
-    return changed
+    return len(changed)
 
 
 def history_id_for(workspace_id: str, event_id: str | None, drawer_id: str | None, action: str) -> str:

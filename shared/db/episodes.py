@@ -222,11 +222,15 @@ async def upsert_entities(
     conn: AsyncConnection[Any], workspace_id: str, entities: list[tuple[str, str, str]],
     mentions: list[tuple[str, str]],
 ) -> None:
-    """entities: (id, name, type); mentions: (entity_id, drawer_id). Idempotent."""
+    """entities: (id, name, type); mentions: (entity_id, drawer_id). Idempotent.
+
+    An entity that exists already is left alone (``DO NOTHING`` takes no lock on it): a speaker is named
+    in every session of a workspace, and touching its row made every concurrent extraction wait for the
+    one before it to commit. Its mention count is refreshed from the mentions on ``entity.upserted``."""
     async with conn.cursor() as cur:
         await cur.executemany(
             """INSERT INTO entities (workspace_id, id, name, entity_type) VALUES (%s, %s, %s, %s)
-               ON CONFLICT (workspace_id, id) DO UPDATE SET updated_at = now()""",
+               ON CONFLICT (workspace_id, id) DO NOTHING""",
             [(workspace_id, i, n, t) for i, n, t in entities],
         )
     # An entity merged away by entity dedup is named and mentioned through the entity it was merged into.
@@ -238,6 +242,8 @@ async def upsert_entities(
     for eid, name, _ in entities:
         # So the inline linker finds it from now on.
         await add_aliases(conn, workspace_id, moved.get(eid, eid), [name])
+    # The drawers' counts only where they change: an UPDATE that changes nothing still writes a new row
+    # version into every index of the table (the inline linker has usually counted these mentions).
     async with conn.cursor() as cur:
         await cur.executemany(
             "INSERT INTO entity_mentions (workspace_id, entity_id, drawer_id) VALUES (%s, %s, %s)"
@@ -248,7 +254,7 @@ async def upsert_entities(
             """UPDATE drawers d SET entity_count = m.n FROM
                  (SELECT drawer_id, count(*) AS n FROM entity_mentions WHERE workspace_id = %s
                    AND drawer_id = ANY(%s) GROUP BY drawer_id) m
-               WHERE d.workspace_id = %s AND d.id = m.drawer_id""",
+               WHERE d.workspace_id = %s AND d.id = m.drawer_id AND d.entity_count IS DISTINCT FROM m.n""",
             (workspace_id, list({d for _, d in mentions}), workspace_id),
         )
 

@@ -18,6 +18,7 @@ import itertools
 import os
 import random
 import shutil
+import signal
 import socket
 import threading
 import time
@@ -349,3 +350,37 @@ def test_database_unreachable_at_start_up_service_waits_then_works(ext: Ext) -> 
     finally:
         sup.stop_services()
         proxy.close()
+
+
+def test_one_bad_text_in_an_embed_batch_fails_only_its_own_event(ext: Ext) -> None:
+    """The batch's one model call fails because of one event's text: every other event of the batch is
+    embedded and processed at once, and only that event is retried and dead-lettered, its drawer kept raw."""
+    st, stub = ext.stack, ext.stub
+    w = ws()
+    stub.mode, stub.reject_marker = "ok", "REJECT-ME"
+    try:
+        # Embed stopped while the sessions are filed, so that its first fetch takes them as one batch.
+        st.supervisor.kill("embed", signal.SIGTERM)
+        st.supervisor.children["embed"].proc.wait(60)
+        good = _texts("batchmate", 4)
+        for i, text in enumerate(good[:2]):
+            st.publish(session(w, f"g{i}", [text]))
+        st.publish(session(w, "bad", ["REJECT-ME: this turn's text makes the embedding endpoint answer garbage."]))
+        for i, text in enumerate(good[2:]):
+            st.publish(session(w, f"h{i}", [text]))
+        wait_for(lambda: sum(_states(st, w).values()) == 5, 60, "five drawers filed")
+        calls0 = stub.calls
+        st.supervisor.spawn("embed")
+        st.supervisor.wait_healthy()
+        wait_for(lambda: _states(st, w).get("processed") == 4, 90, "the four good drawers processed")
+        assert stub.calls - calls0 >= 2  # the whole batch's call, then the events one by one
+        # Kept, with the reason (raw, or failed once maintain has re-driven it often enough).
+        bad = st.sql("SELECT state, failure_reason FROM drawers WHERE workspace_id = %s AND content LIKE %s",
+                     (w, "REJECT-ME%"))
+        assert len(bad) == 1 and bad[0][0] in ("raw", "failed") and "NaN" in bad[0][1], bad
+        dead = wait_for(lambda: [d for d in _dead(st, w) if d.info.subject == "drawer.created"], 120,
+                        "the bad event dead-lettered")
+        assert all(d.info.error_type == "EmbeddingError" for d in dead), dead
+        assert _states(st, w)["processed"] == 4
+    finally:
+        stub.reject_marker = None

@@ -162,3 +162,26 @@ def test_essential_story_reads_its_index(stack: Stack, big_workspace: str, wing:
     assert '"Seq Scan"' not in plan, plan
     if wing is None:
         assert "drawers_essential" in plan and '"Sort"' not in plan, plan
+
+
+def test_cluster_twins_come_from_the_wording_index_by_primary_key(stack: Stack, big_workspace: str) -> None:
+    """The cluster stage's twin lookup for an event's drawers: each drawer's wording candidates fetched by
+    primary key, never a scan of the workspace (joined to the lookup function, whose row count the planner
+    cannot know, it hashed every processed drawer of the workspace once per drawer)."""
+    from shared.db.clustering import TWINS_SQL
+
+    ids = [r[0] for r in stack.sql("SELECT id FROM drawers WHERE workspace_id = %s ORDER BY filed_at LIMIT 10",
+                                   (big_workspace,))]
+    bands = [b for i in ids for b in wording_bands(big_workspace, f"drawer {i} says something")]
+    emb = "[" + ",".join(["0.05"] * 384) + "]"
+    with psycopg.connect(stack.database_url) as conn:
+        conn.execute("SET ROLE palace_app")
+        conn.execute("SELECT set_config('palace.workspace_id', %s, false)", (big_workspace,))
+        params = {"ws": big_workspace, "ids": ids, "embs": [emb] * len(ids), "bands": bands,
+                  "nb": len(bands) // len(ids), "n": 5}
+        sql_ = TWINS_SQL.replace("%(embs)s::vector[]", "%(embs)s::text[]::vector[]")
+        plan = json.dumps(conn.execute("EXPLAIN (FORMAT JSON) " + sql_, params, prepare=False).fetchall()[0][0])
+        assert conn.execute(sql_, params, prepare=False).fetchall() == []  # no embeddings here: runs, matches none
+        conn.rollback()
+    assert '"Seq Scan"' not in plan and '"Bitmap Heap Scan"' not in plan and '"Hash Join"' not in plan, plan
+    assert "drawers_pkey" in plan, plan

@@ -1,0 +1,140 @@
+"""The cluster stage's reads and writes, one statement per event rather than several per drawer.
+
+For every drawer of a ``drawer.classified`` event the stage needs two neighbour lists, both limited to
+live, processed drawers of the workspace filed before it (so two drawers classified together never
+merge into each other): its *twins* (drawers sharing a wording band, from the GIN index of migration
+0017, nearest by embedding first) for the near-duplicate merge, and its *neighbours* by embedding,
+whatever their wording, for the contradiction check and as the similar memories a write decision
+(ADD/UPDATE/DELETE/NONE) is taken against. The decision's candidates used to come from a full hybrid
+search per drawer, whose full-text half matched an OR of word pairs across the workspace; the nearest
+older memories by embedding are what the decision compares against (as in Mem0), and they are already
+fetched here.
+
+Both lists for every drawer of the event come back from one statement (``CANDIDATES_SQL``). It runs
+unprepared, so it is planned with the workspace as a value and a workspace's own HNSW index (migration
+0019) serves the neighbour walk once the workspace has one; smaller workspaces are scanned exactly.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from psycopg import AsyncConnection
+from psycopg.types.json import Jsonb
+
+from shared.ids import stable_id
+
+__all__ = ["CANDIDATES_SQL", "TWINS_SQL", "Neighbours", "cluster_candidates", "merge_into", "record_history_many",
+           "supersede"]
+
+# The twins are fetched by primary key from an array of the wording candidates: joined to the function
+# instead (whose row count the planner cannot know), the lateral subquery hashed every processed drawer
+# of the workspace once per drawer of the event. Drawer i's wording bands are the i-th run of ``nb``
+# values in one flat bigint[] (a ragged 2-D array cannot be bound; every drawer has as many bands).
+_EVENT = """
+WITH q AS MATERIALIZED (
+    SELECT u.id, u.emb, u.i, me.filed_at,
+           (%(bands)s::bigint[])[(u.i - 1) * %(nb)s + 1 : u.i * %(nb)s] AS bands
+      FROM unnest(%(ids)s::text[], %(embs)s::vector[]) WITH ORDINALITY AS u(id, emb, i)
+      JOIN drawers me ON me.workspace_id = %(ws)s AND me.id = u.id
+)
+"""
+_TWINS = """
+SELECT q.i, true AS twin, t.id, t.sim, t.content
+  FROM q CROSS JOIN LATERAL (
+       SELECT d.id, 1 - (d.embedding <=> q.emb) AS sim, d.content
+         FROM drawers d
+        WHERE d.workspace_id = %(ws)s
+          AND d.id = ANY(ARRAY(SELECT c.id FROM palace_wording_candidates(%(ws)s, q.bands, 200) c))
+          AND d.id <> q.id AND d.state = 'processed' AND d.deleted_at IS NULL AND d.embedding IS NOT NULL
+          AND (d.filed_at, d.id) < (q.filed_at, q.id)
+        ORDER BY d.embedding <=> q.emb LIMIT %(n)s) t
+"""
+_NEIGHBOURS = """
+SELECT q.i, false, n.id, n.sim, n.content
+  FROM q CROSS JOIN LATERAL (
+       SELECT d.id, 1 - (d.embedding <=> q.emb) AS sim, d.content
+         FROM drawers d
+        WHERE d.workspace_id = %(ws)s AND d.id <> q.id AND d.state = 'processed' AND d.deleted_at IS NULL
+          AND d.embedding IS NOT NULL AND (d.filed_at, d.id) < (q.filed_at, q.id)
+        ORDER BY d.embedding <=> q.emb LIMIT %(n)s) n
+"""
+# The twins alone (the plan test checks they never scan the workspace), and the whole statement.
+TWINS_SQL = _EVENT + _TWINS
+CANDIDATES_SQL = _EVENT + _TWINS + "UNION ALL" + _NEIGHBOURS
+
+
+@dataclass
+class Neighbours:
+    """(drawer id, cosine, content), nearest first."""
+
+    twins: list[tuple[str, float, str]] = field(default_factory=list)
+    near: list[tuple[str, float, str]] = field(default_factory=list)
+
+
+async def cluster_candidates(
+    conn: AsyncConnection[Any], workspace_id: str, drawers: list[tuple[str, np.ndarray, list[int]]], limit: int = 5,
+) -> dict[str, Neighbours]:
+    """Twins and neighbours of each (drawer id, embedding, wording bands), in one round trip."""
+    out = {did: Neighbours() for did, _, _ in drawers}
+    if not drawers:
+        return out
+    nb = len(drawers[0][2])
+    if any(len(b) != nb for _, _, b in drawers):
+        raise ValueError("every drawer needs the same number of wording bands")
+    cur = await conn.execute(CANDIDATES_SQL, {
+        "ws": workspace_id, "ids": [d for d, _, _ in drawers], "embs": [e for _, e, _ in drawers],
+        "bands": [b for _, _, bands in drawers for b in bands], "nb": nb, "n": limit,
+    }, prepare=False)  # planned with the workspace as a value: its partial vector index can match
+    rows = await cur.fetchall()
+    ids = [d for d, _, _ in drawers]
+    for i, twin, nid, sim, content in sorted(rows, key=lambda r: (r[0], not r[1], -float(r[3]), r[2])):
+        n = out[ids[i - 1]]
+        (n.twins if twin else n.near).append((nid, float(sim), content))
+    return out
+
+
+async def record_history_many(conn: AsyncConnection[Any], workspace_id: str, rows: list[dict[str, Any]]) -> None:
+    """Append audit rows (keys as ``shared.db.drawers.record_history``'s arguments) in one round trip; each
+    id derives from (event, drawer, action), so a replay adds nothing."""
+    if not rows:
+        return
+    def js(v: Any) -> Any:
+        return None if v is None else Jsonb(json.loads(json.dumps(v, default=str)))
+
+    async with conn.cursor() as cur:
+        await cur.executemany(
+            "INSERT INTO memory_history (workspace_id, id, drawer_id, action, actor, reason, old_value, new_value,"
+            " event_id) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
+            [(workspace_id, stable_id("history", workspace_id, r.get("event_id") or "", r.get("drawer_id") or "",
+                                      r["action"]),
+              r.get("drawer_id"), r["action"], r["actor"], r.get("reason"), js(r.get("old_value")),
+              js(r.get("new_value")), r.get("event_id")) for r in rows],
+        )
+
+
+async def merge_into(conn: AsyncConnection[Any], workspace_id: str, drawer_id: str, target: str) -> bool:
+    """Merge a drawer into its older twin, only while the twin is still a live, processed drawer (checked
+    in the same statement). False when nothing changed (already merged, or the twin is gone)."""
+    cur = await conn.execute(
+        """UPDATE drawers SET state = 'merged', cluster_id = %(t)s, updated_at = now()
+            WHERE workspace_id = %(ws)s AND id = %(id)s AND state = 'processed'
+              AND EXISTS (SELECT 1 FROM drawers t WHERE t.workspace_id = %(ws)s AND t.id = %(t)s
+                             AND t.state = 'processed' AND t.deleted_at IS NULL)""",
+        {"t": target, "ws": workspace_id, "id": drawer_id},
+    )
+    return bool(cur.rowcount)
+
+
+async def supersede(conn: AsyncConnection[Any], workspace_id: str, old: str, new: str) -> bool:
+    """Mark ``old`` superseded by ``new`` unless it already is (or is no longer a live, processed drawer)."""
+    cur = await conn.execute(
+        """UPDATE drawers SET superseded_by = %(new)s, updated_at = now()
+            WHERE workspace_id = %(ws)s AND id = %(old)s AND superseded_by IS NULL
+              AND state = 'processed' AND deleted_at IS NULL""",
+        {"new": new, "old": old, "ws": workspace_id},
+    )
+    return bool(cur.rowcount)
