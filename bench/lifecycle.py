@@ -144,7 +144,7 @@ def main() -> None:
     args = ap.parse_args()
     prepare_process()
     with bench_lock():
-        from services.supervisor import Supervisor
+        from palace_dev.supervisor import Supervisor
 
         settings = bench_settings()
         sup = Supervisor(settings, services=[])

@@ -39,7 +39,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from services.supervisor import Supervisor
+from palace_dev.supervisor import Supervisor
 from shared.config import Settings
 from shared.events import SessionCompleted
 from shared.memory.filing import plan_session
@@ -242,7 +242,7 @@ def run_suite(cfg: SuiteConfig, extra_env: dict[str, str] | None = None) -> Suit
             os.environ.pop("PALACE_DATABASE_URL", None)
             os.environ.pop("PALACE_NATS_URL", None)
             settings = Settings()
-            from shared.devstack import DevStack
+            from palace_dev.devstack import DevStack
 
             DevStack(settings.devstack_dir).stop()
             shutil.rmtree(settings.devstack_dir, ignore_errors=True)

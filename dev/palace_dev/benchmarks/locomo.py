@@ -28,14 +28,14 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from services.supervisor import Supervisor
+from palace_dev.evaluation.locomo import Conversation, load_locomo, to_events
+from palace_dev.evaluation.metrics import QuestionResult, Summary, flatten_units, summarize
+from palace_dev.supervisor import Supervisor
 from shared.adapters import build_embedder
 from shared.config import Settings
 from shared.db.pool import open_pool
 from shared.db.search import SearchParams, candidates
 from shared.db.tenancy import workspace_tx
-from shared.evaluation.locomo import Conversation, load_locomo, to_events
-from shared.evaluation.metrics import QuestionResult, Summary, flatten_units, summarize
 from shared.events import SessionCompleted
 from shared.memory.filing import plan_session
 from shared.memory.ranking import plain_fusion
