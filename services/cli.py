@@ -35,6 +35,8 @@ app.add_typer(dlq_app, name="dlq")
 bench_app = typer.Typer(help="Benchmarks through the real pipeline.", no_args_is_help=True)
 app.add_typer(bench_app, name="bench")
 console = Console()
+# How long `palace publish` waits for JetStream to store each event (nats-py's own default).
+_JS_ACK_WAIT_S = 5.0
 
 ServicesOpt = Annotated[str, typer.Option(help="Comma-separated services to run, or 'all'.")]
 
@@ -195,14 +197,9 @@ def stack_status(as_json: Annotated[bool, typer.Option("--json", help="Machine-r
 def _reachable_db(url: str | None) -> bool:
     if not url:
         return False
-    import psycopg
+    from shared.db.pool import database_reachable
 
-    try:
-        with psycopg.connect(url, connect_timeout=2) as conn:
-            conn.execute("SELECT 1")
-        return True
-    except psycopg.Error:
-        return False
+    return database_reachable(url)
 
 
 def _reachable_nats(url: str | None) -> bool:
@@ -273,16 +270,16 @@ def schemas(check: Annotated[bool, typer.Option(help="Fail if schemas/ differs f
 async def _publish_all(s: Settings, nats_url: str, events: list[dict[str, Any]]) -> list[str]:
     import nats
 
+    from palace_sdk._events import publish_encoded
     from shared.events import SessionCompleted
 
     nc = await nats.connect(nats_url.split(","))
     try:
-        js = nc.jetstream()
         ids = []
         for ev in events:
             model = SessionCompleted.model_validate_json(json.dumps(ev))
-            await js.publish("session.completed", model.model_dump_json(exclude_none=True).encode(),
-                             headers={"Nats-Msg-Id": f"session.completed:{model.event_id}"}, stream=s.stream_name)
+            await publish_encoded(nc, model, model.model_dump_json(exclude_none=True).encode(), s.stream_name,
+                                  _JS_ACK_WAIT_S)
             ids.append(model.event_id or "")
         return ids
     finally:

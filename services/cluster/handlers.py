@@ -15,11 +15,14 @@ from shared.db.decisions import apply_proposal
 from shared.db.drawers import (
     drawers_by_id,
     drawers_missing_bands,
+    merge_into,
     older_neighbours,
     older_twins,
     record_history,
     set_dedup_bands,
+    supersede_drawer,
 )
+from shared.db.kg import recount_mentions
 from shared.db.search import SearchParams, hybrid_search
 from shared.db.tenancy import maintenance_tx, workspace_tx
 from shared.events import DrawerClassified, EntityUpserted
@@ -29,10 +32,8 @@ from shared.memory import decisions as writes
 from shared.memory.dedup import decide, wording_bands
 from shared.metrics import DRAWERS
 
-__all__ = ["DURABLE", "DURABLE_ENTITIES", "backfill_bands", "register"]
+__all__ = ["backfill_bands", "register"]
 
-DURABLE = "cluster"
-DURABLE_ENTITIES = "cluster-entities"
 log = get_logger("palace.cluster")
 _CANDIDATES = SearchParams(k=6)  # top 5 besides the drawer itself
 
@@ -71,7 +72,7 @@ def register(deps: Deps) -> None:
                                           source="rule")
         return writes.Proposal("ADD", None, "no LLM configured: kept as new", 1.0, source="rule")
 
-    @deps.handle(DURABLE)
+    @deps.handle(DrawerClassified)
     async def on_drawer_classified(body: bytes, raw: Msg) -> None:
         """drawer.classified → merge near-duplicates into their older twin; an older drawer that a newer
         one contradicts is superseded by it (ranks below it, never deleted). Both audited."""
@@ -115,13 +116,7 @@ def register(deps: Deps) -> None:
         if supersede or usage or proposals:
             async with workspace_tx(deps.pool, ev.workspace_id) as conn:
                 for old, new, sim, reason in supersede:
-                    cur = await conn.execute(
-                        """UPDATE drawers SET superseded_by = %(new)s, updated_at = now()
-                            WHERE workspace_id = %(ws)s AND id = %(old)s AND superseded_by IS NULL
-                              AND state = 'processed' AND deleted_at IS NULL""",
-                        {"new": new, "old": old, "ws": ev.workspace_id},
-                    )
-                    if cur.rowcount:
+                    if await supersede_drawer(conn, ev.workspace_id, old, new):
                         await record_history(
                             conn, ev.workspace_id, drawer_id=old, action="SUPERSEDE", actor="cluster",
                             event_id=ev.event_id, reason=reason, old_value={"superseded_by": None},
@@ -137,30 +132,17 @@ def register(deps: Deps) -> None:
         for did, d in decisions:
             async with workspace_tx(deps.pool, ev.workspace_id) as conn:
                 # Merge only while the target is still a live, processed drawer (checked in the same statement).
-                cur = await conn.execute(
-                    """UPDATE drawers SET state = 'merged', cluster_id = %(t)s, updated_at = now()
-                        WHERE workspace_id = %(ws)s AND id = %(id)s AND state = 'processed'
-                          AND EXISTS (SELECT 1 FROM drawers t WHERE t.workspace_id = %(ws)s AND t.id = %(t)s
-                                         AND t.state = 'processed' AND t.deleted_at IS NULL)""",
-                    {"t": d.target, "ws": ev.workspace_id, "id": did},
-                )
-                if cur.rowcount:
+                if await merge_into(conn, ev.workspace_id, did, d.target):
                     await record_history(conn, ev.workspace_id, drawer_id=did, action="MERGE", actor="cluster",
                                          event_id=ev.event_id, reason=d.reason, new_value={"cluster_id": d.target})
                     DRAWERS.labels(deps.service, "merged").inc()
 
-    @deps.handle(DURABLE_ENTITIES)
+    @deps.handle(EntityUpserted)
     async def on_entity_upserted(body: bytes, raw: Msg) -> None:
         """entity.upserted → refresh mention counts of the entities."""
         ev: EntityUpserted = decode_event(EntityUpserted, body, s)
         async with workspace_tx(deps.pool, ev.workspace_id) as conn:
-            await conn.execute(
-                """UPDATE entities e SET mention_count = m.n, updated_at = now()
-                     FROM (SELECT entity_id, count(*) AS n FROM entity_mentions
-                            WHERE workspace_id = %(ws)s AND entity_id = ANY(%(ids)s) GROUP BY entity_id) m
-                    WHERE e.workspace_id = %(ws)s AND e.id = m.entity_id""",
-                {"ws": ev.workspace_id, "ids": ev.entity_ids},
-            )
+            await recount_mentions(conn, ev.workspace_id, ev.entity_ids)
 
 
 async def backfill_bands(deps: Deps, stop: asyncio.Event) -> None:

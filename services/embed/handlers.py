@@ -19,9 +19,7 @@ from shared.ids import content_hash, event_id_for
 from shared.memory.filing import embedding_text
 from shared.metrics import DRAWERS, EMBED_SECONDS, EMBED_TEXTS
 
-__all__ = ["DURABLE", "register"]
-
-DURABLE = "embed"
+__all__ = ["register"]
 
 
 class _Pending(NamedTuple):
@@ -40,7 +38,7 @@ def register(deps: Deps) -> None:
     embedder = deps.embedder
     assert embedder is not None
 
-    @deps.handle(DURABLE)
+    @deps.handle(DrawerCreated)
     async def on_drawer_created(bodies: list[bytes], raws: list[Msg]) -> None:
         """drawer.created (batched) → (embed, then commit) → drawer.embedded."""
         events: list[DrawerCreated] = []

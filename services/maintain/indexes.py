@@ -9,6 +9,7 @@ import os
 import socket
 
 from services._runtime import Deps
+from shared.db.lifecycle import release_lease
 from shared.db.maintenance import take_lease
 from shared.db.tenancy import maintenance_tx
 from shared.db.vector_indexes import build_vector_index, wanted_vector_indexes
@@ -41,8 +42,7 @@ async def build_wanted(deps: Deps, holder: str) -> int:
             log.info("vector_index_ready", workspace_id=ws, index=name)
     finally:
         async with maintenance_tx(deps.pool) as conn:  # release: the next round may start at once
-            await conn.execute("UPDATE job_leases SET expires_at = now() WHERE workspace_id = '*' AND job = %s"
-                               " AND holder = %s", ("vector_indexes", holder))
+            await release_lease(conn, "vector_indexes", holder)
     return built
 
 
