@@ -52,6 +52,9 @@ class Deps:
     def handle(self, event: type[Event]) -> Callable[[Callable[..., Awaitable[None]]], Callable[..., Awaitable[None]]]:
         """Register this service's handler of ``event``: ``shared.consumers.CONSUMERS`` alone says through
         which durable consumer it arrives (KeyError at start-up when it declares none)."""
+        if not (isinstance(event, type) and issubclass(event, Event)):
+            raise TypeError(f"handle() takes the event class a handler consumes, not {event!r}: "
+                            "shared.consumers.CONSUMERS alone names the durable")
         durable = consumer_for(self.service, event.subject).durable
 
         def register(fn: Callable[..., Awaitable[None]]) -> Callable[..., Awaitable[None]]:

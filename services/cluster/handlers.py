@@ -15,14 +15,11 @@ from shared.db.decisions import apply_proposal
 from shared.db.drawers import (
     drawers_by_id,
     drawers_missing_bands,
-    merge_into,
     older_neighbours,
     older_twins,
     record_history,
     set_dedup_bands,
-    supersede_drawer,
 )
-from shared.db.kg import recount_mentions
 from shared.db.search import SearchParams, hybrid_search
 from shared.db.tenancy import maintenance_tx, workspace_tx
 from shared.events import DrawerClassified, EntityUpserted
@@ -116,7 +113,13 @@ def register(deps: Deps) -> None:
         if supersede or usage or proposals:
             async with workspace_tx(deps.pool, ev.workspace_id) as conn:
                 for old, new, sim, reason in supersede:
-                    if await supersede_drawer(conn, ev.workspace_id, old, new):
+                    cur = await conn.execute(
+                        """UPDATE drawers SET superseded_by = %(new)s, updated_at = now()
+                            WHERE workspace_id = %(ws)s AND id = %(old)s AND superseded_by IS NULL
+                              AND state = 'processed' AND deleted_at IS NULL""",
+                        {"new": new, "old": old, "ws": ev.workspace_id},
+                    )
+                    if cur.rowcount:
                         await record_history(
                             conn, ev.workspace_id, drawer_id=old, action="SUPERSEDE", actor="cluster",
                             event_id=ev.event_id, reason=reason, old_value={"superseded_by": None},
@@ -132,7 +135,14 @@ def register(deps: Deps) -> None:
         for did, d in decisions:
             async with workspace_tx(deps.pool, ev.workspace_id) as conn:
                 # Merge only while the target is still a live, processed drawer (checked in the same statement).
-                if await merge_into(conn, ev.workspace_id, did, d.target):
+                cur = await conn.execute(
+                    """UPDATE drawers SET state = 'merged', cluster_id = %(t)s, updated_at = now()
+                        WHERE workspace_id = %(ws)s AND id = %(id)s AND state = 'processed'
+                          AND EXISTS (SELECT 1 FROM drawers t WHERE t.workspace_id = %(ws)s AND t.id = %(t)s
+                                         AND t.state = 'processed' AND t.deleted_at IS NULL)""",
+                    {"t": d.target, "ws": ev.workspace_id, "id": did},
+                )
+                if cur.rowcount:
                     await record_history(conn, ev.workspace_id, drawer_id=did, action="MERGE", actor="cluster",
                                          event_id=ev.event_id, reason=d.reason, new_value={"cluster_id": d.target})
                     DRAWERS.labels(deps.service, "merged").inc()
@@ -142,7 +152,13 @@ def register(deps: Deps) -> None:
         """entity.upserted → refresh mention counts of the entities."""
         ev: EntityUpserted = decode_event(EntityUpserted, body, s)
         async with workspace_tx(deps.pool, ev.workspace_id) as conn:
-            await recount_mentions(conn, ev.workspace_id, ev.entity_ids)
+            await conn.execute(
+                """UPDATE entities e SET mention_count = m.n, updated_at = now()
+                     FROM (SELECT entity_id, count(*) AS n FROM entity_mentions
+                            WHERE workspace_id = %(ws)s AND entity_id = ANY(%(ids)s) GROUP BY entity_id) m
+                    WHERE e.workspace_id = %(ws)s AND e.id = m.entity_id""",
+                {"ws": ev.workspace_id, "ids": ev.entity_ids},
+            )
 
 
 async def backfill_bands(deps: Deps, stop: asyncio.Event) -> None:

@@ -20,7 +20,6 @@ __all__ = [
     "cached_embeddings",
     "drawers_by_id",
     "drawers_missing_bands",
-    "merge_into",
     "note_failure",
     "older_neighbours",
     "older_twins",
@@ -28,7 +27,6 @@ __all__ = [
     "save_classifications",
     "save_embeddings",
     "set_dedup_bands",
-    "supersede_drawer",
 ]
 
 
@@ -248,28 +246,3 @@ async def drawers_missing_bands(conn: AsyncConnection[Any], limit: int) -> list[
         (limit,),
     )
     return [(r[0], r[1], r[2]) for r in await cur.fetchall()]
-
-
-async def supersede_drawer(conn: AsyncConnection[Any], workspace_id: str, old: str, new: str) -> bool:
-    """Mark ``old`` superseded by ``new`` while it is still live, processed and not superseded yet. False
-    when it no longer is (a replay, or another change came first): the caller then audits nothing."""
-    cur = await conn.execute(
-        """UPDATE drawers SET superseded_by = %(new)s, updated_at = now()
-            WHERE workspace_id = %(ws)s AND id = %(old)s AND superseded_by IS NULL
-              AND state = 'processed' AND deleted_at IS NULL""",
-        {"new": new, "old": old, "ws": workspace_id},
-    )
-    return bool(cur.rowcount)
-
-
-async def merge_into(conn: AsyncConnection[Any], workspace_id: str, drawer_id: str, target: str) -> bool:
-    """Merge a processed drawer into ``target`` only while the target is still a live, processed drawer
-    (checked in the same statement, so a target deleted meanwhile never absorbs it). False: nothing merged."""
-    cur = await conn.execute(
-        """UPDATE drawers SET state = 'merged', cluster_id = %(t)s, updated_at = now()
-            WHERE workspace_id = %(ws)s AND id = %(id)s AND state = 'processed'
-              AND EXISTS (SELECT 1 FROM drawers t WHERE t.workspace_id = %(ws)s AND t.id = %(t)s
-                             AND t.state = 'processed' AND t.deleted_at IS NULL)""",
-        {"t": target, "ws": workspace_id, "id": drawer_id},
-    )
-    return bool(cur.rowcount)

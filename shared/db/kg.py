@@ -45,7 +45,6 @@ __all__ = [
     "kg_stats",
     "link_drawers",
     "query_entity",
-    "recount_mentions",
     "resolve_entity",
 ]
 
@@ -362,15 +361,3 @@ async def kg_stats(conn: AsyncConnection[Any], workspace_id: str) -> KgStats:
     types = {str(p): int(n) for p, n in await cur.fetchall()}
     return KgStats(entities=entities, triples=triples, current_facts=current, expired_facts=triples - current,
                    mentions=mentions, relationship_types=types)
-
-
-async def recount_mentions(conn: AsyncConnection[Any], workspace_id: str, entity_ids: list[str]) -> None:
-    """Set the mention counts of these entities from their mention rows. Counted on ``entity.upserted``
-    rather than bumped at ingest, where a speaker named in every session serialised every transaction."""
-    await conn.execute(
-        """UPDATE entities e SET mention_count = m.n, updated_at = now()
-             FROM (SELECT entity_id, count(*) AS n FROM entity_mentions
-                    WHERE workspace_id = %(ws)s AND entity_id = ANY(%(ids)s) GROUP BY entity_id) m
-            WHERE e.workspace_id = %(ws)s AND e.id = m.entity_id""",
-        {"ws": workspace_id, "ids": entity_ids},
-    )

