@@ -6,10 +6,10 @@ STAMP := $(VENV)/.installed
 
 .PHONY: install tools demo test unit up stop fault audit audit-full bench-ingest bench-search bench-scale bench-pipeline bench-classify bench-enrich soak schemas lint clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml dev/pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[dev]'
+	$(BIN)/python -m pip install -q -e ./dev -e '.[dev]'
 	touch $(STAMP)
 
 install: $(STAMP)

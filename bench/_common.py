@@ -146,8 +146,8 @@ def bench_lock() -> Iterator[None]:
 
 
 def free_port_block(n: int, start: int = 19100, stop: int = 29000) -> int:
-    """A block of n free ports (``services.supervisor.free_port_block``) in the bench's own range."""
-    from services.supervisor import free_port_block as block
+    """A block of n free ports (``palace_dev.supervisor.free_port_block``) in the bench's own range."""
+    from palace_dev.supervisor import free_port_block as block
 
     return block(n, start=start, stop=stop)
 

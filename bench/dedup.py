@@ -85,7 +85,7 @@ def main() -> None:
 
 
 def _run(args: argparse.Namespace) -> None:
-    from services.supervisor import Supervisor
+    from palace_dev.supervisor import Supervisor
 
     settings = bench_settings()
     turns, _ = load_locomo()

@@ -44,6 +44,8 @@ from _common import (
 from kg_extract import measure as measure_extractor
 from rich.table import Table
 
+from shared.events import EpisodicCreated, SessionCompleted
+
 SERVICES = ["ingest", "embed", "classify", "cluster", "enrich"]
 
 
@@ -61,7 +63,7 @@ def locomo_sessions(workspace: str, limit: int) -> list[dict[str, Any]]:
     return out[:limit] if limit else out
 
 
-async def _publish(nats_url: str, settings: Any, subject: str, bodies: list[tuple[bytes, str]]) -> None:
+async def _publish(nats_url: str, settings: Any, subject: str, bodies: list[tuple[bytes, dict[str, str]]]) -> None:
     import nats
 
     from shared.bus import _nats_options
@@ -71,10 +73,9 @@ async def _publish(nats_url: str, settings: Any, subject: str, bodies: list[tupl
         js = nc.jetstream()
         sem = asyncio.Semaphore(64)
 
-        async def pub(body: bytes, msg_id: str) -> None:
+        async def pub(body: bytes, headers: dict[str, str]) -> None:
             async with sem:
-                await js.publish(subject, body, headers={"Nats-Msg-Id": msg_id}, stream=settings.stream_name,
-                                 timeout=30)
+                await js.publish(subject, body, headers=headers, stream=settings.stream_name, timeout=30)
 
         await asyncio.gather(*(pub(b, m) for b, m in bodies))
     finally:
@@ -133,7 +134,7 @@ def measure_round(sup: Any, settings: Any, workspace: str, episodes: list[tuple[
     for eid, sid, summary, abstract, topics in episodes:
         ev = {"event_id": f"bench-{tag}-{eid}", "workspace_id": workspace, "episode_id": eid, "session_id": sid,
               "summary": summary, "abstract": abstract, "topics": list(topics)}
-        bodies.append((json.dumps(ev).encode(), ev["event_id"]))
+        bodies.append((json.dumps(ev).encode(), EpisodicCreated.model_validate(ev).dedup_headers()))
     t0 = time.perf_counter()
     asyncio.run(_publish(sup.nats_url, settings, "episodic.created", bodies))
     _wait(lambda: asyncio.run(_consumer_idle(sup.nats_url, settings, "enrich-kg")), timeout, "enrich-kg to drain")
@@ -176,7 +177,7 @@ def main() -> None:
 
 
 def _run(args: argparse.Namespace) -> None:
-    from services.supervisor import Supervisor
+    from palace_dev.supervisor import Supervisor
 
     sys.path.insert(0, str(REPO))  # tests/ is not an installed package
     from tests.openai_stub import StubState, serve_stub
@@ -203,7 +204,8 @@ def _run(args: argparse.Namespace) -> None:
             sup.wait_healthy()
         with console.status(f"ingesting {len(sessions)} sessions until each has its episode ..."):
             asyncio.run(_publish(sup.nats_url, settings, "session.completed",
-                                 [(json.dumps(s).encode(), s["event_id"]) for s in sessions]))
+                                 [(json.dumps(s).encode(), SessionCompleted.model_validate(s).dedup_headers())
+                                  for s in sessions]))
             _wait(lambda: _sql(sup.database_url, "SELECT count(*) FROM episodes WHERE workspace_id = %s"
                                " AND announced_at IS NOT NULL", (workspace,))[0][0] >= len(sessions),
                   args.timeout, "every episode")

@@ -63,7 +63,7 @@ async def _fill(pool: object, ws: str, n: int, wings: int, rooms: int, dim: int)
 
 
 async def run(n: int, repeats: int, wings: int, rooms: int) -> dict[str, object]:
-    from services.supervisor import Supervisor
+    from palace_dev.supervisor import Supervisor
     from shared.db.pool import open_pool
     from shared.db.tenancy import workspace_tx
     from shared.palace_graph import PalaceGraph

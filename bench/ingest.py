@@ -56,7 +56,7 @@ SERVICES = ["ingest", "embed", "classify"]
 class Workload:
     workspace: str
     events: list[SessionCompleted]
-    payloads: list[tuple[bytes, str]]  # (body, Nats-Msg-Id)
+    payloads: list[tuple[bytes, dict[str, str]]]  # (body, its de-duplication headers)
     messages: int
     drawer_texts: dict[str, str]  # planned drawer id -> the text the embed service embeds for it
 
@@ -86,8 +86,7 @@ def build_workload(turns: list[Turn], settings: Settings, sessions: int, per_ses
                             min_chars=settings.min_chars)
         for d in plan.drawers:
             drawers.setdefault(d.id, drawer_embed_text(d))
-    payloads = [(ev.model_dump_json(exclude_none=True).encode(), f"session.completed:{ev.event_id}")
-                for ev in events]
+    payloads = [(ev.model_dump_json(exclude_none=True).encode(), ev.dedup_headers()) for ev in events]
     return Workload(workspace, events, payloads, sessions * per_session, drawers)
 
 
@@ -179,9 +178,9 @@ async def run_pipeline(settings: Settings, nats_url: str, database_url: str, wor
         js = nc.jetstream()
         sem = asyncio.Semaphore(concurrency)
 
-        async def pub(body: bytes, msg_id: str) -> None:
+        async def pub(body: bytes, headers: dict[str, str]) -> None:
             async with sem:
-                await js.publish("session.completed", body, headers={"Nats-Msg-Id": msg_id},
+                await js.publish("session.completed", body, headers=headers,
                                  stream=settings.stream_name, timeout=30)
 
         t0 = time.perf_counter()
@@ -269,7 +268,7 @@ def main() -> None:
 def _run(args: argparse.Namespace) -> None:
     """One run, under the stack lock (see ``bench_lock``)."""
     load_at_start = warn_if_busy()
-    from services.supervisor import Supervisor
+    from palace_dev.supervisor import Supervisor
 
     settings = bench_settings()
     turns, _ = load_locomo()

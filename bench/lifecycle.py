@@ -167,7 +167,7 @@ def main() -> None:
         args.drawers, args.forget_drawers, args.queries = 20_000, 2_000, 100
     prepare_process()
     with bench_lock():
-        from services.supervisor import Supervisor
+        from palace_dev.supervisor import Supervisor
 
         settings = bench_settings()
         sup = Supervisor(settings, services=[])

@@ -84,7 +84,7 @@ def main() -> None:
     prepare_process()
     with bench_lock():
         load = warn_if_busy()
-        from services.supervisor import Supervisor
+        from palace_dev.supervisor import Supervisor
 
         sup = Supervisor(bench_settings(), services=[])
         try:

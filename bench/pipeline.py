@@ -68,7 +68,7 @@ def pg_cpu_by_service(database_url: str) -> dict[str, float]:
 
 def run_config(settings: Any, turns: list[Any], args: argparse.Namespace, replicas: int) -> dict[str, Any]:
     """One configuration on its own stack start: services up, publish, wait, measure, stop."""
-    from services.supervisor import Supervisor
+    from palace_dev.supervisor import Supervisor
 
     workspace = f"bench-pipeline-{uuid.uuid4().hex[:8]}"
     work = build_workload(turns, settings, args.sessions, args.messages_per_session, args.seed, workspace)

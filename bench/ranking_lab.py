@@ -27,9 +27,9 @@ from pathlib import Path
 
 import numpy as np
 
+from palace_dev.evaluation.locomo import load_locomo
+from palace_dev.evaluation.metrics import QuestionResult, flatten_units, summarize
 from shared.config import Settings
-from shared.evaluation.locomo import load_locomo
-from shared.evaluation.metrics import QuestionResult, flatten_units, summarize
 from shared.memory.graph_signal import GraphParams, graph_strengths, query_names
 from shared.memory.ranking import Candidate, RankParams, rank
 from shared.memory.timeexpr import date_windows
@@ -68,7 +68,7 @@ def load(settings: Settings, data: Path) -> list[Conv]:
     import psycopg
     from pgvector.psycopg import register_vector
 
-    from services.benchmarks.locomo import _workspace
+    from palace_dev.benchmarks.locomo import _workspace
     from shared.adapters import build_embedder
 
     db_url = json.loads((settings.devstack_dir / "stack.json").read_text())["database_url"]
@@ -141,7 +141,7 @@ def load_enrich(settings: Settings, data: Path, convs: list[Conv]) -> dict[str, 
     import psycopg
     from pgvector.psycopg import register_vector
 
-    from services.benchmarks.locomo import _workspace
+    from palace_dev.benchmarks.locomo import _workspace
 
     db_url = json.loads((settings.devstack_dir / "stack.json").read_text())["database_url"]
     out = {}

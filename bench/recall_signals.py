@@ -20,12 +20,12 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from services.benchmarks.locomo import _workspace
+from palace_dev.benchmarks.locomo import _workspace
+from palace_dev.evaluation.locomo import load_locomo
 from shared.adapters import build_embedder
 from shared.config import Settings
 from shared.db.pool import open_pool
 from shared.db.search import SearchParams
-from shared.evaluation.locomo import load_locomo
 from shared.recall import Recaller
 
 

@@ -680,7 +680,7 @@ def main() -> None:
 def _run(args: argparse.Namespace) -> None:
     """One run, under the stack lock (see ``bench_lock``)."""
     load_at_start = warn_if_busy()
-    from services.supervisor import Supervisor
+    from palace_dev.supervisor import Supervisor
 
     settings = bench_settings()
     if args.load == "auto":

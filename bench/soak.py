@@ -83,8 +83,8 @@ class Workload:
             self.source = "generated"
         self.expected: set[str] = set()
 
-    def event(self, i: int) -> tuple[bytes, str]:
-        """(payload, Nats-Msg-Id) of session i; records the drawers ingest will file for it."""
+    def event(self, i: int) -> tuple[bytes, dict[str, str]]:
+        """(payload, de-duplication headers) of session i; records the drawers ingest will file for it."""
         msgs = []
         for j in range(self.per_session):
             k = i * self.per_session + j
@@ -97,7 +97,7 @@ class Workload:
         plan = plan_session(ev, chunk_chars=self.settings.chunk_chars, chunk_overlap=self.settings.chunk_overlap,
                             min_chars=self.settings.min_chars)
         self.expected.update(d.id for d in plan.drawers)
-        return ev.model_dump_json(exclude_none=True).encode(), f"session.completed:{ev.event_id}"
+        return ev.model_dump_json(exclude_none=True).encode(), ev.dedup_headers()
 
 
 # ------------------------------------------------------------------------------------- sampling
@@ -185,10 +185,10 @@ async def soak(sup: Any, settings: Settings, work: Workload, args: argparse.Name
 
             async def pub(i: int) -> None:
                 nonlocal published
-                body, msg_id = work.event(i)
+                body, headers = work.event(i)
                 async with inflight:
                     try:
-                        await js.publish("session.completed", body, headers={"Nats-Msg-Id": msg_id},
+                        await js.publish("session.completed", body, headers=headers,
                                          stream=settings.stream_name, timeout=30)
                         published += 1
                     except Exception as e:
@@ -301,7 +301,7 @@ def main() -> None:
 def _run(args: argparse.Namespace) -> None:
     """One run, under the stack lock (see ``bench_lock``)."""
     load_at_start = warn_if_busy()
-    from services.supervisor import Supervisor
+    from palace_dev.supervisor import Supervisor
 
     run_id = uuid.uuid4().hex[:8]
     workspace = f"bench-soak-{run_id}"

@@ -9,12 +9,12 @@ from pydantic import ValidationError
 
 from palace_sdk.errors import EventInvalid
 from palace_sdk.models import Published
-from shared.events.models import SessionCompleted
+from shared.events.models import MAX_EVENT_BYTES, SessionCompleted
 
 __all__ = ["DEFAULT_MAX_EVENT_BYTES", "DEFAULT_STREAM", "encode_session", "publish_encoded"]
 
 DEFAULT_STREAM = "PALACE"
-DEFAULT_MAX_EVENT_BYTES = 1_000_000  # the pipeline's PALACE_MAX_EVENT_BYTES default
+DEFAULT_MAX_EVENT_BYTES = MAX_EVENT_BYTES  # the pipeline's PALACE_MAX_EVENT_BYTES default
 
 
 def encode_session(event: SessionCompleted | dict[str, Any], max_bytes: int) -> tuple[SessionCompleted, bytes]:
@@ -31,12 +31,13 @@ def encode_session(event: SessionCompleted | dict[str, Any], max_bytes: int) -> 
     return model, data
 
 
-async def publish_encoded(nc: nats.NATS, model: SessionCompleted, data: bytes, stream: str,
+async def publish_encoded(nc: nats.NATS, model: SessionCompleted, data: bytes, stream: str | None,
                           ack_wait_s: float) -> Published:
     """Publish and wait for JetStream's store acknowledgement. The message id is the event id, so a
-    retry of the same event (or the same session re-sent) is stored once."""
+    retry of the same event (or the same session re-sent) is stored once. The one publisher of
+    ``session.completed`` over a plain NATS connection: the SDK, the CLI, the development package and
+    the fault suite all send through it."""
     ack = await nc.jetstream().publish(
-        SessionCompleted.subject, data, timeout=ack_wait_s, stream=stream,
-        headers={"Nats-Msg-Id": f"{SessionCompleted.subject}:{model.event_id}"})
+        SessionCompleted.subject, data, timeout=ack_wait_s, stream=stream, headers=model.dedup_headers())
     return Published(event_id=model.event_id or "", stream=ack.stream, seq=ack.seq,
                      duplicate=bool(ack.duplicate))

@@ -25,10 +25,11 @@ from starlette.routing import Route
 from shared import metrics
 from shared.bus import build_broker, dead_letter, ensure_streams, stream_usage
 from shared.config import Settings
-from shared.consumers import Consumer, PullConsumer, consumers_of, oldest_unacked_age_s
+from shared.consumers import Consumer, PullConsumer, consumer_for, consumers_of, oldest_unacked_age_s
 from shared.db.migrate import apply_migrations
-from shared.db.pool import open_pool, wait_for_database
+from shared.db.pool import open_pool, ping, wait_for_database
 from shared.endpoints import resolve_urls
+from shared.events import Event
 from shared.logging import configure_logging, get_logger
 from shared.ports import Embedder
 from shared.tracing import setup_tracing
@@ -48,8 +49,13 @@ class Deps:
     extra: dict[str, Any] = field(default_factory=dict)
     handlers: dict[str, Callable[..., Awaitable[None]]] = field(default_factory=dict)
 
-    def handle(self, durable: str) -> Callable[[Callable[..., Awaitable[None]]], Callable[..., Awaitable[None]]]:
-        """Register the handler of consumer ``durable`` (``shared.consumers.CONSUMERS`` says its subject)."""
+    def handle(self, event: type[Event]) -> Callable[[Callable[..., Awaitable[None]]], Callable[..., Awaitable[None]]]:
+        """Register this service's handler of ``event``: ``shared.consumers.CONSUMERS`` alone says through
+        which durable consumer it arrives (KeyError at start-up when it declares none)."""
+        if not (isinstance(event, type) and issubclass(event, Event)):
+            raise TypeError(f"handle() takes the event class a handler consumes, not {event!r}: "
+                            "shared.consumers.CONSUMERS alone names the durable")
+        durable = consumer_for(self.service, event.subject).durable
 
         def register(fn: Callable[..., Awaitable[None]]) -> Callable[..., Awaitable[None]]:
             self.handlers[durable] = fn
@@ -100,7 +106,7 @@ def _health_app(deps_ref: dict[str, Deps]) -> Starlette:
         if deps is not None:
             with contextlib.suppress(Exception):
                 async with deps.pool.connection(timeout=2) as conn:
-                    await conn.execute("SELECT 1")
+                    await ping(conn)
                     db_ok = True
         body = {"service": deps.service if deps else None, "nats": ok, "database": db_ok}
         return JSONResponse(body, status_code=200 if ok and db_ok else 503)

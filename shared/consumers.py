@@ -52,6 +52,7 @@ __all__ = [
     "PullConsumer",
     "consumer",
     "consumer_config",
+    "consumer_for",
     "consumers_of",
     "oldest_unacked_age_s",
     "pipeline_subjects",
@@ -97,6 +98,15 @@ def consumer(durable: str) -> Consumer:
         if c.durable == durable:
             return c
     raise KeyError(durable)
+
+
+def consumer_for(service: str, subject: str) -> Consumer:
+    """The consumer through which ``service`` reads ``subject`` (a service reads each subject through
+    one consumer), so handlers name the event they take and never restate a durable's name."""
+    found = [c for c in CONSUMERS if c.service == service and c.subject == subject]
+    if len(found) != 1:
+        raise KeyError(f"{service} has {len(found)} consumers of {subject}; CONSUMERS must declare exactly one")
+    return found[0]
 
 
 def consumers_of(service: str) -> list[Consumer]:

@@ -76,9 +76,7 @@ class Job:
 
 async def _estimated_drawers(run: JobRun) -> int | None:
     async with maintenance_tx(run.pool) as conn:
-        cur = await conn.execute("SELECT reltuples::bigint FROM pg_class WHERE oid = 'drawers'::regclass")
-        row = await cur.fetchone()
-    return int(row[0]) if row and row[0] and row[0] > 0 else None
+        return await sql.estimated_drawer_count(conn)
 
 
 async def decay(run: JobRun) -> dict[str, int]:

@@ -28,6 +28,7 @@ from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt,
 from shared.adapters.space_embedder import embedder_for
 from shared.config import Settings
 from shared.db import embedding_spaces as db
+from shared.db.tenancy import act_as_maintenance
 from shared.ids import content_hash
 from shared.logging import get_logger
 from shared.memory.episodes import episode_embedding
@@ -70,7 +71,7 @@ class _Maint:
     async def __aenter__(self) -> psycopg.AsyncConnection[Any]:
         self._tx = self.conn.transaction()
         await self._tx.__aenter__()
-        await self.conn.execute("SET LOCAL ROLE palace_maintenance")
+        await act_as_maintenance(self.conn)
         return self.conn
 
     async def __aexit__(self, *exc: Any) -> None:

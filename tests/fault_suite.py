@@ -39,7 +39,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from services.supervisor import Supervisor
+from palace_dev.supervisor import Supervisor
+from palace_sdk._events import publish_encoded
 from shared.config import Settings
 from shared.events import SessionCompleted
 from shared.memory.filing import plan_session
@@ -115,7 +116,6 @@ async def _publish_all(nats_url: str, sessions: list[SessionCompleted], rate: fl
         pass
 
     nc = await nats.connect(nats_url, max_reconnect_attempts=-1, reconnect_time_wait=0.5, error_cb=quiet)
-    js = nc.jetstream(timeout=5)
     task = progress.add_task("publish", total=len(sessions))
     t0 = time.monotonic()
     try:
@@ -126,7 +126,7 @@ async def _publish_all(nats_url: str, sessions: list[SessionCompleted], rate: fl
             data = ev.model_dump_json().encode()
             for attempt in range(600):
                 try:
-                    await js.publish(ev.subject, data, headers={"Nats-Msg-Id": f"{ev.subject}:{ev.event_id}"})
+                    await publish_encoded(nc, ev, data, None, ack_wait_s=5.0)
                     break
                 except Exception:
                     await asyncio.sleep(min(2.0, 0.1 * (attempt + 1)))
@@ -242,7 +242,7 @@ def run_suite(cfg: SuiteConfig, extra_env: dict[str, str] | None = None) -> Suit
             os.environ.pop("PALACE_DATABASE_URL", None)
             os.environ.pop("PALACE_NATS_URL", None)
             settings = Settings()
-            from shared.devstack import DevStack
+            from palace_dev.devstack import DevStack
 
             DevStack(settings.devstack_dir).stop()
             shutil.rmtree(settings.devstack_dir, ignore_errors=True)

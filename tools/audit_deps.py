@@ -41,11 +41,11 @@ class Finding:
 
 
 def installed() -> dict[str, str]:
-    """Every distribution in this environment (editable project itself excluded)."""
+    """Every distribution in this environment (the editable projects themselves excluded)."""
     out: dict[str, str] = {}
     for d in metadata.distributions():
         name = d.metadata.get("Name")
-        if name and canonicalize_name(name) not in {"palace", "pip", "setuptools", "wheel"}:
+        if name and canonicalize_name(name) not in {"palace", "palace-dev", "pip", "setuptools", "wheel"}:
             out[canonicalize_name(name)] = d.version
     return out
 

@@ -16,6 +16,7 @@ from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 
 from services.api.errors import error_body
+from shared.db.pool import ping
 
 __all__ = ["OPS_PATHS", "router"]
 
@@ -40,7 +41,7 @@ async def _database(request: Request) -> str | None:
         return _STARTING
     try:
         async with pool.connection(timeout=_CHECK_TIMEOUT_S) as conn:
-            await asyncio.wait_for(conn.execute("SELECT 1"), _CHECK_TIMEOUT_S)
+            await asyncio.wait_for(ping(conn), _CHECK_TIMEOUT_S)
     except Exception as e:
         return f"{type(e).__name__}: {e}"
     return None

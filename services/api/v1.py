@@ -10,6 +10,7 @@ from pydantic import BaseModel, Field
 from services.api.deps import WORKSPACE_PATTERN, BrokerDep, CallerDep, PoolDep, RecallerDep, SettingsDep, WorkspacePath
 from services.api.errors import ERROR_RESPONSES
 from shared.bus import publish_event
+from shared.db.quality import store_counts
 from shared.db.search import SearchHit
 from shared.db.tenancy import workspace_tx
 from shared.events import SessionCompleted
@@ -71,17 +72,5 @@ async def post_session(caller: CallerDep, event: SessionCompleted, broker: Broke
 async def stats(workspace_id: WorkspacePath, pool: PoolDep) -> dict[str, Any]:
     """Drawer counts by state and memory type, and session/message counts."""
     async with workspace_tx(pool, workspace_id) as conn:
-        by_state = dict(await (await conn.execute(
-            "SELECT state, count(*) FROM drawers WHERE workspace_id = %s GROUP BY state", (workspace_id,)
-        )).fetchall())
-        by_type = dict(await (await conn.execute(
-            "SELECT coalesce(memory_type, 'unclassified'), count(*) FROM drawers WHERE workspace_id = %s"
-            " GROUP BY 1", (workspace_id,)
-        )).fetchall())
-        row = await (await conn.execute(
-            "SELECT (SELECT count(*) FROM sessions WHERE workspace_id = %s),"
-            " (SELECT count(*) FROM messages WHERE workspace_id = %s)", (workspace_id, workspace_id)
-        )).fetchone()
-    assert row is not None
-    return {"workspace_id": workspace_id, "sessions": row[0], "messages": row[1],
-            "drawers_by_state": by_state, "drawers_by_type": by_type}
+        counts = await store_counts(conn, workspace_id)
+    return {"workspace_id": workspace_id, **counts}

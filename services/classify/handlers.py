@@ -20,9 +20,8 @@ from shared.memory.cold_path import label_with_llm
 from shared.memory.phases import Decision, decide
 from shared.metrics import DRAWERS
 
-__all__ = ["DURABLE", "LlmPending", "register"]
+__all__ = ["LlmPending", "register"]
 
-DURABLE = "classify"
 log = get_logger("palace.classify")
 
 
@@ -35,7 +34,7 @@ def register(deps: Deps) -> None:
     s = deps.settings
     llm = LlmClient(s) if s.llm_base_url else None
 
-    @deps.handle(DURABLE)
+    @deps.handle(DrawerEmbedded)
     async def on_drawer_embedded(body: bytes, raw: Msg) -> None:
         """drawer.embedded → (classify, then commit) → drawer.classified. No LLM call holds a transaction."""
         ev: DrawerEmbedded = decode_event(DrawerEmbedded, body, s)

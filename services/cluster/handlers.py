@@ -28,10 +28,8 @@ from shared.memory import decisions as writes
 from shared.memory.dedup import decide, wording_bands
 from shared.metrics import DRAWERS, ENTITIES
 
-__all__ = ["DURABLE", "DURABLE_ENTITIES", "backfill_bands", "backfill_entity_keys", "register"]
+__all__ = ["backfill_bands", "backfill_entity_keys", "register"]
 
-DURABLE = "cluster"
-DURABLE_ENTITIES = "cluster-entities"
 log = get_logger("palace.cluster")
 
 
@@ -69,7 +67,7 @@ def register(deps: Deps) -> None:
                                           source="rule")
         return writes.Proposal("ADD", None, "no LLM configured: kept as new", 1.0, source="rule")
 
-    @deps.handle(DURABLE)
+    @deps.handle(DrawerClassified)
     async def on_drawer_classified(body: bytes, raw: Msg) -> None:
         """drawer.classified → merge near-duplicates into their older twin; an older drawer that a newer
         one contradicts is superseded by it (ranks below it, never deleted); a write decision on the rest,
@@ -136,7 +134,7 @@ def register(deps: Deps) -> None:
             if usage:
                 await record_usage(conn, ws, s.llm_model, usage)
 
-    @deps.handle(DURABLE_ENTITIES)
+    @deps.handle(EntityUpserted)
     async def on_entity_upserted(body: bytes, raw: Msg) -> None:
         """entity.upserted → mention counts, then entity dedup: merge the same entity (audited,
         reversible), flag look-alikes for an operator."""

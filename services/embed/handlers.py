@@ -22,9 +22,7 @@ from shared.memory.filing import embedding_text
 from shared.metrics import DRAWERS, EMBED_SECONDS, EMBED_TEXTS
 from shared.ports import Embedder
 
-__all__ = ["DURABLE", "register"]
-
-DURABLE = "embed"
+__all__ = ["register"]
 
 
 class _Pending(NamedTuple):
@@ -42,7 +40,7 @@ def register(deps: Deps) -> None:
     s = deps.settings
     assert deps.embedder is not None
 
-    @deps.handle(DURABLE)
+    @deps.handle(DrawerCreated)
     async def on_drawer_created(bodies: list[bytes], raws: list[Msg]) -> None:
         """drawer.created (batched) → (embed, then commit) → drawer.embedded."""
         # The active embedding space, looked up for every batch (one small query): a batch retried after

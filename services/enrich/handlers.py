@@ -39,12 +39,8 @@ from shared.memory.kg import Sighting
 from shared.memory.llm_labels import LlmParseError
 from shared.memory.semantic import Turn, build_messages, parse_answer, pattern_sightings, speaker_types
 
-__all__ = ["DURABLE", "DURABLE_EPISODE", "DURABLE_KG", "complete_episode", "episode_sweeper", "extract_episode",
-           "register"]
+__all__ = ["complete_episode", "episode_sweeper", "extract_episode", "register"]
 
-DURABLE = "enrich"
-DURABLE_EPISODE = "enrich-episode"
-DURABLE_KG = "enrich-kg"
 log = get_logger("palace.enrich")
 
 
@@ -129,7 +125,7 @@ def register(deps: Deps) -> None:
     s = deps.settings
     llm = LlmClient(s) if s.llm_base_url else None
 
-    @deps.handle(DURABLE)
+    @deps.handle(SessionStored)
     async def on_session_stored(body: bytes, raw: Msg) -> None:
         """session.stored → open the episode → (once the drawers are embedded) episodic.created."""
         ev: SessionStored = decode_event(SessionStored, body, s)
@@ -141,7 +137,7 @@ def register(deps: Deps) -> None:
         # Its drawers may all be embedded already (fast embedder, or every one an exact repeat).
         await complete_episode(deps, ev.workspace_id, ev.session_id)
 
-    @deps.handle(DURABLE_EPISODE)
+    @deps.handle(DrawerEmbedded)
     async def on_drawer_embedded(body: bytes, raw: Msg) -> None:
         """drawer.embedded → complete the episodes of the sessions these drawers belong to."""
         try:
@@ -153,7 +149,7 @@ def register(deps: Deps) -> None:
         for session_id in sessions:
             await complete_episode(deps, ev.workspace_id, session_id)
 
-    @deps.handle(DURABLE_KG)
+    @deps.handle(EpisodicCreated)
     async def on_episodic_created(body: bytes, raw: Msg) -> None:
         """episodic.created → (extract, then commit) → entity.upserted."""
         ev: EpisodicCreated = decode_event(EpisodicCreated, body, s)

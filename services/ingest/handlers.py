@@ -17,17 +17,16 @@ from shared.logging import get_logger
 from shared.memory.filing import plan_session
 from shared.metrics import DRAWERS
 
-__all__ = ["DURABLE", "register"]
+__all__ = ["register"]
 
 log = get_logger("palace.ingest")
-DURABLE = "ingest"
 _ANNOUNCE_CHUNK = 256
 
 
 def register(deps: Deps) -> None:
     s = deps.settings
 
-    @deps.handle(DURABLE)
+    @deps.handle(SessionCompleted)
     async def on_session_completed(body: bytes, raw: Msg) -> None:
         """session.completed → (commit raw rows) → drawer.created, session.stored."""
         event: SessionCompleted = decode_event(SessionCompleted, body, s)

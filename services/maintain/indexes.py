@@ -11,6 +11,7 @@ import socket
 
 from services._runtime import Deps
 from shared.db.lexicon import refresh_lexicon, stale_lexicons
+from shared.db.lifecycle import release_lease
 from shared.db.maintenance import take_lease
 from shared.db.tenancy import maintenance_tx
 from shared.db.vector_indexes import build_vector_index, wanted_vector_indexes
@@ -43,8 +44,7 @@ async def build_wanted(deps: Deps, holder: str) -> int:
             log.info("vector_index_ready", workspace_id=ws, index=name)
     finally:
         async with maintenance_tx(deps.pool) as conn:  # release: the next round may start at once
-            await conn.execute("UPDATE job_leases SET expires_at = now() WHERE workspace_id = '*' AND job = %s"
-                               " AND holder = %s", ("vector_indexes", holder))
+            await release_lease(conn, "vector_indexes", holder)
     return built
 
 
@@ -63,8 +63,7 @@ async def refresh_lexicons(deps: Deps, holder: str) -> int:
             log.info("lexicon_refreshed", workspace_id=ws, common_lexemes=n)
     finally:
         async with maintenance_tx(deps.pool) as conn:
-            await conn.execute("UPDATE job_leases SET expires_at = now() WHERE workspace_id = '*' AND job = %s"
-                               " AND holder = %s", ("lexicons", holder))
+            await release_lease(conn, "lexicons", holder)
     return len(due)
 
 

@@ -18,6 +18,7 @@ from psycopg import AsyncConnection
 __all__ = [
     "archive_batch",
     "decay_batch",
+    "estimated_drawer_count",
     "expire_episodes_batch",
     "live_drawer_count",
     "next_workspace",
@@ -196,6 +197,14 @@ async def next_workspace(conn: AsyncConnection[Any], after: str) -> str | None:
         NEXT_WORKSPACE_SQL, (after,))
     row = await cur.fetchone()
     return row[0] if row else None
+
+
+async def estimated_drawer_count(conn: AsyncConnection[Any]) -> int | None:
+    """The planner's estimate of all drawers (pg_class.reltuples: free, no scan), for a progress bar's
+    total; None before the table was first analysed."""
+    cur = await conn.execute("SELECT reltuples::bigint FROM pg_class WHERE oid = 'drawers'::regclass")
+    row = await cur.fetchone()
+    return int(row[0]) if row and row[0] and row[0] > 0 else None
 
 
 async def live_drawer_count(conn: AsyncConnection[Any], workspace_id: str) -> int:

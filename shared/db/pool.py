@@ -15,7 +15,7 @@ from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, w
 
 from shared.logging import get_logger
 
-__all__ = ["open_pool", "wait_for_database"]
+__all__ = ["database_reachable", "open_pool", "ping", "wait_for_database"]
 
 log = get_logger("palace.db")
 
@@ -44,6 +44,21 @@ async def _configure(conn: psycopg.AsyncConnection[Any], *, role: str | None) ->
         # (migration 0003), and each transaction names its workspace (shared.db.tenancy).
         await conn.execute(sql.SQL("SET ROLE {}").format(sql.Identifier(role)))
     await conn.commit()
+
+
+async def ping(conn: psycopg.AsyncConnection[Any]) -> None:
+    """One round trip: raises when the database does not answer (readiness checks)."""
+    await conn.execute("SELECT 1")
+
+
+def database_reachable(database_url: str, timeout_s: int = 2) -> bool:
+    """Whether PostgreSQL at this URL accepts a connection and answers, within ``timeout_s`` to connect."""
+    try:
+        with psycopg.connect(database_url, connect_timeout=timeout_s) as conn:
+            conn.execute("SELECT 1")
+        return True
+    except psycopg.Error:
+        return False
 
 
 async def wait_for_database(database_url: str, max_wait_s: float = 300.0) -> None:

@@ -10,7 +10,7 @@ from typing import Any
 
 from psycopg import AsyncConnection
 
-__all__ = ["quality_report"]
+__all__ = ["quality_report", "store_counts"]
 
 
 async def _rows(conn: AsyncConnection[Any], sql: str, params: tuple[Any, ...]) -> list[tuple[Any, ...]]:
@@ -74,3 +74,17 @@ async def quality_report(conn: AsyncConnection[Any], workspace_id: str, *, top_r
                       "tokens_out": int(tout), "seconds": round(float(sec), 3)}
                      for p, m, ok, bad, tin, tout, sec in cost],
     }
+
+
+async def store_counts(conn: AsyncConnection[Any], workspace_id: str) -> dict[str, Any]:
+    """Sessions and messages stored, drawers by state and by memory type (every drawer, deleted ones
+    included: what ingest wrote, for the API's stats and the demo's progress)."""
+    ws = (workspace_id,)
+    by_state = dict(await _rows(conn, "SELECT state, count(*) FROM drawers WHERE workspace_id = %s GROUP BY state",
+                                ws))
+    by_type = dict(await _rows(conn, "SELECT coalesce(memory_type, 'unclassified'), count(*) FROM drawers"
+                                     " WHERE workspace_id = %s GROUP BY 1", ws))
+    sessions, messages = (await _rows(conn, "SELECT (SELECT count(*) FROM sessions WHERE workspace_id = %s),"
+                                            " (SELECT count(*) FROM messages WHERE workspace_id = %s)",
+                                      (workspace_id, workspace_id)))[0]
+    return {"sessions": sessions, "messages": messages, "drawers_by_state": by_state, "drawers_by_type": by_type}

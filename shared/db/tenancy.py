@@ -14,7 +14,12 @@ from typing import Any
 from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
-__all__ = ["key_lookup_tx", "maintenance_tx", "workspace_tx"]
+__all__ = ["act_as_maintenance", "key_lookup_tx", "maintenance_tx", "scope_to_workspace", "workspace_tx"]
+
+
+async def scope_to_workspace(conn: AsyncConnection[Any], workspace_id: str) -> None:
+    """Let the connection's current transaction see and write ``workspace_id`` only (until it ends)."""
+    await conn.execute("SELECT set_config('palace.workspace_id', %s, true)", (workspace_id,))
 
 
 @asynccontextmanager
@@ -23,8 +28,13 @@ async def workspace_tx(pool: AsyncConnectionPool, workspace_id: str) -> AsyncIte
     if not workspace_id:
         raise ValueError("a workspace transaction needs a workspace id")
     async with pool.connection() as conn, conn.transaction():
-        await conn.execute("SELECT set_config('palace.workspace_id', %s, true)", (workspace_id,))
+        await scope_to_workspace(conn, workspace_id)
         yield conn
+
+
+async def act_as_maintenance(conn: AsyncConnection[Any]) -> None:
+    """Inside an open transaction: the rest of it runs as the maintenance role (across workspaces)."""
+    await conn.execute("SET LOCAL ROLE palace_maintenance")
 
 
 @asynccontextmanager
@@ -32,7 +42,7 @@ async def maintenance_tx(pool: AsyncConnectionPool) -> AsyncIterator[AsyncConnec
     """One transaction across all workspaces, for sweeps that are per-workspace by nature
     (re-driving stuck drawers, decay, leases). Kept to the maintain service and operator tools."""
     async with pool.connection() as conn, conn.transaction():
-        await conn.execute("SET LOCAL ROLE palace_maintenance")
+        await act_as_maintenance(conn)
         yield conn
 
 

@@ -89,7 +89,8 @@ def render_producer_reference() -> str:
         "",
         f"Limits (defaults): an event is at most {defaults['max_event_bytes']:,} bytes of UTF-8 JSON "
         f"(`PALACE_MAX_EVENT_BYTES`) with at most {defaults['max_messages_per_session']:,} messages "
-        "(`PALACE_MAX_MESSAGES_PER_SESSION`; the schema's own cap is higher); a single message may be any "
+        "(`PALACE_MAX_MESSAGES_PER_SESSION`, which may lower the schema's cap but not raise it); a single "
+        "message may be any "
         "length within that and is chunked. "
         "Unknown fields are rejected; `system` and `tool` turns are stored raw but not filed as memories.",
         "",

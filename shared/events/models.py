@@ -18,6 +18,7 @@ from shared.ids import session_event_id
 
 __all__ = [
     "EVENT_MODELS",
+    "MAX_EVENT_BYTES",
     "MAX_MESSAGES",
     "SCHEMA_VERSION",
     "DeadLetterInfo",
@@ -35,7 +36,11 @@ __all__ = [
 ]
 
 SCHEMA_VERSION = "1"
-MAX_MESSAGES = 10_000
+# The contract's limits, stated here once. The settings default to them (PALACE_MAX_MESSAGES_PER_SESSION
+# may lower the message count, never raise it past what the model accepts; PALACE_MAX_EVENT_BYTES may be
+# set either way, the model does not measure bytes), and the SDK checks the same before it sends.
+MAX_MESSAGES = 5_000
+MAX_EVENT_BYTES = 1_000_000
 
 WorkspaceId = Annotated[
     str,
@@ -90,6 +95,12 @@ class Event(BaseModel):
         description="Unique id of this event; also the JetStream de-duplication id (Nats-Msg-Id)."
     )
     workspace_id: WorkspaceId
+
+    def dedup_headers(self) -> dict[str, str]:
+        """The publish headers that make JetStream store a retried publish of this event once (within
+        PALACE_DEDUP_WINDOW_S): ``Nats-Msg-Id`` = ``<subject>:<event_id>``. Every publisher of an event
+        uses them (shared.bus for the services, palace_sdk for producers); tracing reads the id back."""
+        return {"Nats-Msg-Id": f"{self.subject}:{self.event_id}"}
 
     @model_validator(mode="before")
     @classmethod

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from services.supervisor import Supervisor, free_port_block
+from palace_dev.devstack import DevStack
+from palace_dev.supervisor import Supervisor, free_port_block
 from shared.config import Settings
-from shared.devstack import DevStack
 from tests.integration.helpers import Stack
 from tests.otlp_receiver import OtlpReceiver
 

@@ -14,7 +14,7 @@ import httpx
 import nats
 import psycopg
 
-from services.supervisor import Supervisor
+from palace_dev.supervisor import Supervisor
 from shared.config import Settings
 from tests.otlp_receiver import OtlpReceiver
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from services.supervisor import ALL_SERVICES
+from palace_dev.supervisor import ALL_SERVICES
 from tests.integration.helpers import Stack, session, ws
 from tests.unit.test_deploy_observability import (
     PENDING,

@@ -9,7 +9,7 @@ from pathlib import Path
 import psutil
 import psycopg
 
-from shared.devstack import DevStack
+from palace_dev.devstack import DevStack
 
 
 def test_restart_after_sigkill_recovers_and_keeps_data(tmp_path: Path) -> None:

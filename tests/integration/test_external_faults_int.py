@@ -31,9 +31,9 @@ import httpx
 import nats
 import pytest
 
-from services.supervisor import ALL_SERVICES, Supervisor
+from palace_dev.devstack import DevStack
+from palace_dev.supervisor import ALL_SERVICES, Supervisor
 from shared.config import Settings
-from shared.devstack import DevStack
 from shared.dlq import list_dead_letters, redrive
 from tests.integration.conftest import TEST_ENV
 from tests.integration.helpers import Stack, session, wait_for, ws

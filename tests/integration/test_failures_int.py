@@ -11,7 +11,7 @@ import time
 import httpx
 import psycopg
 
-from services.supervisor import ALL_SERVICES
+from palace_dev.supervisor import ALL_SERVICES
 from shared.dlq import list_dead_letters, redrive
 from tests.integration.helpers import Stack, session, wait_for, ws
 

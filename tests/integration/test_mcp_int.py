@@ -328,7 +328,7 @@ async def test_stdio_starts_and_stops_the_embedded_stack_when_none_is_configured
     serves, and takes everything down when the client ends the session."""
     import random
 
-    from shared.devstack import DevStack
+    from palace_dev.devstack import DevStack
 
     stack_dir = tmp_path / "stack"
     env = {k: v for k, v in os.environ.items() if k.startswith("PALACE_") and k not in (

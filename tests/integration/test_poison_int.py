@@ -32,7 +32,7 @@ import pytest
 from nats.js.errors import NotFoundError
 from prometheus_client.parser import text_string_to_metric_families
 
-from services.supervisor import ALL_SERVICES
+from palace_dev.supervisor import ALL_SERVICES
 from shared.bus import dead_letter_info
 from shared.events import EVENT_MODELS, SessionCompleted
 from shared.memory.filing import plan_session

@@ -7,7 +7,7 @@ import functools
 import random
 from pathlib import Path
 
-from shared.evaluation.locomo import load_locomo
+from palace_dev.evaluation.locomo import load_locomo
 from shared.memory.dedup import BANDS, lexical_similarity, wording_bands
 
 LOCOMO_DEV = Path(__file__).resolve().parents[3] / "shared" / "bench" / "locomo-dev.json"

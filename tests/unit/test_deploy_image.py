@@ -132,7 +132,9 @@ def test_build_context_holds_every_file_the_image_copies() -> None:
     extra = [f for f in _tracked(".") if not f.startswith(tuple(f"{r}/" for r in roots)) and f not in roots
              and not _dockerignore_excludes(f, patterns)]
     assert not extra, f"in the build context but not used by the image: {extra[:5]}"
-    for local in (".venv/bin/python", ".git/HEAD", ".devstack/stack.json"):
+    # ...nor the development package (embedded servers, supervisor, demo, LoCoMo harness).
+    for local in (".venv/bin/python", ".git/HEAD", ".devstack/stack.json", "dev/palace_dev/devstack.py",
+                  "dev/pyproject.toml"):
         assert _dockerignore_excludes(local, patterns), local
     # What `pip install .` reads: pyproject, its readme, every package it finds, and their package data.
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())

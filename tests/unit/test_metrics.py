@@ -4,8 +4,8 @@ from datetime import UTC, datetime
 
 import pytest
 
-from shared.evaluation.locomo import Conversation, Question, parse_locomo_time, to_events
-from shared.evaluation.metrics import (
+from palace_dev.evaluation.locomo import Conversation, Question, parse_locomo_time, to_events
+from palace_dev.evaluation.metrics import (
     QuestionResult,
     flatten_units,
     session_of,

@@ -28,14 +28,15 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from services.supervisor import Supervisor
+from palace_dev.evaluation.locomo import Conversation, load_locomo, to_events
+from palace_dev.evaluation.metrics import QuestionResult, Summary, flatten_units, summarize
+from palace_dev.supervisor import Supervisor
+from palace_sdk._events import publish_encoded
 from shared.adapters import build_embedder
 from shared.config import Settings
 from shared.db.pool import open_pool
 from shared.db.search import SearchParams, candidates
 from shared.db.tenancy import workspace_tx
-from shared.evaluation.locomo import Conversation, load_locomo, to_events
-from shared.evaluation.metrics import QuestionResult, Summary, flatten_units, summarize
 from shared.events import SessionCompleted
 from shared.memory.filing import plan_session
 from shared.memory.ranking import plain_fusion
@@ -73,12 +74,10 @@ def _expected_drawers(events: list[dict[str, Any]], settings: Settings) -> set[s
 async def _publish(nats_url: str, settings: Settings, events: list[dict[str, Any]]) -> None:
     nc = await nats.connect(nats_url.split(","))
     try:
-        js = nc.jetstream()
         for ev in events:
             model = SessionCompleted.model_validate(ev)
-            await js.publish("session.completed", model.model_dump_json(exclude_none=True).encode(),
-                             headers={"Nats-Msg-Id": f"session.completed:{model.event_id}"},
-                             stream=settings.stream_name)
+            await publish_encoded(nc, model, model.model_dump_json(exclude_none=True).encode(), settings.stream_name,
+                                  ack_wait_s=5.0)
     finally:
         await nc.close()
 

