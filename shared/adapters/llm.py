@@ -65,7 +65,7 @@ class LlmClient:
         try:
             async for attempt in AsyncRetrying(
                 retry=retry_if_exception(is_transient_llm), stop=stop_after_attempt(self._attempts),
-                wait=wait_exponential_jitter(initial=0.5, max=8.0), reraise=True,
+                wait=wait_exponential_jitter(multiplier=0.5, max=8.0), reraise=True,
             ):
                 with attempt:
                     return await self._once(messages, purpose, usage)
