@@ -191,17 +191,10 @@ async def _forget_batch(pool: AsyncConnectionPool, scope: Scope, session_ids: li
         stale |= {_ehash(f["content"], f["speaker"], f["context"]) for f in kept if f["first_here"] and f["context"]}
         if scope.kind == "drawer" and gone:
             # The raw messages the drawer was cut from go with it (the rest of the session stays).
-            cur = await conn.execute(
-                """DELETE FROM messages m USING drawer_sources s
-                    WHERE s.workspace_id = %(ws)s AND s.drawer_id = ANY(%(ids)s)
-                      AND m.workspace_id = s.workspace_id AND m.session_id = s.session_id AND m.seq = s.seq
-                   RETURNING m.content_hash, m.session_id""", {"ws": ws, "ids": [f["id"] for f in gone]})
-            rows = await cur.fetchall()
+            rows = await sql.delete_drawer_messages(conn, ws, [f["id"] for f in gone])
             counts["messages"] += len(rows)
-            t.content_hashes |= {r[0] for r in rows}
-            cur = await conn.execute("DELETE FROM episodes WHERE workspace_id = %s AND session_id = ANY(%s)",
-                                     (ws, sorted({r[1] for r in rows})))
-            counts["episodes"] += cur.rowcount
+            t.content_hashes |= {h for h, _ in rows}
+            counts["episodes"] += await sql.delete_session_episodes(conn, ws, sorted({s for _, s in rows}))
         counts.update(await sql.delete_drawers(conn, ws, [f["id"] for f in gone]))
         counts["drawer_sightings_detached"] += await sql.detach_drawers(
             conn, ws, [f["id"] for f in kept], session_ids, [f["id"] for f in kept if f["first_here"]])
@@ -295,11 +288,7 @@ async def forget(pool: AsyncConnectionPool, settings: Settings, nats_url: str, s
             await nc.close()
         # Texts the forgotten content shares with what stays are not the forgotten user's alone.
         async with workspace_tx(pool, ws) as conn:
-            cur = await conn.execute(
-                """SELECT content_hash FROM messages WHERE workspace_id = %(ws)s AND content_hash = ANY(%(h)s)
-                   UNION SELECT content_hash FROM drawers WHERE workspace_id = %(ws)s AND content_hash = ANY(%(h)s)""",
-                {"ws": ws, "h": sorted(t.content_hashes)})
-            t.content_hashes -= {r[0] for r in await cur.fetchall()}
+            t.content_hashes -= await sql.hashes_still_held(conn, ws, sorted(t.content_hashes))
             await sql.finish_audit(conn, ws, forget_id, dict(counts))
     except BaseException:
         with contextlib.suppress(Exception):
@@ -324,36 +313,9 @@ async def verify(pool: AsyncConnectionPool, settings: Settings, nats_url: str, s
     p = {"ws": ws, "s": sorted(t.session_ids), "d": sorted(t.drawer_ids), "h": sorted(t.content_hashes),
          "eh": sorted(t.embed_hashes), "u": scope.value if scope.kind == "user" else None,
          "a": scope.value if scope.kind == "agent" else None, "all": whole}
-    checks = {
-        "sessions": "SELECT count(*) FROM sessions WHERE workspace_id = %(ws)s AND (%(all)s OR session_id = ANY(%(s)s)"
-                    " OR user_id = %(u)s OR agent_id = %(a)s)",
-        "messages": "SELECT count(*) FROM messages WHERE workspace_id = %(ws)s AND (%(all)s OR session_id = ANY(%(s)s)"
-                    " OR content_hash = ANY(%(h)s))",
-        "drawers": "SELECT count(*) FROM drawers WHERE workspace_id = %(ws)s AND (%(all)s OR id = ANY(%(d)s)"
-                   " OR content_hash = ANY(%(h)s) OR user_id = %(u)s OR agent_id = %(a)s OR session_id = ANY(%(s)s))",
-        "drawer_sources": "SELECT count(*) FROM drawer_sources WHERE workspace_id = %(ws)s AND (%(all)s"
-                          " OR session_id = ANY(%(s)s) OR drawer_id = ANY(%(d)s))",
-        "embedding_cache": "SELECT count(*) FROM embedding_cache WHERE workspace_id = %(ws)s AND (%(all)s"
-                           " OR content_hash = ANY(%(eh)s))",
-        "episodes": "SELECT count(*) FROM episodes WHERE workspace_id = %(ws)s AND (%(all)s OR session_id = ANY(%(s)s)"
-                    " OR agent_id = %(a)s)",
-        "entity_mentions": "SELECT count(*) FROM entity_mentions WHERE workspace_id = %(ws)s AND (%(all)s"
-                           " OR drawer_id = ANY(%(d)s))",
-        "entities": "SELECT count(*) FROM entities WHERE workspace_id = %(ws)s AND %(all)s",
-        "triples": "SELECT count(*) FROM triples WHERE workspace_id = %(ws)s AND (%(all)s"
-                   " OR source_drawer = ANY(%(d)s))",
-        "memory_history_content": "SELECT count(*) FROM memory_history WHERE workspace_id = %(ws)s"
-                                  " AND (%(all)s OR drawer_id = ANY(%(d)s))"
-                                  " AND (reason IS NOT NULL OR old_value IS NOT NULL OR new_value IS NOT NULL)",
-        "identities": "SELECT count(*) FROM identities WHERE workspace_id = %(ws)s AND %(all)s",
-        "proposal_resolutions": "SELECT count(*) FROM proposal_resolutions WHERE workspace_id = %(ws)s AND %(all)s",
-    }
     out: dict[str, int] = {}
     async with workspace_tx(pool, ws) as conn:
-        for place, q in checks.items():
-            cur = await conn.execute(q, p)
-            row = await cur.fetchone()
-            out[place] = int(row[0]) if row else 0
+        out.update(await sql.count_remaining(conn, p))
         exact = hnsw = 0
         indexed = await vector_index_ready(conn, ws)
         for content, emb in t.probes:

@@ -302,3 +302,72 @@ async def scrub_history_batch(conn: AsyncConnection[Any], workspace_id: str, lim
                    AND (reason IS NOT NULL OR old_value IS NOT NULL OR new_value IS NOT NULL) LIMIT %(n)s)""",
         {"ws": workspace_id, "n": limit})
     return cur.rowcount
+
+
+# --- what a forget removes by drawer, and its proof -------------------------------------------------
+
+async def delete_drawer_messages(conn: AsyncConnection[Any], workspace_id: str,
+                                 drawer_ids: list[str]) -> list[tuple[str, str]]:
+    """The raw messages forgotten drawers were cut from (the rest of their sessions stays); returns
+    each deleted message's (content_hash, session_id)."""
+    cur = await conn.execute(
+        """DELETE FROM messages m USING drawer_sources s
+            WHERE s.workspace_id = %(ws)s AND s.drawer_id = ANY(%(ids)s)
+              AND m.workspace_id = s.workspace_id AND m.session_id = s.session_id AND m.seq = s.seq
+           RETURNING m.content_hash, m.session_id""", {"ws": workspace_id, "ids": drawer_ids})
+    return [(r[0], r[1]) for r in await cur.fetchall()]
+
+
+async def delete_session_episodes(conn: AsyncConnection[Any], workspace_id: str, session_ids: list[str]) -> int:
+    """The episodes of sessions a forgotten drawer came from (their summaries quote it)."""
+    cur = await conn.execute("DELETE FROM episodes WHERE workspace_id = %s AND session_id = ANY(%s)",
+                             (workspace_id, session_ids))
+    return cur.rowcount
+
+
+async def hashes_still_held(conn: AsyncConnection[Any], workspace_id: str, hashes: list[str]) -> set[str]:
+    """Of these content hashes, those a message or drawer that stays still holds (text the forgotten
+    content shares with what stays is not the forgotten user's alone)."""
+    cur = await conn.execute(
+        """SELECT content_hash FROM messages WHERE workspace_id = %(ws)s AND content_hash = ANY(%(h)s)
+           UNION SELECT content_hash FROM drawers WHERE workspace_id = %(ws)s AND content_hash = ANY(%(h)s)""",
+        {"ws": workspace_id, "h": hashes})
+    return {r[0] for r in await cur.fetchall()}
+
+
+# Per place, the rows that still name what was forgotten (``count_remaining``'s parameters: ws, s
+# sessions, d drawers, h content hashes, eh embedding-text hashes, u user, a agent, all whole workspace).
+_REMAINING: dict[str, str] = {
+    "sessions": "SELECT count(*) FROM sessions WHERE workspace_id = %(ws)s AND (%(all)s OR session_id = ANY(%(s)s)"
+                " OR user_id = %(u)s OR agent_id = %(a)s)",
+    "messages": "SELECT count(*) FROM messages WHERE workspace_id = %(ws)s AND (%(all)s OR session_id = ANY(%(s)s)"
+                " OR content_hash = ANY(%(h)s))",
+    "drawers": "SELECT count(*) FROM drawers WHERE workspace_id = %(ws)s AND (%(all)s OR id = ANY(%(d)s)"
+               " OR content_hash = ANY(%(h)s) OR user_id = %(u)s OR agent_id = %(a)s OR session_id = ANY(%(s)s))",
+    "drawer_sources": "SELECT count(*) FROM drawer_sources WHERE workspace_id = %(ws)s AND (%(all)s"
+                      " OR session_id = ANY(%(s)s) OR drawer_id = ANY(%(d)s))",
+    "embedding_cache": "SELECT count(*) FROM embedding_cache WHERE workspace_id = %(ws)s AND (%(all)s"
+                       " OR content_hash = ANY(%(eh)s))",
+    "episodes": "SELECT count(*) FROM episodes WHERE workspace_id = %(ws)s AND (%(all)s OR session_id = ANY(%(s)s)"
+                " OR agent_id = %(a)s)",
+    "entity_mentions": "SELECT count(*) FROM entity_mentions WHERE workspace_id = %(ws)s AND (%(all)s"
+                       " OR drawer_id = ANY(%(d)s))",
+    "entities": "SELECT count(*) FROM entities WHERE workspace_id = %(ws)s AND %(all)s",
+    "triples": "SELECT count(*) FROM triples WHERE workspace_id = %(ws)s AND (%(all)s"
+               " OR source_drawer = ANY(%(d)s))",
+    "memory_history_content": "SELECT count(*) FROM memory_history WHERE workspace_id = %(ws)s"
+                              " AND (%(all)s OR drawer_id = ANY(%(d)s))"
+                              " AND (reason IS NOT NULL OR old_value IS NOT NULL OR new_value IS NOT NULL)",
+    "identities": "SELECT count(*) FROM identities WHERE workspace_id = %(ws)s AND %(all)s",
+    "proposal_resolutions": "SELECT count(*) FROM proposal_resolutions WHERE workspace_id = %(ws)s AND %(all)s",
+}
+
+
+async def count_remaining(conn: AsyncConnection[Any], params: dict[str, Any]) -> dict[str, int]:
+    """Place -> rows that still name the forgotten scope (see ``_REMAINING``)."""
+    out: dict[str, int] = {}
+    for place, q in _REMAINING.items():
+        cur = await conn.execute(q, params)
+        row = await cur.fetchone()
+        out[place] = int(row[0]) if row else 0
+    return out

@@ -129,7 +129,7 @@ def test_the_sql_pattern_knows_a_statement_from_prose() -> None:
 # branch this round; moving its statements into shared.db.forget waits for that to land. The cluster
 # handler's statements move on the branches that rewrite it (shared.db.clustering, shared.db.entity_dedup):
 # once they are merged, this test says to take it off the list.
-_NOT_YET_MOVED = {"shared/forget.py"}
+_NOT_YET_MOVED: set[str] = set()
 
 
 def test_sql_lives_only_in_shared_db() -> None:
