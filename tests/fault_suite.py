@@ -39,7 +39,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from palace_dev.supervisor import Supervisor
+from palace_dev.supervisor import Supervisor, free_port_block
 from palace_sdk._events import publish_encoded
 from shared.config import Settings
 from shared.events import SessionCompleted
@@ -247,7 +247,7 @@ def run_suite(cfg: SuiteConfig, extra_env: dict[str, str] | None = None) -> Suit
             DevStack(settings.devstack_dir).stop()
             shutil.rmtree(settings.devstack_dir, ignore_errors=True)
             sup = Supervisor(settings, services=cfg.services, log_dir=Path(settings.devstack_dir) / "logs",
-                             metrics_base_port=random.randint(41000, 49000))
+                             metrics_base_port=free_port_block(40, start=random.randrange(20000, 30000)))
             try:
                 return _run(cfg, sup, settings, run_id)
             finally:

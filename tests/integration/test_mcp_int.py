@@ -329,12 +329,14 @@ async def test_stdio_starts_and_stops_the_embedded_stack_when_none_is_configured
     import random
 
     from palace_dev.devstack import DevStack
+    from palace_dev.supervisor import free_port_block
 
     stack_dir = tmp_path / "stack"
     env = {k: v for k, v in os.environ.items() if k.startswith("PALACE_") and k not in (
         "PALACE_DATABASE_URL", "PALACE_NATS_URL")}
+    # The services' health ports follow PALACE_METRICS_PORT: a free block below the ephemeral range.
     env.update(PALACE_DEVSTACK_DIR=str(stack_dir), PALACE_MCP_WORKSPACE="embedded",
-               PALACE_METRICS_PORT=str(random.randint(40000, 50000)))  # services' health ports follow it
+               PALACE_METRICS_PORT=str(free_port_block(40, start=random.randrange(20000, 30000))))
     params = StdioServerParameters(command=str(Path(sys.executable).parent / "palace"), args=["mcp"], env=env,
                                    cwd=os.getcwd())
     with (tmp_path / "err.log").open("w") as errlog:
