@@ -456,19 +456,3 @@ def extract_graph(
         emit(speaker, "visited", m.group(1).strip(), 0.65, "place")
     _drop_nested(text, out)
     return out
-
-
-def _drop_nested(text: str, out: Extraction) -> None:
-    """A name only ever written inside a longer entity ("LGBTQ" of "LGBTQ center") is not an
-    entity of its own in this text."""
-    folded = text.casefold()
-    longer = sorted((name.casefold() for name, _, _ in out.entities.values()), key=len, reverse=True)
-    for key, (name, _, _) in list(out.entities.items()):
-        n = name.casefold()
-        rest = folded
-        for other in longer:
-            if len(other) > len(n) and n in other:
-                rest = rest.replace(other, " ")
-        if not re.search(rf"(?<!\w){re.escape(n)}(?!\w)", rest) and n in folded and any(
-                len(o) > len(n) and n in o for o in longer):
-            del out.entities[key]
