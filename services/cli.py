@@ -211,9 +211,15 @@ def _reachable_nats(url: str | None) -> bool:
         return False
     import nats
 
+    async def quiet(_: Exception) -> None:
+        """A probe answers yes or no; nats-py would log every refused attempt with its traceback."""
+
     async def probe() -> bool:
+        # nats-py reads max_reconnect_attempts=0 as "retry forever" on the first connect: one attempt, bounded.
         try:
-            nc = await nats.connect(url.split(","), connect_timeout=2, max_reconnect_attempts=0)
+            nc = await asyncio.wait_for(nats.connect(
+                url.split(","), connect_timeout=2, allow_reconnect=False, max_reconnect_attempts=1,
+                error_cb=quiet), timeout=5)
         except Exception:
             return False
         await nc.close()
