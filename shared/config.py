@@ -148,6 +148,10 @@ class Settings(BaseSettings):
         "from those that are.",
     )
     episode_ttl_days: float = Field(90.0, description="Episodes expire this many days after they are built.")
+    kg_sweep_grace_s: float = Field(
+        900.0, ge=0, description="How long a processed drawer of importance >= 3 waits for its session's semantic "
+        "extraction before enrich's sweep extracts it on its own (a drawer the session's extraction never read).",
+    )
     entity_context_similarity: float = Field(
         0.8, description="Cosine of two look-alike entities' context embeddings (the mean of the drawers mentioning "
         "each) from which the pair is flagged for an operator; it never merges on its own.",

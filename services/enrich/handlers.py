@@ -11,7 +11,7 @@ from typing import Any
 from nats.aio.msg import Msg
 
 from services._runtime import Deps
-from shared.adapters.llm import LlmClient, LlmError
+from shared.adapters.llm import LlmClient, LlmError, Usage
 from shared.bus import Poison, decode_event, publish_event
 from shared.db.curation import record_usage
 from shared.db.drawers import record_history
@@ -27,6 +27,7 @@ from shared.db.episodes import (
     sessions_awaiting_episode,
     unannounced_episode,
 )
+from shared.db.extraction_queue import due_drawers, due_turns, mark_extracted
 from shared.db.forget import forgotten
 from shared.db.kg import ExtractionStored, record_extraction, refresh_entities
 from shared.db.maintenance import take_lease
@@ -39,7 +40,8 @@ from shared.memory.kg import Sighting
 from shared.memory.llm_labels import LlmParseError
 from shared.memory.semantic import Turn, build_messages, parse_answer, pattern_sightings, speaker_types
 
-__all__ = ["complete_episode", "episode_sweeper", "extract_episode", "register"]
+__all__ = ["complete_episode", "episode_sweeper", "extract_due_drawers", "extract_episode", "kg_sweeper", "register",
+           "sweep_due_drawers"]
 
 log = get_logger("palace.enrich")
 
@@ -156,36 +158,49 @@ def register(deps: Deps) -> None:
         await extract_episode(deps, llm, ev)
 
 
-async def extract_episode(deps: Deps, llm: LlmClient | None, ev: EpisodicCreated) -> ExtractionStored | None:
-    """The session's entities and facts: read (patterns, or the LLM with the patterns as fallback),
-    then stored in one transaction, then announced. The LLM is called before the transaction opens,
-    and a failed or unreadable answer keeps the pattern extraction, so the episode and its drawers
-    never depend on the model. Returns what was stored (None: nothing to store)."""
-    s = deps.settings
-    async with workspace_tx(deps.pool, ev.workspace_id) as conn:
-        rows = await session_turns(conn, ev.workspace_id, ev.session_id)
-    turns = [Turn(r["id"], r["speaker"], r["content"], r["said_at"], r["seq"]) for r in rows]
-    if not turns:
-        return None
-    sightings: list[Sighting] | None = None
+async def _read_graph(
+    llm: LlmClient | None, turns: list[Turn], session_id: str | None, *, what: str,
+) -> tuple[list[Sighting], str, list[str], list[Usage]]:
+    """What the turns say: (sightings, tier, warnings, LLM usage). The LLM when configured (outside any
+    transaction), keeping the pattern extraction when it fails or answers something unreadable."""
     tier, warnings, usage = "patterns", [], []
     if llm is not None:
         try:
             answer = await llm.chat(build_messages(turns), purpose="extract", usage=usage)
-            sightings, warnings = parse_answer(answer, turns, ev.session_id)
-            tier = "llm"
+            sightings, warnings = parse_answer(answer, turns, session_id)
+            return sightings, "llm", warnings, usage
         except (LlmError, LlmParseError) as e:
             warnings = [f"LLM extraction failed, kept the patterns' ({str(e)[:300]})"]
-            log.warning("kg_llm_failed", episode_id=ev.episode_id, error=str(e)[:300])
-    if sightings is None:
-        sightings = pattern_sightings(turns, ev.session_id)
+            log.warning("kg_llm_failed", what=what, error=str(e)[:300])
+    return pattern_sightings(turns, session_id), tier, warnings, usage
+
+
+def _turns(rows: list[dict[str, Any]]) -> list[Turn]:
+    return [Turn(r["id"], r["speaker"], r["content"], r["said_at"], r["seq"]) for r in rows]
+
+
+async def extract_episode(deps: Deps, llm: LlmClient | None, ev: EpisodicCreated) -> ExtractionStored | None:
+    """The session's entities and facts: read (patterns, or the LLM with the patterns as fallback),
+    then stored in one transaction, then announced. The LLM is called before the transaction opens,
+    and a failed or unreadable answer keeps the pattern extraction, so the episode and its drawers
+    never depend on the model. Every drawer read is marked extracted (migration 0042), so the sweep
+    of unextracted drawers does not read it again. Returns what was stored (None: nothing to store)."""
+    s = deps.settings
+    async with workspace_tx(deps.pool, ev.workspace_id) as conn:
+        rows = await session_turns(conn, ev.workspace_id, ev.session_id)
+    turns = _turns(rows)
+    if not turns:
+        return None
+    sightings, tier, warnings, usage = await _read_graph(llm, turns, ev.session_id, what=ev.episode_id)
     async with workspace_tx(deps.pool, ev.workspace_id) as conn:
         if usage:
             await record_usage(conn, ev.workspace_id, s.llm_model, usage)
         if await forgotten(conn, ev.workspace_id, session_id=ev.session_id):
             return None
         # Only drawers that still exist (one forgotten meanwhile must not gain a mention).
-        alive = await existing_drawers(conn, ev.workspace_id, sorted({sg.drawer_id for sg in sightings}))
+        alive = await existing_drawers(conn, ev.workspace_id, sorted({t.drawer_id for t in turns}))
+        # A replay of this episode comes through here again; the sweep only reads drawers never marked.
+        await mark_extracted(conn, ev.workspace_id, sorted(alive))
         sightings = [sg for sg in sightings if sg.drawer_id in alive]
         if not sightings:
             return None
@@ -207,3 +222,103 @@ async def extract_episode(deps: Deps, llm: LlmClient | None, ev: EpisodicCreated
         entity_ids=ids, names=[stored.entities[i] for i in ids], source_episode_id=ev.episode_id,
     ))
     return stored
+
+
+async def extract_due_drawers(
+    deps: Deps, llm: LlmClient | None, workspace_id: str, drawer_ids: list[str],
+) -> ExtractionStored | None:
+    """The second trigger of semantic extraction: processed drawers of importance >= 3 that no extractor
+    has read (their session's episode never reached extraction, or they predate it). Each is read with
+    its session as context (who speaks, who "you" is; the LLM gets the session too) and only its own
+    entities and facts are kept, valid from when its message was said, with provenance to the drawer and
+    the message. Store, then publish ``entity.upserted``, then mark the drawers read: a crash in between
+    reads them again (deterministic ids and upserts: nothing is written twice) and publishes the same
+    event id again, never loses the event. Returns what was stored (None: nothing)."""
+    s = deps.settings
+    async with workspace_tx(deps.pool, workspace_id) as conn:
+        due = await due_turns(conn, workspace_id, drawer_ids)
+        contexts = {sid: _turns(await session_turns(conn, workspace_id, sid))
+                    for sid in sorted({str(r["session_id"]) for r in due if r["session_id"]})}
+    wanted = {str(r["id"]) for r in due}
+    found: list[Sighting] = []
+    warnings: list[str] = []
+    usage: list[Usage] = []
+    tiers: set[str] = set()
+    types: dict[str, str] = {}
+    groups: dict[str | None, list[Turn]] = {}
+    for r in due:
+        groups.setdefault(r["session_id"], []).append(_turns([r])[0])
+    for sid, own in groups.items():
+        context = contexts.get(sid or "", [])
+        seen = {t.drawer_id for t in context}
+        context = context + [t for t in own if t.drawer_id not in seen]
+        sightings, tier, warned, used = await _read_graph(llm, context, sid, what=f"drawers of {sid}")
+        found += [sg for sg in sightings if sg.drawer_id in wanted]
+        warnings += warned
+        usage += used
+        tiers.add(tier)
+        types |= speaker_types(context)
+    stored: ExtractionStored | None = None
+    async with workspace_tx(deps.pool, workspace_id) as conn:
+        if usage:
+            await record_usage(conn, workspace_id, s.llm_model, usage)
+        gone = {sid for sid in groups if sid and await forgotten(conn, workspace_id, session_id=sid)}
+        alive = await existing_drawers(conn, workspace_id, sorted(wanted))
+        found = [sg for sg in found if sg.drawer_id in alive and sg.session_id not in gone]
+        if found:
+            stored = await record_extraction(conn, workspace_id, found, types=types)
+            if warnings or stored.skipped:
+                await record_history(
+                    conn, workspace_id, drawer_id=None, action="KG_EXTRACT", actor="enrich",
+                    event_id=event_id_for("kg.drawers", workspace_id, *sorted(wanted)),
+                    reason="; ".join([*warnings, *stored.skipped])[:2000],
+                    new_value={"drawers": sorted(wanted)[:50], "tier": "+".join(sorted(tiers)),
+                               "entities": len(stored.entities), "new_facts": stored.new_facts,
+                               "warnings": len(warnings) + len(stored.skipped)})
+    if stored is not None and stored.entities:
+        ids = sorted(stored.entities)
+        async with workspace_tx(deps.pool, workspace_id) as conn:
+            await refresh_entities(conn, workspace_id, ids)
+        await publish_event(deps.broker, s, EntityUpserted(
+            event_id=event_id_for("entity.upserted", "drawers", workspace_id, *sorted(wanted)),
+            workspace_id=workspace_id, entity_ids=ids, names=[stored.entities[i] for i in ids],
+        ))
+    # Every drawer asked about leaves the queue: those archived, merged or forgotten meanwhile too.
+    async with workspace_tx(deps.pool, workspace_id) as conn:
+        await mark_extracted(conn, workspace_id, sorted(set(drawer_ids)))
+    return stored
+
+
+async def kg_sweeper(deps: Deps, stop: asyncio.Event) -> None:
+    """Extract the drawers queued for extraction (processed, importance >= 3) that no extractor read
+    within ``kg_sweep_grace_s``: one replica at a time, under a lease; a workspace's drawers together."""
+    s = deps.settings
+    llm = LlmClient(s) if s.llm_base_url else None
+    holder = f"{socket.gethostname()}:{os.getpid()}"
+    while not stop.is_set():
+        try:
+            async with maintenance_tx(deps.pool) as conn:
+                won = await take_lease(conn, "kg-drawers", holder, ttl_s=s.maintain_interval_s,
+                                       every_s=s.maintain_interval_s / 2)
+            if won:
+                await sweep_due_drawers(deps, llm)
+        except Exception as e:  # retried next round; never kill the service
+            log.warning("kg_sweep_failed", error=repr(e)[:300])
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), s.maintain_interval_s)
+
+
+async def sweep_due_drawers(deps: Deps, llm: LlmClient | None, *, batch: int = 50) -> int:
+    """One pass of the sweep: every queued drawer past its grace, ``batch`` drawers of a workspace at a
+    time. Returns how many drawers were read."""
+    async with maintenance_tx(deps.pool) as conn:
+        due = await due_drawers(conn, deps.settings.kg_sweep_grace_s)
+    by_ws: dict[str, list[str]] = {}
+    for ws, did in due:
+        by_ws.setdefault(ws, []).append(did)
+    for ws, ids in by_ws.items():
+        for i in range(0, len(ids), batch):
+            await extract_due_drawers(deps, llm, ws, ids[i:i + batch])
+    if due:
+        log.info("kg_due_drawers_extracted", count=len(due))
+    return len(due)

@@ -12,6 +12,7 @@ from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
 from shared.ids import stable_id
+from shared.memory.kg import KG_MIN_IMPORTANCE
 
 __all__ = [
     "OLDER_TWINS_SQL",
@@ -146,18 +147,27 @@ async def save_classifications(
     round trip and a plan each."""
     if not rows:
         return 0
+    # The same statement queues the important ones for semantic extraction (migration 0042): the sweep
+    # reads those that their session's extraction has not read by then.
     cur = await conn.execute(
         """
-        UPDATE drawers d
-           SET memory_type = c.memory_type, confidence = c.confidence, importance = c.importance,
-               pipeline_tier = c.tier, state = 'processed', failure_reason = NULL, updated_at = now(),
-               room = CASE WHEN d.room = 'general' THEN c.memory_type ELSE d.room END
-          FROM unnest(%(ids)s::text[], %(types)s::text[], %(confs)s::real[], %(imps)s::real[], %(tiers)s::text[])
-               AS c(id, memory_type, confidence, importance, tier)
-         WHERE d.workspace_id = %(ws)s AND d.id = c.id AND d.state IN ('raw', 'failed')
-        RETURNING d.id
+        WITH u AS (
+            UPDATE drawers d
+               SET memory_type = c.memory_type, confidence = c.confidence, importance = c.importance,
+                   pipeline_tier = c.tier, state = 'processed', failure_reason = NULL, updated_at = now(),
+                   room = CASE WHEN d.room = 'general' THEN c.memory_type ELSE d.room END
+              FROM unnest(%(ids)s::text[], %(types)s::text[], %(confs)s::real[], %(imps)s::real[], %(tiers)s::text[])
+                   AS c(id, memory_type, confidence, importance, tier)
+             WHERE d.workspace_id = %(ws)s AND d.id = c.id AND d.state IN ('raw', 'failed')
+            RETURNING d.id, d.importance),
+        q AS (
+            INSERT INTO drawer_extraction (workspace_id, drawer_id, due_at)
+            SELECT %(ws)s, u.id, now() FROM u WHERE u.importance >= %(min_imp)s
+            ON CONFLICT DO NOTHING)
+        SELECT id FROM u
         """,
-        {"ws": workspace_id, "ids": [r["id"] for r in rows], "types": [r["memory_type"] for r in rows],
+        {"ws": workspace_id, "min_imp": KG_MIN_IMPORTANCE, "ids": [r["id"] for r in rows],
+         "types": [r["memory_type"] for r in rows],
          "confs": [r["confidence"] for r in rows], "imps": [r["importance"] for r in rows],
          "tiers": [r["tier"] for r in rows]},
     )

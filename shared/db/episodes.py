@@ -10,7 +10,6 @@ import numpy as np
 from psycopg import AsyncConnection
 
 from shared.db.drawers import as_array
-from shared.db.kg import add_aliases
 
 __all__ = [
     "EpisodeHit",
@@ -26,7 +25,6 @@ __all__ = [
     "session_turns",
     "sessions_awaiting_episode",
     "unannounced_episode",
-    "upsert_entities",
 ]
 
 
@@ -216,47 +214,6 @@ async def overdue_episodes(conn: AsyncConnection[Any], older_than_s: float, limi
         (older_than_s, limit),
     )
     return [(str(w), str(s)) for w, s in await cur.fetchall()]
-
-
-async def upsert_entities(
-    conn: AsyncConnection[Any], workspace_id: str, entities: list[tuple[str, str, str]],
-    mentions: list[tuple[str, str]],
-) -> None:
-    """entities: (id, name, type); mentions: (entity_id, drawer_id). Idempotent.
-
-    An entity that exists already is left alone (``DO NOTHING`` takes no lock on it): a speaker is named
-    in every session of a workspace, and touching its row made every concurrent extraction wait for the
-    one before it to commit. Its mention count is refreshed from the mentions on ``entity.upserted``."""
-    async with conn.cursor() as cur:
-        await cur.executemany(
-            """INSERT INTO entities (workspace_id, id, name, entity_type) VALUES (%s, %s, %s, %s)
-               ON CONFLICT (workspace_id, id) DO NOTHING""",
-            [(workspace_id, i, n, t) for i, n, t in entities],
-        )
-    # An entity merged away by entity dedup is named and mentioned through the entity it was merged into.
-    cur0 = await conn.execute("SELECT id, merged_into FROM entities WHERE workspace_id = %s AND id = ANY(%s)"
-                              " AND merged_into IS NOT NULL", (workspace_id, [i for i, _, _ in entities]))
-    moved = {str(i): str(m) for i, m in await cur0.fetchall()}
-    if moved:
-        mentions = sorted({(moved.get(e, e), d) for e, d in mentions})
-    for eid, name, _ in entities:
-        # So the inline linker finds it from now on.
-        await add_aliases(conn, workspace_id, moved.get(eid, eid), [name])
-    # The drawers' counts only where they change: an UPDATE that changes nothing still writes a new row
-    # version into every index of the table (the inline linker has usually counted these mentions).
-    async with conn.cursor() as cur:
-        await cur.executemany(
-            "INSERT INTO entity_mentions (workspace_id, entity_id, drawer_id) VALUES (%s, %s, %s)"
-            " ON CONFLICT DO NOTHING",
-            [(workspace_id, e, d) for e, d in mentions],
-        )
-        await cur.execute(
-            """UPDATE drawers d SET entity_count = m.n FROM
-                 (SELECT drawer_id, count(*) AS n FROM entity_mentions WHERE workspace_id = %s
-                   AND drawer_id = ANY(%s) GROUP BY drawer_id) m
-               WHERE d.workspace_id = %s AND d.id = m.drawer_id AND d.entity_count IS DISTINCT FROM m.n""",
-            (workspace_id, list({d for _, d in mentions}), workspace_id),
-        )
 
 
 async def existing_drawers(conn: AsyncConnection[Any], workspace_id: str, ids: list[str]) -> set[str]:

@@ -26,6 +26,7 @@ from shared.ids import stable_id
 from shared.memory.episodes import STOPWORDS
 
 __all__ = [
+    "KG_MIN_IMPORTANCE",
     "MAX_NAME_CHARS",
     "MAX_PREDICATE_CHARS",
     "Direction",
@@ -50,6 +51,9 @@ __all__ = [
 ]
 
 MAX_NAME_CHARS = 200
+# A processed drawer at least this important gets its entities and facts extracted even when its
+# session's extraction never read it (issue 14, point 2: the sweep over migration 0042's queue).
+KG_MIN_IMPORTANCE = 3.0
 MAX_PREDICATE_CHARS = 100
 
 Direction = Literal["outgoing", "incoming", "both"]
