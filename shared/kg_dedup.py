@@ -42,9 +42,12 @@ async def dedup_entities(pool: AsyncConnectionPool, workspace_id: str, entity_id
         followups = await sql.absorb_followups(conn, workspace_id, ids)
         live = [r for r in await sql.live_entities(conn, workspace_id, ids) if r.merged_into is None]
         await sql.index_entity_keys(conn, workspace_id, live)
-        for a, b in await sql.candidates_of(conn, workspace_id, live):
-            d = decide_pair(a, b, context_threshold=context_threshold)
-            if d.action != "none" and await sql.kept_apart(conn, workspace_id, a.id, b.id):
+        decided = [(a, b, decide_pair(a, b, context_threshold=context_threshold))
+                   for a, b in await sql.candidates_of(conn, workspace_id, live)]
+        apart = await sql.kept_apart_pairs(conn, workspace_id,
+                                           [(a.id, b.id) for a, b, d in decided if d.action != "none"])
+        for a, b, d in decided:
+            if d.action != "none" and tuple(sorted((a.id, b.id))) in apart:
                 continue  # an operator (or a revert) said these are different
             if d.action == "flag":
                 await sql.flag_pair(conn, workspace_id, a.id, b.id, d)

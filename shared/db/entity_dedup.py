@@ -39,6 +39,7 @@ __all__ = [
     "index_entity_keys",
     "keep_apart",
     "kept_apart",
+    "kept_apart_pairs",
     "key_entities_span",
     "list_flags",
     "list_merges",
@@ -162,7 +163,11 @@ async def candidates_of(
         "SELECT id, name, entity_type, mention_count FROM entities"
         " WHERE workspace_id = %s AND id = ANY(%s) AND merged_into IS NULL", (workspace_id, all_ids))
     live = {str(i): (str(i), str(n), str(t), int(c)) for i, n, t, c in await cur.fetchall()}
-    out = []
+    # The plausible pairs first (names only), then the evidence about all of them in three statements:
+    # shared relations, context similarity (only where no relation is shared) and how many longer names a
+    # short candidate has. A statement per pair cost a round trip and a plan each, and recomputed the
+    # same entity's context embedding for every pair it was in.
+    pairs: list[tuple[EntityRow, tuple[str, str, str, int], bool, bool, int, int, list[str]]] = []
     for e, (ids, carry_mine, mine) in zip(entities, per, strict=True):
         others = [live[o] for o in sorted(ids) if o in live]
         if len(others) > CANDIDATE_CAP:
@@ -170,77 +175,116 @@ async def candidates_of(
                       or canonical_name(o[1]) == canonical_name(e.name)]
         owners = len(carry_mine) + 1
         words = name_words(e.name)
-        longer = [o for o in others if extends(words, name_words(o[1]))]
-        for oid, oname, otype, ocount in others:
-            alias = oid in carry_mine or oid in mine
-            if not worth_checking(e.name, oname, alias=alias):
-                continue
-            shared = await _shared_relations(conn, workspace_id, e.id, oid)
-            # Context only corroborates: not needed once a shared relation does.
-            ctx = None if shared else await _context_similarity(conn, workspace_id, e.id, oid)
-            out.append((
-                Candidate(e.id, e.name, e.entity_type, e.mention_count, shared, ctx, alias_of_other=oid in mine,
-                          alias_owners=owners if alias else 1, longer_names=len(longer)),
-                Candidate(oid, oname, otype, ocount, shared, ctx, alias_of_other=oid in carry_mine,
-                          alias_owners=owners if alias else 1,
-                          longer_names=await _count_longer(conn, workspace_id, oname, words))))
+        longer = sum(1 for o in others if extends(words, name_words(o[1])))
+        for o in others:
+            alias = o[0] in carry_mine or o[0] in mine
+            if worth_checking(e.name, o[1], alias=alias):
+                pairs.append((e, o, o[0] in mine, o[0] in carry_mine, owners if alias else 1, longer, words))
+    if not pairs:
+        return []
+    shared = await _shared_relations(conn, workspace_id, [(e.id, o[0]) for e, o, *_ in pairs])
+    ctx = await _context_similarity(conn, workspace_id,
+                                    [(e.id, o[0]) for i, (e, o, *_) in enumerate(pairs) if not shared[i]])
+    longer_of = await _count_longer(conn, workspace_id, sorted({
+        name_words(o[1])[0] for _, o, *_, words in pairs if len(name_words(o[1])) == 1 and len(words) > 1}))
+    out = []
+    for i, (e, (oid, oname, otype, ocount), e_alias, o_alias, owners, longer, words) in enumerate(pairs):
+        n_shared = shared[i]
+        # Context only corroborates: not needed once a shared relation does.
+        similarity = None if n_shared else ctx.get((e.id, oid))
+        ow = name_words(oname)
+        o_longer = longer_of.get(ow[0], 0) if len(ow) == 1 and len(words) > 1 else 0
+        out.append((
+            Candidate(e.id, e.name, e.entity_type, e.mention_count, n_shared, similarity, alias_of_other=e_alias,
+                      alias_owners=owners, longer_names=longer),
+            Candidate(oid, oname, otype, ocount, n_shared, similarity, alias_of_other=o_alias,
+                      alias_owners=owners, longer_names=o_longer)))
     return out
 
 
-async def _count_longer(conn: AsyncConnection[Any], workspace_id: str, name: str, other_words: list[str]) -> int:
-    """For a candidate with a short name: how many live entities' names extend it (several people
-    called "Caroline ..." make "Caroline" ambiguous)."""
-    words = name_words(name)
-    if len(words) >= len(other_words) or len(words) != 1:
-        return 0
+async def _count_longer(conn: AsyncConnection[Any], workspace_id: str, words: list[str]) -> dict[str, int]:
+    """For candidates with a one-word name: how many live entities' names extend it (several people
+    called "Caroline ..." make "Caroline" ambiguous). One statement for every such word."""
+    if not words:
+        return {}
     cur = await conn.execute(
-        """SELECT e.name FROM entity_keys k JOIN entities e ON e.workspace_id = k.workspace_id AND e.id = k.entity_id
-            WHERE k.workspace_id = %s AND k.key = %s AND e.merged_into IS NULL LIMIT %s""",
-        (workspace_id, f"w:{words[0]}", CANDIDATE_CAP + 1))
-    return sum(1 for (n,) in await cur.fetchall() if extends(words, name_words(str(n))))
+        """SELECT q.w, x.name FROM unnest(%(w)s::text[]) AS q(w)
+           CROSS JOIN LATERAL (SELECT e.name FROM entity_keys k
+                                 JOIN entities e ON e.workspace_id = k.workspace_id AND e.id = k.entity_id
+                                WHERE k.workspace_id = %(ws)s AND k.key = 'w:' || q.w AND e.merged_into IS NULL
+                                LIMIT %(cap)s) x""",
+        {"ws": workspace_id, "w": words, "cap": CANDIDATE_CAP + 1})
+    out = dict.fromkeys(words, 0)
+    for w, n in await cur.fetchall():
+        out[str(w)] += int(extends([str(w)], name_words(str(n))))
+    return out
 
 
-async def _shared_relations(conn: AsyncConnection[Any], workspace_id: str, a: str, b: str) -> int:
-    """Relations both have: the same predicate to the same counterpart in the same direction (the
-    pair's relations to each other do not count). Four range scans of the triples indexes."""
+async def _shared_relations(conn: AsyncConnection[Any], workspace_id: str, pairs: list[tuple[str, str]]) -> list[int]:
+    """Per pair: relations both have, the same predicate to the same counterpart in the same direction
+    (the pair's relations to each other do not count). One statement: each entity's edges once (range
+    scans of the triples indexes), then the pairs' common ones."""
+    if not pairs:
+        return []
     cur = await conn.execute(
-        """SELECT count(*) FROM (
-             (SELECT predicate, object_id, 'out' FROM triples
-               WHERE workspace_id = %(ws)s AND subject_id = %(a)s AND object_id NOT IN (%(a)s, %(b)s)
-              UNION
-              SELECT predicate, subject_id, 'in' FROM triples
-               WHERE workspace_id = %(ws)s AND object_id = %(a)s AND subject_id NOT IN (%(a)s, %(b)s))
-             INTERSECT
-             (SELECT predicate, object_id, 'out' FROM triples
-               WHERE workspace_id = %(ws)s AND subject_id = %(b)s AND object_id NOT IN (%(a)s, %(b)s)
-              UNION
-              SELECT predicate, subject_id, 'in' FROM triples
-               WHERE workspace_id = %(ws)s AND object_id = %(b)s AND subject_id NOT IN (%(a)s, %(b)s))) x""",
-        {"ws": workspace_id, "a": a, "b": b})
-    row = await cur.fetchone()
-    return int(row[0]) if row else 0
+        """WITH p AS (SELECT * FROM unnest(%(a)s::text[], %(b)s::text[]) WITH ORDINALITY AS p(a, b, i)),
+                ents AS (SELECT a AS e FROM p UNION SELECT b FROM p),
+                rel AS (SELECT t.subject_id AS e, t.predicate, t.object_id AS other, 'out' AS dir
+                          FROM ents JOIN triples t ON t.workspace_id = %(ws)s AND t.subject_id = ents.e
+                        UNION
+                        SELECT t.object_id, t.predicate, t.subject_id, 'in'
+                          FROM ents JOIN triples t ON t.workspace_id = %(ws)s AND t.object_id = ents.e)
+           SELECT p.i, count(*) FROM p
+             JOIN rel ra ON ra.e = p.a
+             JOIN rel rb ON rb.e = p.b AND rb.predicate = ra.predicate AND rb.other = ra.other AND rb.dir = ra.dir
+            WHERE ra.other NOT IN (p.a, p.b)
+            GROUP BY p.i""",
+        {"ws": workspace_id, "a": [a for a, _ in pairs], "b": [b for _, b in pairs]})
+    out = [0] * len(pairs)
+    for i, n in await cur.fetchall():
+        out[int(i) - 1] = int(n)
+    return out
 
 
-async def _context_similarity(conn: AsyncConnection[Any], workspace_id: str, a: str, b: str) -> float | None:
-    """Cosine similarity of the two entities' context embeddings (the mean of the embeddings of a
-    sample of the drawers mentioning each); None when either has no embedded mention."""
+async def _context_similarity(
+    conn: AsyncConnection[Any], workspace_id: str, pairs: list[tuple[str, str]]
+) -> dict[tuple[str, str], float]:
+    """Per pair: cosine similarity of the two entities' context embeddings (the mean of the embeddings of
+    a sample of the drawers mentioning each); a pair is absent when either has no embedded mention.
+    One statement: each entity's context is computed once, however many pairs it is in."""
+    if not pairs:
+        return {}
     cur = await conn.execute(
-        """WITH ctx AS (
-             SELECT m.entity_id, avg(d.embedding) AS v
-               FROM (SELECT entity_id, drawer_id FROM entity_mentions
-                      WHERE workspace_id = %(ws)s AND entity_id = %(a)s ORDER BY drawer_id LIMIT %(n)s) m
-               JOIN drawers d ON d.workspace_id = %(ws)s AND d.id = m.drawer_id
-              WHERE d.embedding IS NOT NULL AND d.deleted_at IS NULL GROUP BY m.entity_id
-             UNION ALL
-             SELECT m.entity_id, avg(d.embedding)
-               FROM (SELECT entity_id, drawer_id FROM entity_mentions
-                      WHERE workspace_id = %(ws)s AND entity_id = %(b)s ORDER BY drawer_id LIMIT %(n)s) m
-               JOIN drawers d ON d.workspace_id = %(ws)s AND d.id = m.drawer_id
-              WHERE d.embedding IS NOT NULL AND d.deleted_at IS NULL GROUP BY m.entity_id)
-           SELECT 1 - (x.v <=> y.v) FROM ctx x, ctx y WHERE x.entity_id = %(a)s AND y.entity_id = %(b)s""",
-        {"ws": workspace_id, "a": a, "b": b, "n": CONTEXT_SAMPLE})
-    row = await cur.fetchone()
-    return None if row is None or row[0] is None else float(row[0])
+        """WITH p AS (SELECT * FROM unnest(%(a)s::text[], %(b)s::text[]) AS p(a, b)),
+                ents AS (SELECT a AS e FROM p UNION SELECT b FROM p),
+                ctx AS (SELECT ents.e,
+                               (SELECT avg(d.embedding)
+                                  FROM (SELECT drawer_id FROM entity_mentions
+                                         WHERE workspace_id = %(ws)s AND entity_id = ents.e
+                                         ORDER BY drawer_id LIMIT %(n)s) m
+                                  JOIN drawers d ON d.workspace_id = %(ws)s AND d.id = m.drawer_id
+                                 WHERE d.embedding IS NOT NULL AND d.deleted_at IS NULL) AS v
+                          FROM ents)
+           SELECT p.a, p.b, 1 - (x.v <=> y.v) FROM p
+             JOIN ctx x ON x.e = p.a JOIN ctx y ON y.e = p.b
+            WHERE x.v IS NOT NULL AND y.v IS NOT NULL""",
+        {"ws": workspace_id, "a": [a for a, _ in pairs], "b": [b for _, b in pairs], "n": CONTEXT_SAMPLE})
+    return {(str(a), str(b)): float(v) for a, b, v in await cur.fetchall() if v is not None}
+
+
+async def kept_apart_pairs(
+    conn: AsyncConnection[Any], workspace_id: str, pairs: list[tuple[str, str]]
+) -> set[tuple[str, str]]:
+    """Which of these pairs (in either order) an operator, or a revert, kept apart; as sorted pairs."""
+    keys = sorted({tuple(sorted(p)) for p in pairs})
+    if not keys:
+        return set()
+    cur = await conn.execute(
+        """SELECT f.entity_a, f.entity_b FROM unnest(%s::text[], %s::text[]) AS q(a, b)
+             JOIN entity_flags f ON f.workspace_id = %s AND f.entity_a = q.a AND f.entity_b = q.b
+            WHERE f.status = 'kept_apart'""",
+        ([a for a, _ in keys], [b for _, b in keys], workspace_id))
+    return {(str(a), str(b)) for a, b in await cur.fetchall()}
 
 
 async def kept_apart(conn: AsyncConnection[Any], workspace_id: str, a: str, b: str) -> bool:
@@ -390,7 +434,21 @@ async def merge_entities(
 async def absorb_followups(conn: AsyncConnection[Any], workspace_id: str, ids: list[str]) -> int:
     """Entities of an event that were merged away but gained mentions, aliases or facts since (a
     replay, an extractor naming them again): move those to the survivor, recorded in the same merge
-    so its revert still restores everything. Returns how many entities had something to move."""
+    so its revert still restores everything. A survivor that was itself merged away since (A into B,
+    then B into C) passes them on along its own merge, one recorded hop at a time, so each merge's
+    revert stays exact. Returns how many entities had something to move."""
+    total = 0
+    for _ in range(32):  # a chain of merges is short; the bound only guards against a cycle
+        moved_to = await _absorb_once(conn, workspace_id, ids)
+        total += len(moved_to)
+        ids = sorted(set(moved_to))
+        if not ids:
+            break
+    return total
+
+
+async def _absorb_once(conn: AsyncConnection[Any], workspace_id: str, ids: list[str]) -> list[str]:
+    """One hop of ``absorb_followups``; returns the survivors something moved to."""
     cur = await conn.execute(
         """SELECT m.id, m.merged_id, m.survivor_id FROM entity_merges m
             WHERE m.workspace_id = %s AND m.merged_id = ANY(%s) AND m.status = 'merged'
@@ -404,6 +462,7 @@ async def absorb_followups(conn: AsyncConnection[Any], workspace_id: str, ids: l
                                  AND t.object_id = m.merged_id))
             ORDER BY m.merged_id""", (workspace_id, ids))
     todo = await cur.fetchall()
+    moved_to: list[str] = []
     for mid, loser, survivor in todo:
         rows = await _lock_pair(conn, workspace_id, survivor, loser)
         if len(rows) != 2 or rows[loser]["merged_into"] != survivor:
@@ -424,7 +483,8 @@ async def absorb_followups(conn: AsyncConnection[Any], workspace_id: str, ids: l
             """UPDATE entities SET mention_count = (SELECT count(*) FROM entity_mentions
                                                      WHERE workspace_id = %s AND entity_id = %s)
                 WHERE workspace_id = %s AND id = %s""", (workspace_id, survivor, workspace_id, survivor))
-    return len(todo)
+        moved_to.append(str(survivor))
+    return moved_to
 
 
 class MergeError(ValueError):

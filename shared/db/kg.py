@@ -51,6 +51,7 @@ __all__ = [
     "record_extraction",
     "refresh_entities",
     "resolve_entity",
+    "survivor_map",
 ]
 
 When = datetime | date | str | None
@@ -97,11 +98,32 @@ async def _fact_by_id(conn: AsyncConnection[Any], workspace_id: str, tid: str) -
     return _fact(row)
 
 
+# Merges chain (A into B, later B into C): an entity answers for the end of its chain. The depth bound
+# only guards against a cycle, which merge_entities never makes (it merges live entities only).
+_MAX_MERGE_HOPS = 32
+
+
+async def survivor_map(conn: AsyncConnection[Any], workspace_id: str, ids: list[str]) -> dict[str, str]:
+    """id → the live entity it was merged into, following chains of merges (entity dedup), for the ids
+    that were merged away; the others are absent. One statement, a primary-key probe per hop."""
+    if not ids:
+        return {}
+    cur = await conn.execute(
+        """WITH RECURSIVE chain(start, cur, depth) AS (
+               SELECT id, merged_into, 1 FROM entities
+                WHERE workspace_id = %(ws)s AND id = ANY(%(ids)s) AND merged_into IS NOT NULL
+               UNION ALL
+               SELECT c.start, e.merged_into, c.depth + 1 FROM chain c
+                 JOIN entities e ON e.workspace_id = %(ws)s AND e.id = c.cur
+                WHERE e.merged_into IS NOT NULL AND c.depth < %(hops)s)
+           SELECT DISTINCT ON (start) start, cur FROM chain ORDER BY start, depth DESC""",
+        {"ws": workspace_id, "ids": sorted(set(ids)), "hops": _MAX_MERGE_HOPS})
+    return {str(i): str(m) for i, m in await cur.fetchall()}
+
+
 async def _survivors(conn: AsyncConnection[Any], workspace_id: str, *ids: str) -> tuple[str, ...]:
-    """The ids with every entity merged away (entity dedup) replaced by the one it was merged into."""
-    cur = await conn.execute("SELECT id, merged_into FROM entities WHERE workspace_id = %s AND id = ANY(%s)"
-                             " AND merged_into IS NOT NULL", (workspace_id, list(ids)))
-    moved = {str(i): str(m) for i, m in await cur.fetchall()}
+    """The ids with every entity merged away (entity dedup) replaced by the one its merges end in."""
+    moved = await survivor_map(conn, workspace_id, list(ids))
     return tuple(moved.get(i, i) for i in ids)
 
 
@@ -202,12 +224,12 @@ async def resolve_entity(conn: AsyncConnection[Any], workspace_id: str, name: st
     when there is none."""
     clean = validate_name(name)
     eid = entity_id(workspace_id, clean)
-    # A merged entity (entity dedup) answers for its survivor.
-    cur = await conn.execute("SELECT coalesce(merged_into, id) FROM entities WHERE workspace_id = %s AND id = %s",
+    # A merged entity (entity dedup) answers for the survivor its merges end in.
+    cur = await conn.execute("SELECT merged_into IS NOT NULL FROM entities WHERE workspace_id = %s AND id = %s",
                              (workspace_id, eid))
     row = await cur.fetchone()
     if row:
-        return str(row[0])
+        return (await survivor_map(conn, workspace_id, [eid])).get(eid, eid) if row[0] else eid
     # Known by another name (an alias): only when exactly one entity goes by it.
     cur = await conn.execute(
         "SELECT entity_id FROM entity_aliases WHERE workspace_id = %s AND alias_key = %s LIMIT 2",
@@ -440,11 +462,7 @@ async def record_extraction(
 
     # An entity merged by entity dedup answers for its survivor (a replayed extraction must not bring the
     # merged one's mentions back).
-    survivor: dict[str, str] = {}
-    if valid:
-        cur = await conn.execute("SELECT id, merged_into FROM entities WHERE workspace_id = %s AND id = ANY(%s)"
-                                 " AND merged_into IS NOT NULL", (workspace_id, sorted(valid)))
-        survivor = {r[0]: r[1] for r in await cur.fetchall()}
+    survivor = await survivor_map(conn, workspace_id, sorted(valid))
     mentioned = {entity_id(workspace_id, n) for sg in sightings for n, _, _ in sg.entities} & set(valid)
     best: dict[tuple[str, str], float] = {}
     for sg in sightings:

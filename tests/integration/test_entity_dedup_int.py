@@ -296,3 +296,45 @@ async def test_entities_from_before_dedup_get_their_keys_and_are_found(pool: Asy
     rows = await asyncio.to_thread(wait_for, lambda: stack.sql(
         "SELECT survivor_id, rule FROM entity_merges WHERE workspace_id = %s", (w,)), 60, "the merge")
     assert rows == [(old, "same_name")]
+
+
+async def test_a_chain_of_merges_resolves_to_its_end_on_write(pool: AsyncConnectionPool, stack: Stack) -> None:
+    """A merged into B, then B into C: what is written under A lands on C, and what A gained meanwhile
+    moves on along both merges, each revertible."""
+    from shared.db.kg import record_extraction, resolve_entity
+    from shared.kg_dedup import dedup_entities, operator_merge
+    from shared.memory.kg import Sighting
+
+    w = ws()
+    e = {n: entity_id(w, n) for n in ("Bobby", "Bob", "Robert")}
+    async with workspace_tx(pool, w) as c:
+        await ensure_entities(c, w, [(n, "person") for n in e])
+    stack.sql("INSERT INTO drawers (workspace_id, id, content, content_hash) SELECT %s, d, 'text of ' || d, d"
+              " FROM unnest('{d-1,d-2,d-3}'::text[]) d RETURNING 1", (w,))
+    m1 = await operator_merge(pool, w, e["Bob"], e["Bobby"], actor="test")
+    m2 = await operator_merge(pool, w, e["Robert"], e["Bob"], actor="test")
+    async with workspace_tx(pool, w) as c:
+        assert await resolve_entity(c, w, "Bobby") == e["Robert"]
+        added = await add_triple(c, w, "Bobby", "lives_in", "Lisbon", valid_from="2025-01-01")
+        assert added.fact.subject_id == e["Robert"]
+        await record_extraction(c, w, [Sighting("d-1", None, None, None, entities=(("Bobby", "person", 0.9),))])
+    assert stack.sql("SELECT entity_id FROM entity_mentions WHERE workspace_id = %s AND drawer_id = 'd-1'",
+                     (w,)) == [(e["Robert"],)]
+    # Something written straight onto the first loser (an older writer): absorbed along the chain.
+    stack.sql("INSERT INTO entity_mentions (workspace_id, entity_id, drawer_id) VALUES (%s, %s, 'd-2') RETURNING 1",
+              (w, e["Bobby"]))
+    out = await dedup_entities(pool, w, [e["Bobby"]], context_threshold=0.8)
+    assert out.followups == 2
+    assert stack.sql("SELECT entity_id FROM entity_mentions WHERE workspace_id = %s AND drawer_id = 'd-2'",
+                     (w,)) == [(e["Robert"],)]
+    # Reverting the later merge, then the earlier one, gives each entity back what it had.
+    async with workspace_tx(pool, w) as c:
+        await revert_merge(c, w, m2, actor="test")
+    assert stack.sql("SELECT entity_id FROM entity_mentions WHERE workspace_id = %s AND drawer_id = 'd-2'",
+                     (w,)) == [(e["Bob"],)]
+    async with workspace_tx(pool, w) as c:
+        await revert_merge(c, w, m1, actor="test")
+    assert stack.sql("SELECT entity_id FROM entity_mentions WHERE workspace_id = %s AND drawer_id = 'd-2'",
+                     (w,)) == [(e["Bobby"],)]
+    assert stack.sql("SELECT count(*) FROM entities WHERE workspace_id = %s AND merged_into IS NOT NULL",
+                     (w,)) == [(0,)]
