@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install tools demo test unit up stop fault audit audit-full bench-ingest bench-search bench-scale bench-pipeline bench-classify bench-enrich soak schemas lint clean
+.PHONY: install tools demo test unit up stop fault audit audit-full bench-ingest bench-search bench-scale bench-pipeline bench-classify bench-enrich bench-entity-dedup soak schemas lint clean
 
 $(STAMP): pyproject.toml dev/pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -97,6 +97,10 @@ bench-classify: install
 ## fixed latency; and the offline extractor's precision/recall against the hand labels.
 bench-enrich: install
 	$(BIN)/python bench/enrich.py
+
+## Entity dedup for one 40-entity entity.upserted among 2,000 look-alikes: batched evidence vs the per-pair queries.
+bench-entity-dedup: install
+	$(BIN)/python bench/entity_dedup.py
 
 ## Fixed-rate publishing into a deliberately slower pipeline: per-service peak RSS and growth, backlog, nothing dropped.
 soak: install
