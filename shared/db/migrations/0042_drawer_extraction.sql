@@ -29,11 +29,14 @@ DROP POLICY IF EXISTS maintenance_all ON drawer_extraction;
 CREATE POLICY maintenance_all ON drawer_extraction AS PERMISSIVE FOR ALL TO palace_maintenance
     USING (true) WITH CHECK (true);
 
--- Existing drawers, once at upgrade time: those never linked (no mention, no fact) that qualify wait for
--- the sweep; the rest count as read (their session's extraction ran, or they are linked already).
+-- Existing drawers, once at upgrade time (one pass, hash-joined): a qualifying drawer counts as read when
+-- it is linked already (a mention or a fact) or its session's episode was announced (its extraction ran);
+-- the rest wait for the sweep. So an upgrade does not send every session again through an LLM.
 INSERT INTO drawer_extraction (workspace_id, drawer_id, due_at, extracted_at)
-SELECT workspace_id, id, filed_at,
-       CASE WHEN entity_count > 0 OR triple_count > 0 THEN filed_at END
-  FROM drawers
- WHERE state = 'processed' AND importance >= 3 AND deleted_at IS NULL
+SELECT d.workspace_id, d.id, d.filed_at,
+       CASE WHEN d.entity_count > 0 OR d.triple_count > 0 OR a.session_id IS NOT NULL THEN d.filed_at END
+  FROM drawers d
+  LEFT JOIN (SELECT DISTINCT workspace_id, session_id FROM episodes WHERE announced_at IS NOT NULL) a
+         ON a.workspace_id = d.workspace_id AND a.session_id = d.session_id
+ WHERE d.state = 'processed' AND d.importance >= 3 AND d.deleted_at IS NULL
 ON CONFLICT DO NOTHING;
