@@ -4,7 +4,7 @@ episode never reached extraction) is queued by classify and extracted by enrich'
 when it was said, with provenance to the drawer and the message, counted on the drawer, announced on
 entity.upserted, exactly once; a drawer that its session's extraction read is never swept; the LLM
 path (the local OpenAI-compatible stub) uses a good answer and falls back to the patterns on a
-malformed one; the sweep reads a partial index."""
+malformed or too slow one; the sweep reads a partial index."""
 
 from __future__ import annotations
 
@@ -186,7 +186,7 @@ def chat() -> Iterator[tuple[ChatStub, str]]:
         yield state.chat, url
 
 
-def test_llm_sweep_uses_a_good_answer_and_falls_back_on_a_malformed_one(
+def test_llm_sweep_uses_a_good_answer_and_falls_back_on_a_malformed_or_slow_one(
         stack: Stack, chat: tuple[ChatStub, str]) -> None:
     stub, url = chat
     with _enrich_down(stack):
@@ -215,6 +215,18 @@ def test_llm_sweep_uses_a_good_answer_and_falls_back_on_a_malformed_one(
                          " AND action = 'KG_EXTRACT'", (w_bad,))
         assert len(hist) == 1 and "LLM extraction failed" in hist[0][0] and hist[0][1]["tier"] == "patterns"
         assert all(read for _, read in _queue(stack, w_bad).values())
+
+        # A model slower than the timeout: the patterns' graph, and the failure recorded.
+        w_slow = ws()
+        _stored_unextracted(stack, w_slow)
+        stub.extract_mode, stub.extract_delay_s = "ok", 3.0
+        try:
+            events = [e for e in _sweep(stack, llm_url=url) if e["workspace_id"] == w_slow]
+        finally:
+            stub.extract_delay_s = 0.0
+        assert len(events) == 1 and ("Bob", "has_relative", "Clara") in _facts(_snapshot(stack, w_slow))
+        assert stack.sql("SELECT count(*) FROM memory_history WHERE workspace_id = %s AND action = 'KG_EXTRACT'"
+                         " AND reason LIKE '%%LLM extraction failed%%'", (w_slow,))[0][0] == 1
 
 
 def test_the_sweep_reads_the_partial_index(stack: Stack) -> None:
