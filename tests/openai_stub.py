@@ -94,6 +94,9 @@ class ChatStub:
     extract_mode: str = "ok"
     extract_delay_s: float = 0.0
     extract_calls: int = 0
+    # Episode summaries (a {"session": [...]} of turns): ``summary_mode`` is ok | malformed | failNNN.
+    summary_mode: str = "ok"
+    summary_calls: int = 0
 
 
 def build_app(state: StubState) -> FastAPI:
@@ -142,6 +145,8 @@ def build_app(state: StubState) -> FastAPI:
         items = json.loads(body["messages"][-1]["content"])
         if isinstance(items, dict) and "episodes" in items:
             return await _dreaming_answer(body, st, items)
+        if isinstance(items, dict) and "session" in items:
+            return _summary_answer(body, st, items["session"])
         if isinstance(items, dict):
             return _chat_reply(body, json.dumps(_side_answer(st, items)))
         if items and isinstance(items[0], dict) and "turn" in items[0]:
@@ -198,6 +203,23 @@ async def _extract_answer(st: ChatStub, body: dict[str, Any], turns: list[dict[s
     graph = json.dumps({"entities": entities, "triples": triples})
     text = "<think>Who is in {this}?</think>\n```json\n" + graph + "\n```"
     return _chat_reply(body, text)
+
+
+def summary_of(turns: list[dict[str, Any]]) -> str:
+    """What the stub answers for a session: who spoke and how many turns (so a test can recognise it)."""
+    speakers = ", ".join(dict.fromkeys(t["speaker"] for t in turns))
+    return f"A conversation of {len(turns)} turns between {speakers}."
+
+
+def _summary_answer(body: dict[str, Any], st: ChatStub, turns: list[dict[str, Any]]) -> Any:
+    st.summary_calls += 1
+    if st.summary_mode.startswith("fail"):
+        code = int(st.summary_mode[4:])
+        return JSONResponse({"error": {"message": f"stub says {code}"}}, status_code=code)
+    if st.summary_mode == "malformed":
+        return _chat_reply(body, "Here is a lovely summary of the conversation.")
+    return _chat_reply(body, "<think>Who talked?</think>\n```json\n" + json.dumps({"summary": summary_of(turns)})
+                       + "\n```")
 
 
 def _chat_reply(body: dict[str, Any], text: str) -> dict[str, Any]:

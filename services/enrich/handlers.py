@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import os
 import socket
+from dataclasses import replace
 from typing import Any
 
 from nats.aio.msg import Msg
@@ -35,7 +36,7 @@ from shared.db.tenancy import maintenance_tx, workspace_tx
 from shared.events import DrawerEmbedded, EntityUpserted, EpisodicCreated, SessionStored
 from shared.ids import event_id_for, stable_id
 from shared.logging import get_logger
-from shared.memory.episodes import episode_embedding, summarize_session
+from shared.memory.episodes import episode_embedding, parse_summary, summarize_session, summary_messages
 from shared.memory.kg import Sighting
 from shared.memory.llm_labels import LlmParseError
 from shared.memory.semantic import Turn, build_messages, parse_answer, pattern_sightings, speaker_types
@@ -48,8 +49,10 @@ log = get_logger("palace.enrich")
 
 async def complete_episode(deps: Deps, workspace_id: str, session_id: str) -> str:
     """Build the session's opened episode once its drawers are embedded (or it has waited
-    ``episode_wait_s``), then publish ``episodic.created`` once. Safe to call any number of times,
-    from any trigger: every step is keyed by the episode and the session's content hash.
+    ``episode_wait_s``), then publish ``episodic.created`` once. The summary is the LLM's when one is
+    configured (``deps.extra["llm"]``), called before the writing transaction, else extractive. Safe to
+    call any number of times, from any trigger: every step is keyed by the episode and the session's
+    content hash.
 
     Returns what happened ('absent', 'waiting', 'built', 'announced', 'done') for logs and tests.
     """
@@ -76,9 +79,21 @@ async def complete_episode(deps: Deps, workspace_id: str, session_id: str) -> st
             async with workspace_tx(deps.pool, workspace_id) as conn:
                 await discard_pending_episode(conn, workspace_id, episode_id)
             return "absent"
-        draft = summarize_session([(t["speaker"], t["content"]) for t in turns])
+        pairs = [(t["speaker"], t["content"]) for t in turns]
+        draft = summarize_session(pairs)
+        usage: list[Usage] = []
+        llm: LlmClient | None = deps.extra.get("llm")
+        if llm is not None:
+            # The model's summary, outside any transaction; the extractive one stands when it fails.
+            try:
+                answer = await llm.chat(summary_messages(pairs), purpose="episode", usage=usage)
+                draft = replace(draft, summary=parse_summary(answer))
+            except (LlmError, LlmParseError) as e:
+                log.warning("episode_llm_failed", episode_id=episode_id, error=str(e)[:300])
         vector = episode_embedding([t["embedding"] for t in turns if t["embedding"] is not None])
         async with workspace_tx(deps.pool, workspace_id) as conn:
+            if usage:
+                await record_usage(conn, workspace_id, s.llm_model, usage)
             if await forgotten(conn, workspace_id, session_id=session_id):
                 return "forgotten"  # forgotten while it was summarised: nothing may be written back
             await save_episode(conn, workspace_id, episode_id=episode_id, source_hash=progress.source_hash,
@@ -126,6 +141,7 @@ async def episode_sweeper(deps: Deps, stop: asyncio.Event) -> None:
 def register(deps: Deps) -> None:
     s = deps.settings
     llm = LlmClient(s) if s.llm_base_url else None
+    deps.extra["llm"] = llm  # complete_episode's summary, from every trigger (handlers and the sweep)
 
     @deps.handle(SessionStored)
     async def on_session_stored(body: bytes, raw: Msg) -> None:

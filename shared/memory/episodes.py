@@ -1,7 +1,10 @@
-"""Extractive episode summaries (the no-LLM fallback of the seeds' episode summariser)."""
+"""Episode summaries: extractive (no LLM), and the LLM's when one is configured (its prompt and the
+strict reading of its answer; the call itself is the enrich service's, outside any transaction). The
+L0 abstract is always extractive."""
 
 from __future__ import annotations
 
+import json
 import re
 from collections import Counter
 from dataclasses import dataclass
@@ -9,8 +12,19 @@ from dataclasses import dataclass
 import numpy as np
 
 from shared.memory.classify import classify
+from shared.memory.llm_labels import LlmParseError, outer_json_object, strip_wrappers
 
-__all__ = ["STOPWORDS", "EpisodeDraft", "episode_embedding", "summarize_session", "top_keywords"]
+__all__ = ["STOPWORDS", "SUMMARY_MAX_CHARS", "EpisodeDraft", "episode_embedding", "parse_summary",
+           "summarize_session", "summary_messages", "top_keywords"]
+
+SUMMARY_MAX_CHARS = 1200
+_PROMPT_TURN_CHARS = 600
+_PROMPT_CHARS = 24_000  # a long session is summarised from its most important turns, in order
+_SUMMARY_SYSTEM = (
+    "You summarise a conversation for an assistant's long-term memory. Answer with JSON only: "
+    '{"summary": "..."}. At most five sentences in the third person, naming the speakers; keep decisions, '
+    "preferences, facts about people, plans and dates; leave out greetings and small talk; invent nothing."
+)
 
 STOPWORDS = frozenset(
     """a about above after again against all am an and any are as at be because been before being below between
@@ -73,3 +87,37 @@ def episode_embedding(vectors: list[np.ndarray]) -> np.ndarray | None:
     m = np.mean(np.asarray(vectors, dtype=np.float32), axis=0)
     n = float(np.linalg.norm(m))
     return (m / n if n else m).astype(np.float32)
+
+
+def summary_messages(turns: list[tuple[str | None, str]]) -> list[dict[str, str]]:
+    """Chat messages asking for the session's summary. A session longer than the prompt budget is
+    represented by its most important turns (the extractive summary's ranking), kept in order."""
+    order = sorted(range(len(turns)), key=lambda i: (-classify(turns[i][1]).importance, i))
+    keep, used = set(), 0
+    for i in order:
+        n = min(len(turns[i][1]), _PROMPT_TURN_CHARS)
+        if used + n > _PROMPT_CHARS and keep:
+            break
+        keep.add(i)
+        used += n
+    payload = {"session": [{"speaker": who or "unknown", "text": text[:_PROMPT_TURN_CHARS]}
+                           for i, (who, text) in enumerate(turns) if i in keep]}
+    return [{"role": "system", "content": _SUMMARY_SYSTEM},
+            {"role": "user", "content": json.dumps(payload, ensure_ascii=False)}]
+
+
+def parse_summary(text: str) -> str:
+    """The summary in the model's answer (reasoning blocks and fences stripped, whitespace collapsed,
+    cut at a word to ``SUMMARY_MAX_CHARS``).
+
+    Raises:
+        LlmParseError: no JSON object with a non-empty "summary" string.
+    """
+    data = outer_json_object(strip_wrappers(text))
+    summary = data.get("summary") if isinstance(data, dict) else None
+    if not isinstance(summary, str) or not summary.strip():
+        raise LlmParseError(f"no summary in the answer: {text[:120]!r}")
+    summary = " ".join(summary.split())
+    if len(summary) > SUMMARY_MAX_CHARS:
+        summary = summary[:SUMMARY_MAX_CHARS - 1].rsplit(" ", 1)[0] + "…"
+    return summary

@@ -191,3 +191,24 @@ def test_llm_extraction_and_its_failures(stack: Stack, llm: ChatStub, mode: str)
                      " WHERE workspace_id = %s AND purpose = 'extract'", (w,))[0][0]
     assert used >= 1
     json.dumps(hist, default=str)
+
+
+@pytest.mark.parametrize("mode", ["ok", "malformed", "fail500"])
+def test_episode_summary_is_the_llms_and_extractive_when_it_fails(stack: Stack, llm: ChatStub, mode: str) -> None:
+    from shared.memory.episodes import summarize_session
+    from tests.openai_stub import summary_of
+
+    llm.summary_mode, llm.summary_calls = mode, 0
+    w = ws()
+    stack.publish(_session(w))
+    wait_for(lambda: stack.sql("SELECT 1 FROM episodes WHERE workspace_id = %s AND status = 'ready'", (w,)), 90,
+             "the episode")
+    summary, abstract = stack.sql("SELECT summary, abstract FROM episodes WHERE workspace_id = %s", (w,))[0]
+    kept = [(who, text) for who, _, text in TURNS if text != "Ok, talk soon!"]  # the noise filter drops it
+    extractive = summarize_session(kept)
+    assert llm.summary_calls >= 1
+    assert summary == (summary_of([{"speaker": who} for who, _ in kept]) if mode == "ok" else extractive.summary)
+    assert abstract == extractive.abstract  # the L0 abstract never comes from the model
+    used = stack.sql("SELECT coalesce(sum(calls_ok), 0), coalesce(sum(calls_failed), 0) FROM llm_usage"
+                     " WHERE workspace_id = %s AND purpose = 'episode'", (w,))[0]
+    assert (used[0] >= 1) if mode in ("ok", "malformed") else (used[1] >= 1)
