@@ -163,6 +163,7 @@ async def save_classifications(
         q AS (
             INSERT INTO drawer_extraction (workspace_id, drawer_id, due_at)
             SELECT %(ws)s, u.id, now() FROM u WHERE u.importance >= %(min_imp)s
+             ORDER BY u.id  -- the order every writer of this table takes (no deadlock with enrich's marks)
             ON CONFLICT DO NOTHING)
         SELECT id FROM u
         """,
