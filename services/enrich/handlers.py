@@ -309,7 +309,7 @@ async def kg_sweeper(deps: Deps, stop: asyncio.Event) -> None:
     """Extract the drawers queued for extraction (processed, importance >= 3) that no extractor read
     within ``kg_sweep_grace_s``: one replica at a time, under a lease; a workspace's drawers together."""
     s = deps.settings
-    llm = LlmClient(s) if s.llm_base_url else None
+    llm: LlmClient | None = deps.extra.get("llm")  # register's client
     holder = f"{socket.gethostname()}:{os.getpid()}"
     while not stop.is_set():
         try:
@@ -334,7 +334,12 @@ async def sweep_due_drawers(deps: Deps, llm: LlmClient | None, *, batch: int = 5
         by_ws.setdefault(ws, []).append(did)
     for ws, ids in by_ws.items():
         for i in range(0, len(ids), batch):
-            await extract_due_drawers(deps, llm, ws, ids[i:i + batch])
+            try:
+                await extract_due_drawers(deps, llm, ws, ids[i:i + batch])
+            except Exception as e:
+                # Left queued and tried again next pass; one bad batch must not starve the others.
+                log.warning("kg_due_batch_failed", workspace_id=ws, drawers=len(ids[i:i + batch]),
+                            error=repr(e)[:300])
     if due:
         log.info("kg_due_drawers_extracted", count=len(due))
     return len(due)
