@@ -103,6 +103,30 @@ def _verify(stack: Stack, scope: Scope, targets: Targets) -> dict[str, int]:
     return asyncio.run(go())
 
 
+def _stream_leftovers(stack: Stack, scope: Scope, targets: Targets) -> list[Any]:
+    """What of the scope the pipeline stream still holds, and where each consumer stands (for a failure's
+    message)."""
+    from shared.forget import _matcher, _scan
+
+    async def go() -> list[Any]:
+        nc = await nats.connect(stack.nats_url)
+        try:
+            js = nc.jetstream()
+            name = stack.settings.stream_name
+            out: list[Any] = []
+            for seq, body in await _scan(js, name, _matcher(scope, targets)):
+                m = await js.get_msg(name, seq)
+                out.append((seq, m.subject, body.get("session_id"), body.get("drawer_ids"), m.headers))
+            for c in CONSUMERS:
+                i = await js.consumer_info(name, c.durable)
+                out.append((c.durable, i.delivered.stream_seq, i.ack_floor.stream_seq, i.num_pending,
+                            i.num_ack_pending, i.num_redelivered))
+            return out
+        finally:
+            await nc.close()
+    return asyncio.run(go())
+
+
 def _dead_letter(stack: Stack, event: dict[str, Any]) -> int:
     """Put an event into the DLQ as the consumers do (a failure that landed after the forget)."""
     import json
@@ -164,7 +188,8 @@ def test_forgetting_a_user_mid_stream_leaves_nothing_and_spares_everyone_else(st
     wait_for(lambda: _drained(stack), 90, "pipeline drained after the forget")
     result.targets.content_hashes |= alice_hashes
     remaining = _verify(stack, Scope(w, "user", alice), result.targets)
-    assert not any(remaining.values()), {k: v for k, v in remaining.items() if v}
+    assert not any(remaining.values()), ({k: v for k, v in remaining.items() if v},
+                                         _stream_leftovers(stack, Scope(w, "user", alice), result.targets))
     assert stack.sql("SELECT count(*) FROM drawers WHERE workspace_id = %s AND user_id = %s", (w, alice))[0][0] == 0
     assert stack.sql("SELECT count(*) FROM messages WHERE workspace_id = %s AND content_hash = ANY(%s)",
                      (w, sorted(alice_hashes)))[0][0] == 0
