@@ -82,6 +82,7 @@ class Targets:
     embed_hashes: set[str] = field(default_factory=set)
     # Texts a curation UPDATE wrote into another drawer from forgotten content (reverted by forget).
     derived_hashes: set[str] = field(default_factory=set)
+    entity_ids: set[str] = field(default_factory=set)
     probes: list[tuple[str, Any]] = field(default_factory=list)
 
 
@@ -218,6 +219,7 @@ async def _forget_batch(pool: AsyncConnectionPool, scope: Scope, session_ids: li
             counts.update(await sql.delete_dreaming_runs(conn, ws, [], episodes))
         r = await sql.delete_drawers(conn, ws, [f["id"] for f in gone])
         t.derived_hashes |= r.pop("derived", set())
+        t.entity_ids |= r.pop("entity_ids", set())
         counts.update(r)
         counts["drawer_sightings_detached"] += await sql.detach_drawers(
             conn, ws, [f["id"] for f in kept], session_ids, [f["id"] for f in kept if f["first_here"]])
@@ -343,7 +345,8 @@ async def verify(pool: AsyncConnectionPool, settings: Settings, nats_url: str, s
     ws = scope.workspace_id
     whole = scope.kind == "workspace"
     p = {"ws": ws, "s": sorted(t.session_ids), "d": sorted(t.drawer_ids), "h": sorted(t.content_hashes),
-         "eh": sorted(t.embed_hashes), "e": sorted(t.episode_ids), "dh": sorted(t.derived_hashes),
+         "eh": sorted(t.embed_hashes), "e": sorted(t.episode_ids), "en": sorted(t.entity_ids),
+         "dh": sorted(t.derived_hashes),
          "dream_wing": DREAMING_WING, "u": scope.value if scope.kind == "user" else None,
          "a": scope.value if scope.kind == "agent" else None, "all": whole}
     out: dict[str, int] = {}

@@ -180,8 +180,8 @@ async def delete_drawers(conn: AsyncConnection[Any], workspace_id: str, ids: lis
     with their triples), triples sourced from them, their provenance (cascade); scrub the content
     out of their history rows (the rows stay); drawers merged into them come back as themselves, and
     so do drawers they superseded; drawers a curation UPDATE rewrote with their content get back what
-    they held before (``revert_updates_from``). Returns counts, and under "derived" the hashes of the
-    contents those UPDATEs had written (for ``verify``)."""
+    they held before (``revert_updates_from``). Returns counts, and for ``verify`` the entities that
+    went ("entity_ids") and the hashes of the contents those UPDATEs had written ("derived")."""
     if not ids:
         return {}
     p = {"ws": workspace_id, "ids": ids}
@@ -218,7 +218,13 @@ async def delete_drawers(conn: AsyncConnection[Any], workspace_id: str, ids: lis
             await conn.execute(
                 """DELETE FROM entity_merges WHERE workspace_id = %(ws)s
                      AND (survivor_id = ANY(%(e)s) OR merged_id = ANY(%(e)s))""", {"ws": workspace_id, "e": gone})
+            # Look-alike flags name both entities and why they look alike (index entity_flags_b, 0040).
+            cur = await conn.execute(
+                """DELETE FROM entity_flags WHERE workspace_id = %(ws)s
+                     AND (entity_a = ANY(%(e)s) OR entity_b = ANY(%(e)s))""", {"ws": workspace_id, "e": gone})
+            out["entity_flags"] = cur.rowcount
         out["entities"] = len(gone)
+        out["entity_ids"] = set(gone)
         if gone:
             cur = await conn.execute(
                 """DELETE FROM triples WHERE workspace_id = %(ws)s
@@ -457,8 +463,8 @@ async def hashes_still_held(conn: AsyncConnection[Any], workspace_id: str, hashe
 
 
 # Per place, the rows that still name what was forgotten (``count_remaining``'s parameters: ws, s
-# sessions, d drawers, h content hashes, eh embedding-text hashes, e episodes, dh hashes of what curation
-# derived from forgotten drawers, dream_wing, u user, a agent, all whole workspace).
+# sessions, d drawers, h content hashes, eh embedding-text hashes, e episodes, en entities, dh hashes of
+# what curation derived from forgotten drawers, dream_wing, u user, a agent, all whole workspace).
 _REMAINING: dict[str, str] = {
     "sessions": "SELECT count(*) FROM sessions WHERE workspace_id = %(ws)s AND (%(all)s OR session_id = ANY(%(s)s)"
                 " OR user_id = %(u)s OR agent_id = %(a)s)",
@@ -474,7 +480,9 @@ _REMAINING: dict[str, str] = {
                 " OR agent_id = %(a)s)",
     "entity_mentions": "SELECT count(*) FROM entity_mentions WHERE workspace_id = %(ws)s AND (%(all)s"
                        " OR drawer_id = ANY(%(d)s))",
-    "entities": "SELECT count(*) FROM entities WHERE workspace_id = %(ws)s AND %(all)s",
+    "entities": "SELECT count(*) FROM entities WHERE workspace_id = %(ws)s AND (%(all)s OR id = ANY(%(en)s))",
+    "entity_flags": "SELECT count(*) FROM entity_flags WHERE workspace_id = %(ws)s AND (%(all)s"
+                    " OR entity_a = ANY(%(en)s) OR entity_b = ANY(%(en)s))",
     "triples": "SELECT count(*) FROM triples WHERE workspace_id = %(ws)s AND (%(all)s"
                " OR source_drawer = ANY(%(d)s))",
     "memory_history_content": "SELECT count(*) FROM memory_history WHERE workspace_id = %(ws)s"
@@ -491,7 +499,8 @@ _REMAINING: dict[str, str] = {
                                      " AND (superseded_by = ANY(%(d)s) OR cluster_id = ANY(%(d)s))",
     # What dreaming synthesised from a forgotten episode: its runs, its drawers, its audit rows.
     "dreaming_runs": "SELECT count(*) FROM dreaming_runs WHERE workspace_id = %(ws)s AND (%(all)s"
-                     " OR episode_ids && %(e)s::text[] OR session_id = ANY(%(s)s))",
+                     " OR episode_ids && %(e)s::text[] OR session_id = ANY(%(s)s)"
+                     " OR user_id = %(u)s OR agent_id = %(a)s)",
     "dreaming_drawers": "SELECT count(*) FROM drawers WHERE workspace_id = %(ws)s AND wing = %(dream_wing)s"
                         " AND (%(all)s OR (metadata -> 'message' -> 'episode_ids') ?| %(e)s::text[])",
     "dreaming_history": "SELECT count(*) FROM memory_history WHERE workspace_id = %(ws)s AND action = 'DREAM'"

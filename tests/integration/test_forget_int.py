@@ -284,3 +284,35 @@ def test_an_index_build_that_outlives_its_forgotten_workspace_drops_what_it_buil
     asyncio.run(build_vector_index(stack.database_url, w, name))  # no request row: as after a forget
     assert stack.sql("SELECT to_regclass(%s) IS NULL", (name,)) == [(True,)]
     assert not stack.sql("SELECT 1 FROM vector_indexes WHERE workspace_id = %s", (w,))
+
+
+def test_forgetting_a_drawer_releases_what_named_it(stack: Stack) -> None:
+    """What another row says about a forgotten drawer goes with it: the drawer it superseded ranks as
+    itself again, an entity only it mentioned goes with the look-alike flag naming that entity; the
+    proof looks for both (and finds them before the forget)."""
+    w = ws()
+    stack.publish(session(w, "s1", ["Carolina moved to Lisbon in May for the new office",
+                                    "Caroline still lives in Porto near the river"], user_id="fay"))
+    stack.wait_processed(w, 2)
+    rows = dict(stack.sql("SELECT content, id FROM drawers WHERE workspace_id = %s", (w,)))
+    gone, stays = rows["Carolina moved to Lisbon in May for the new office"], rows[
+        "Caroline still lives in Porto near the river"]
+    stack.sql("UPDATE drawers SET superseded_by = %s WHERE workspace_id = %s AND id = %s RETURNING 1", (gone, w, stays))
+    stack.sql("INSERT INTO entities (workspace_id, id, name, entity_type) VALUES (%s, 'ent-a', 'Caroline', 'person'),"
+              " (%s, 'ent-b', 'Carolina', 'person') ON CONFLICT DO NOTHING RETURNING 1", (w, w))
+    stack.sql("INSERT INTO entity_mentions (workspace_id, entity_id, drawer_id) VALUES (%s, 'ent-a', %s),"
+              " (%s, 'ent-b', %s) ON CONFLICT DO NOTHING RETURNING 1", (w, stays, w, gone))
+    stack.sql("INSERT INTO entity_flags (workspace_id, entity_a, entity_b, rule, reason) VALUES"
+              " (%s, 'ent-a', 'ent-b', 'spelling', 'Caroline / Carolina differ by one letter') RETURNING 1", (w,))
+    scope = Scope(w, "drawer", gone)
+    before = _verify(stack, scope, Targets(drawer_ids={gone}, entity_ids={"ent-b"}))
+    assert (before["drawers_pointing_at_forgotten"], before["entities"], before["entity_flags"]) == (1, 1, 1)
+
+    result, remaining = _run_forget(stack, scope)
+    assert not any(remaining.values()), {k: v for k, v in remaining.items() if v}
+    assert "ent-b" in result.targets.entity_ids and result.counts["entity_flags"] >= 1
+    assert result.counts["drawers_unsuperseded"] == 1
+    assert stack.sql("SELECT superseded_by FROM drawers WHERE workspace_id = %s AND id = %s", (w, stays)) == [(None,)]
+    assert stack.sql("SELECT id FROM entities WHERE workspace_id = %s AND id LIKE 'ent-%%'", (w,)) == [("ent-a",)]
+    assert stack.sql("SELECT count(*) FROM entity_flags WHERE workspace_id = %s AND 'ent-b' IN (entity_a, entity_b)",
+                     (w,)) == [(0,)]
