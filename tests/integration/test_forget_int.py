@@ -316,3 +316,31 @@ def test_forgetting_a_drawer_releases_what_named_it(stack: Stack) -> None:
     assert stack.sql("SELECT id FROM entities WHERE workspace_id = %s AND id LIKE 'ent-%%'", (w,)) == [("ent-a",)]
     assert stack.sql("SELECT count(*) FROM entity_flags WHERE workspace_id = %s AND 'ent-b' IN (entity_a, entity_b)",
                      (w,)) == [(0,)]
+
+
+def test_what_forget_reaches_through_migration_0040_it_finds_by_index(stack: Stack) -> None:
+    """The dreaming runs of an episode, the drawers a drawer superseded, the flags naming an entity
+    second: each lookup reads its index, never a scan of the workspace."""
+    import psycopg
+
+    w = ws()
+    with psycopg.connect(stack.database_url, autocommit=True) as conn:
+        # A workspace with many runs and flags, as a real one has (on a near-empty table the planner
+        # rightly walks the workspace's few rows instead).
+        conn.execute("""INSERT INTO dreaming_runs (workspace_id, id, episode_ids, session_id, holder, status)
+                        SELECT %s, 'r' || i, ARRAY['ep' || i, 'ep' || (i + 1)], 'dreaming:r' || i, 'h', 'done'
+                          FROM generate_series(1, 3000) i""", (w,))
+        conn.execute("""INSERT INTO entity_flags (workspace_id, entity_a, entity_b, rule, reason)
+                        SELECT %s, 'a' || i, 'b' || i, 'spelling', 'x' FROM generate_series(1, 3000) i""", (w,))
+        conn.execute("ANALYZE dreaming_runs")
+        conn.execute("ANALYZE entity_flags")
+        conn.execute("SET enable_seqscan = off")  # plans on the shared test database, not its size
+        for q, index in [
+            ("SELECT session_id FROM dreaming_runs WHERE workspace_id = %s AND episode_ids && %s::text[]",
+             "dreaming_runs_episodes"),
+            ("UPDATE drawers SET superseded_by = NULL WHERE workspace_id = %s AND superseded_by = ANY(%s)",
+             "drawers_superseded_by"),
+            ("DELETE FROM entity_flags WHERE workspace_id = %s AND entity_b = ANY(%s)", "entity_flags_b"),
+        ]:
+            plan = "\n".join(r[0] for r in conn.execute("EXPLAIN " + q, (w, ["x"])).fetchall())
+            assert index in plan, plan
