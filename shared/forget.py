@@ -41,6 +41,7 @@ from shared.db.vector_indexes import drop_vector_index, vector_index_left, vecto
 from shared.endpoints import resolve_urls
 from shared.ids import content_hash, stable_id
 from shared.logging import get_logger
+from shared.memory.dreaming import DREAMING_WING
 from shared.memory.filing import SessionPlan, embedding_text
 
 __all__ = ["ForgetResult", "Scope", "Targets", "drop_forgotten_drawers", "forget", "verify"]
@@ -79,6 +80,9 @@ class Targets:
     episode_ids: set[str] = field(default_factory=set)
     content_hashes: set[str] = field(default_factory=set)
     embed_hashes: set[str] = field(default_factory=set)
+    # Texts a curation UPDATE wrote into another drawer from forgotten content (reverted by forget).
+    derived_hashes: set[str] = field(default_factory=set)
+    entity_ids: set[str] = field(default_factory=set)
     probes: list[tuple[str, Any]] = field(default_factory=list)
 
 
@@ -175,44 +179,72 @@ def _ehash(content: str, speaker: str | None, context: str | None) -> str:
 
 
 async def _forget_batch(pool: AsyncConnectionPool, scope: Scope, session_ids: list[str], drawer_ids: list[str],
-                        t: Targets, counts: Counter[str]) -> None:
-    """One short transaction: tombstone these sessions, then delete them and their drawers."""
+                        t: Targets, counts: Counter[str], *, by_drawer: bool = False) -> list[str]:
+    """One short transaction: tombstone these sessions, then delete them and their drawers (or, with
+    ``by_drawer``, these drawers wherever they were seen, with the messages they were cut from). Returns
+    the dreaming sessions made from the episodes a forgotten drawer's sessions lost: to forget next."""
     ws = scope.workspace_id
+    derived: list[str] = []
     async with workspace_tx(pool, ws) as conn:
         # The exclusive lock also orders this batch after writers in flight (shared.db.forget).
         await sql.write_tombstones(conn, ws, t_id(scope), "session", session_ids)
         if session_ids:
+            # What dreaming synthesised from these sessions' episodes goes with them (its run, and the
+            # session it was published as: tombstoned here, so a publish still in flight is refused).
+            dreamt = [d for d in await sql.dreamt_from(conn, ws, session_ids, _episode_ids(ws, session_ids))
+                      if d not in session_ids]
+            await sql.write_tombstones(conn, ws, t_id(scope), "session", dreamt)
+            session_ids = session_ids + dreamt
             drawer_ids = sorted(set(drawer_ids) | set(await sql.drawers_of_sessions(conn, ws, session_ids)))
         fates = await sql.drawer_fates(conn, ws, drawer_ids, session_ids,
-                                       whole_workspace=scope.kind in ("workspace", "drawer"))
+                                       whole_workspace=scope.kind == "workspace" or by_drawer)
         gone = [f for f in fates if not f["shared"]]
         kept = [f for f in fates if f["shared"]]
         stale = {_ehash(f["content"], f["speaker"], f["context"]) for f in gone}
         stale |= {_ehash(f["content"], f["speaker"], f["context"]) for f in kept if f["first_here"] and f["context"]}
-        if scope.kind == "drawer" and gone:
+        if by_drawer and gone:
             # The raw messages the drawer was cut from go with it (the rest of the session stays).
             rows = await sql.delete_drawer_messages(conn, ws, [f["id"] for f in gone])
             counts["messages"] += len(rows)
             t.content_hashes |= {h for h, _ in rows}
-            counts["episodes"] += await sql.delete_session_episodes(conn, ws, sorted({s for _, s in rows}))
-        counts.update(await sql.delete_drawers(conn, ws, [f["id"] for f in gone]))
+            cut = sorted({s for _, s in rows})
+            # Their episodes quote the drawer, and so may what dreaming made of those episodes: those
+            # sessions are forgotten next, by the caller.
+            derived = [d for d in await sql.dreamt_from(conn, ws, cut, _episode_ids(ws, cut)) if d not in cut]
+            await sql.write_tombstones(conn, ws, t_id(scope), "session", derived)
+            deleted = await sql.delete_session_episodes(conn, ws, cut)
+            counts["episodes"] += len(deleted)
+            episodes = sorted(set(deleted) | set(_episode_ids(ws, cut)))
+            t.episode_ids |= set(episodes)
+            counts.update(await sql.delete_dreaming_runs(conn, ws, [], episodes))
+        r = await sql.delete_drawers(conn, ws, [f["id"] for f in gone])
+        t.derived_hashes |= r.pop("derived", set())
+        t.entity_ids |= r.pop("entity_ids", set())
+        counts.update(r)
         counts["drawer_sightings_detached"] += await sql.detach_drawers(
             conn, ws, [f["id"] for f in kept], session_ids, [f["id"] for f in kept if f["first_here"]])
         if session_ids:
             r = await sql.delete_sessions(conn, ws, session_ids)
             t.content_hashes |= r.pop("hashes")
+            t.episode_ids |= r.pop("episode_ids")
             counts.update(r)
         remaining = await sql.drawers_with_content(conn, ws, sorted({f["content_hash"] for f in fates}))
         keep = {_ehash(c, s, x) for c, s, x in remaining}
         counts["embedding_cache"] += await sql.drop_cache_entries(conn, ws, sorted(stale), keep)
     t.session_ids |= set(session_ids)
-    t.episode_ids |= {stable_id("episode", ws, s) for s in session_ids}
+    t.episode_ids |= set(_episode_ids(ws, session_ids))
     t.drawer_ids |= {f["id"] for f in gone}
     t.content_hashes |= {f["content_hash"] for f in gone}
     t.embed_hashes |= stale - keep
     for f in gone:
         if len(t.probes) < PROBES and f["embedding"] is not None:
             t.probes.append((f["content"], f["embedding"]))
+    return derived
+
+
+def _episode_ids(workspace_id: str, session_ids: list[str]) -> list[str]:
+    """The ids enrich gives these sessions' episodes (shared.db.forget.dreamt_from also finds any other)."""
+    return [stable_id("episode", workspace_id, s) for s in session_ids]
 
 
 def t_id(scope: Scope) -> str:
@@ -252,7 +284,9 @@ async def forget(pool: AsyncConnectionPool, settings: Settings, nats_url: str, s
             if scope.kind == "drawer":
                 async with workspace_tx(pool, ws) as conn:
                     await sql.write_tombstones(conn, ws, t_id(scope), "drawer", [scope.value])
-                await _forget_batch(pool, scope, [], [scope.value], t, counts)
+                derived = await _forget_batch(pool, scope, [], [scope.value], t, counts, by_drawer=True)
+                if derived:
+                    await _forget_batch(pool, scope, derived, [], t, counts)
             else:
                 after = ""
                 while True:
@@ -311,7 +345,9 @@ async def verify(pool: AsyncConnectionPool, settings: Settings, nats_url: str, s
     ws = scope.workspace_id
     whole = scope.kind == "workspace"
     p = {"ws": ws, "s": sorted(t.session_ids), "d": sorted(t.drawer_ids), "h": sorted(t.content_hashes),
-         "eh": sorted(t.embed_hashes), "u": scope.value if scope.kind == "user" else None,
+         "eh": sorted(t.embed_hashes), "e": sorted(t.episode_ids), "en": sorted(t.entity_ids),
+         "dh": sorted(t.derived_hashes),
+         "dream_wing": DREAMING_WING, "u": scope.value if scope.kind == "user" else None,
          "a": scope.value if scope.kind == "agent" else None, "all": whole}
     out: dict[str, int] = {}
     async with workspace_tx(pool, ws) as conn:

@@ -42,9 +42,12 @@ def register(deps: Deps) -> None:
         async with workspace_tx(deps.pool, ws) as conn:
             # 'failed' too: maintain gives up on drawers raw for too long, even when their events were
             # only queued behind a backlog; when the work does arrive, it completes them. Not those the
-            # LLM phase gave up on: their failure is final until an operator re-drives them.
+            # LLM phase gave up on: their failure is final until an operator re-drives them. Only drawers
+            # with a vector: one whose text changed after this event was published (forget re-points a
+            # shared drawer) waits for its re-embedding, which announces it again.
             rows = [r for r in await drawers_by_id(conn, ws, ev.drawer_ids, with_embedding=True)
-                    if r.state == "raw" or (r.state == "failed" and not _llm_gave_up(r.failure_reason))]
+                    if r.has_embedding
+                    and (r.state == "raw" or (r.state == "failed" and not _llm_gave_up(r.failure_reason)))]
             centroids = await load_centroids(conn, ws) if rows else []
         decisions: dict[str, Decision] = {}
         for r in rows:

@@ -19,6 +19,8 @@ from shared.db.drawers import (
     set_dedup_bands,
 )
 from shared.db.entity_dedup import key_entities_span
+from shared.db.episodes import existing_drawers
+from shared.db.forget import lock_for_write
 from shared.db.tenancy import maintenance_tx, workspace_tx
 from shared.events import DrawerClassified, EntityUpserted
 from shared.kg_dedup import dedup_entities
@@ -111,6 +113,18 @@ def register(deps: Deps) -> None:
         if not (supersede_ or usage or proposals or decisions):
             return
         async with workspace_tx(deps.pool, ws) as conn:
+            # Ordered with forget (shared.db.forget): a drawer forgotten since it was read above is gone
+            # now, and no decision involving it is written (one would name it, or carry its text into
+            # another drawer); a forget starting now waits for this transaction and sees what it wrote.
+            await lock_for_write(conn, ws)
+            involved = {r.id for r in rows} | {t for old, new, _, _ in supersede_ for t in (old, new)}
+            involved |= {d.target for _, d in decisions} | {c for _, _, cands in proposals for c, _ in cands}
+            gone = involved - await existing_drawers(conn, ws, sorted(involved))
+            if gone:
+                supersede_ = [x for x in supersede_ if not {x[0], x[1]} & gone]
+                decisions = [(did, d) for did, d in decisions if did not in gone and d.target not in gone]
+                proposals = [(r, p, cands) for r, p, cands in proposals
+                             if r.id not in gone and not {c for c, _ in cands} & gone]
             history = []
             for old, new, sim, reason in supersede_:
                 if await supersede(conn, ws, old, new):

@@ -151,6 +151,10 @@ def register(deps: Deps) -> None:
             return  # nothing but noise: no episode
         episode_id = stable_id("episode", ev.workspace_id, ev.session_id)
         async with workspace_tx(deps.pool, ev.workspace_id) as conn:
+            # A session.stored published just before its session was forgotten must not open an episode
+            # (the forget, ordered by the lock ``forgotten`` takes, has deleted it or will see this row).
+            if await forgotten(conn, ev.workspace_id, session_id=ev.session_id):
+                return
             await mark_episode_pending(conn, ev.workspace_id, episode_id, ev.session_id)
         # Its drawers may all be embedded already (fast embedder, or every one an exact repeat).
         await complete_episode(deps, ev.workspace_id, ev.session_id)

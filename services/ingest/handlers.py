@@ -54,6 +54,12 @@ def register(deps: Deps) -> None:
             # Inline linker: the session's drawers → the workspace's existing entities they name (no LLM,
             # never a new entity). After the raw rows are committed; idempotent, so a redelivery completes it.
             async with workspace_tx(deps.pool, event.workspace_id) as conn:
+                # Forgotten since the commit above? Then its drawers are gone (or going: the forget waits
+                # for this transaction and sees what it wrote); nothing is linked or announced.
+                if await forgotten(conn, event.workspace_id, session_id=event.session_id, user_id=event.user_id,
+                                   agent_id=event.agent_id):
+                    log.info("forgotten_session_refused", workspace=event.workspace_id, session=event.session_id)
+                    return
                 await link_drawers(conn, event.workspace_id, [(d.id, d.content) for d in plan.drawers])
                 # Announce every drawer of the session still raw, not only the new ones: if an earlier
                 # attempt committed and then died before publishing, this redelivery finishes its job.

@@ -17,7 +17,7 @@ from psycopg.types.json import Jsonb
 from shared.db.drawers import as_array, record_history
 from shared.memory.decisions import Proposal, content_hash, outcome_for
 
-__all__ = ["RESTORABLE", "RevertError", "apply_proposal", "list_history", "revert", "snapshot"]
+__all__ = ["RESTORABLE", "RevertError", "apply_proposal", "list_history", "restore_columns", "revert", "snapshot"]
 
 # Columns a decision may change, hence archived before it does and restored by a revert.
 RESTORABLE = ("content", "content_hash", "embedding", "memory_type", "importance", "summary", "state",
@@ -40,7 +40,7 @@ async def snapshot(conn: AsyncConnection[Any], workspace_id: str, drawer_id: str
     return dict(row)
 
 
-async def _restore(conn: AsyncConnection[Any], workspace_id: str, drawer_id: str, values: dict[str, Any]) -> int:
+async def restore_columns(conn: AsyncConnection[Any], workspace_id: str, drawer_id: str, values: dict[str, Any]) -> int:
     cols = [c for c in RESTORABLE if c in values]
     if not cols:
         return 0
@@ -141,7 +141,7 @@ async def revert(conn: AsyncConnection[Any], workspace_id: str, history_id: str)
     current = await snapshot(conn, workspace_id, drawer_id)
     if current is None:
         raise RevertError(f"drawer {drawer_id} no longer exists")
-    await _restore(conn, workspace_id, drawer_id, old)
+    await restore_columns(conn, workspace_id, drawer_id, old)
     restored = [c for c in RESTORABLE if c in old]
     await record_history(conn, workspace_id, drawer_id=drawer_id, action="REVERT", actor="operator",
                          event_id=f"revert:{history_id}:{datetime.now().isoformat()}",

@@ -83,7 +83,7 @@ async def cached_embeddings(
 
 async def save_embeddings(
     conn: AsyncConnection[Any], workspace_id: str, model: str,
-    rows: list[tuple[str, str, np.ndarray]], *, cache_new: bool = True,
+    rows: list[tuple[str, str, np.ndarray, str, str | None]], *, cache_new: bool = True,
 ) -> int:
     """Set embeddings on drawers still lacking one; fill the cache.
 
@@ -92,7 +92,9 @@ async def save_embeddings(
     cleared, so re-driving its dead letter once the endpoint is fixed finishes it instead of
     leaving an embedded drawer marked failed.
 
-    rows: (drawer_id, hash of the embedded text, vector).
+    rows: (drawer_id, hash of the embedded text, vector, the content hash and context it was made
+    from). A drawer whose text changed meanwhile keeps no vector of the old one (forget re-points a
+    shared drawer to a surviving sighting without the forgotten context; it is re-embedded later).
     """
     if not rows:
         return 0
@@ -101,8 +103,9 @@ async def save_embeddings(
         await cur.executemany(
             "UPDATE drawers SET embedding = %s, embedding_model = %s, failure_reason = NULL,"
             " state = CASE WHEN state = 'failed' THEN 'raw' ELSE state END, updated_at = now()"
-            " WHERE workspace_id = %s AND id = %s AND embedding IS NULL RETURNING id",
-            [(vec, model, workspace_id, did) for did, _, vec in rows],
+            " WHERE workspace_id = %s AND id = %s AND embedding IS NULL"
+            " AND content_hash = %s AND context IS NOT DISTINCT FROM %s RETURNING id",
+            [(vec, model, workspace_id, did, chash, ctx) for did, _, vec, chash, ctx in rows],
             returning=True,
         )
         while True:
@@ -113,7 +116,7 @@ async def save_embeddings(
                 break
         # Only texts of drawers that still exist are cached: a drawer forgotten while its embedding
         # was computed leaves no cache entry behind.
-        cacheable = [(workspace_id, model, h, vec) for did, h, vec in rows if did in updated]
+        cacheable = [(workspace_id, model, h, vec) for did, h, vec, _, _ in rows if did in updated]
         if cache_new and cacheable:
             await cur.executemany(
                 "INSERT INTO embedding_cache (workspace_id, model, content_hash, embedding) VALUES (%s, %s, %s, %s)"

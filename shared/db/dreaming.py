@@ -16,6 +16,7 @@ from typing import Any
 from psycopg import AsyncConnection
 from psycopg.types.json import Jsonb
 
+from shared.db.forget import forgotten_pair
 from shared.memory.dreaming import EpisodeIn, Memory, run_id, session_id_of
 
 __all__ = ["Claim", "claim_run", "due_pairs", "finish_run", "save_memories"]
@@ -50,12 +51,16 @@ async def claim_run(
     conn: AsyncConnection[Any], workspace_id: str, agent_id: str, user_id: str, *, holder: str, threshold: int,
     max_episodes: int, debounce_s: float, stale_s: float,
 ) -> Claim | str:
-    """Claim the pair's next run, or say why not ('busy', 'debounced', 'below_threshold')."""
+    """Claim the pair's next run, or say why not ('busy', 'debounced', 'below_threshold', 'forgotten')."""
     cur = await conn.execute("SELECT pg_try_advisory_xact_lock(hashtextextended(%s, 0))",
                              (f"dreaming\x1f{workspace_id}\x1f{agent_id}\x1f{user_id}",))
     row = await cur.fetchone()
     if not row or not row[0]:
         return "busy"
+    # Ordered with forget (shared.db.forget): a claim either commits before a forget's tombstones (and
+    # the forget finds its run) or sees them, and takes no episode of a forgotten session or pair.
+    if await forgotten_pair(conn, workspace_id, agent_id, user_id):
+        return "forgotten"
     pair = {"ws": workspace_id, "a": agent_id, "u": user_id}
     cur = await conn.execute(
         """SELECT id, status, holder, claimed_at, done_at, claimed_at < now() - make_interval(secs => %(stale)s),
@@ -90,6 +95,8 @@ async def claim_run(
         """SELECT id FROM episodes
              WHERE workspace_id = %(ws)s AND coalesce(agent_id, '') = %(a)s AND coalesce(user_id, '') = %(u)s
                AND promoted_at IS NULL AND status = 'ready' AND session_id NOT LIKE 'dreaming:%%'
+               AND NOT EXISTS (SELECT 1 FROM forget_tombstones t WHERE t.workspace_id = %(ws)s
+                                  AND t.kind = 'session' AND t.value = episodes.session_id)
              ORDER BY completed_at, id LIMIT %(n)s""", {**pair, "n": max_episodes})
     ids = [str(r[0]) for r in await cur.fetchall()]
     if len(ids) < threshold:

@@ -1,9 +1,10 @@
 """SQL of forgetting: tombstones the pipeline checks, the per-batch deletions, the audit record.
 
 Ordering with the pipeline is what keeps an in-flight event from resurrecting forgotten rows. Every
-writer that could re-create them (ingest's store, enrich's episode and entity writes) first takes a
-*shared* advisory lock on the workspace, then looks the tombstones up, in the transaction that
-writes. Forget writes its tombstones holding the *exclusive* lock. So a writer either committed
+writer that could re-create them (ingest's store and linker, enrich's episode and entity writes,
+cluster's decisions, an approved proposal, a dreaming claim) first takes a *shared* advisory lock on
+the workspace, then looks the tombstones up (or checks that its drawers still exist), in the
+transaction that writes. Forget writes its tombstones holding the *exclusive* lock. So a writer either committed
 before the tombstones (and forget, which deletes only afterwards, sees and deletes its rows) or runs
 after them (and sees them). The lock is per workspace and held only for one short transaction.
 """
@@ -15,11 +16,16 @@ from typing import Any
 from psycopg import AsyncConnection
 from psycopg.types.json import Jsonb
 
+from shared.db.decisions import restore_columns
+from shared.db.drawers import history_id_for, record_history
+from shared.memory.decisions import content_hash as decision_hash
+
 __all__ = [
     "KINDS",
     "finish_audit",
     "forgotten",
     "forgotten_drawers",
+    "forgotten_pair",
     "lock_for_write",
     "start_audit",
     "write_tombstones",
@@ -54,6 +60,20 @@ async def forgotten(conn: AsyncConnection[Any], workspace_id: str, *, session_id
                            WHERE ss.workspace_id = %(ws)s AND ss.session_id = %(s)s)""",
         {"ws": workspace_id, "s": session_id, "u": user_id, "a": agent_id},
     )
+    row = await cur.fetchone()
+    return bool(row and row[0])
+
+
+async def forgotten_pair(conn: AsyncConnection[Any], workspace_id: str, agent_id: str, user_id: str) -> bool:
+    """Whether the workspace, this agent or this user was forgotten ('' names no agent / no user); takes
+    the writer's lock first, like ``forgotten``."""
+    await lock_for_write(conn, workspace_id)
+    cur = await conn.execute(
+        """SELECT EXISTS (SELECT 1 FROM forget_tombstones
+                           WHERE workspace_id = %(ws)s
+                             AND ((kind = 'workspace' AND value = '*')
+                               OR (kind = 'user' AND value = %(u)s) OR (kind = 'agent' AND value = %(a)s)))""",
+        {"ws": workspace_id, "u": user_id or None, "a": agent_id or None})
     row = await cur.fetchone()
     return bool(row and row[0])
 
@@ -120,6 +140,20 @@ async def drawers_of_sessions(conn: AsyncConnection[Any], workspace_id: str, ses
     return [r[0] for r in await cur.fetchall()]
 
 
+async def dreamt_from(conn: AsyncConnection[Any], workspace_id: str, session_ids: list[str],
+                      episode_ids: list[str]) -> list[str]:
+    """The output sessions ('dreaming:<run>') of the dreaming runs that consolidated an episode of these
+    sessions: their drawers were synthesised from it (index dreaming_runs_episodes, migration 0040).
+    ``episode_ids`` names episodes that may be gone already (expired, or a forget that stopped half way)."""
+    cur = await conn.execute(
+        """SELECT session_id FROM dreaming_runs
+            WHERE workspace_id = %(ws)s AND episode_ids && (%(e)s::text[] || ARRAY(
+                  SELECT id FROM episodes WHERE workspace_id = %(ws)s AND session_id = ANY(%(s)s)))
+            ORDER BY session_id""",
+        {"ws": workspace_id, "s": session_ids, "e": episode_ids})
+    return [r[0] for r in await cur.fetchall()]
+
+
 async def drawer_fates(conn: AsyncConnection[Any], workspace_id: str, drawer_ids: list[str],
                        session_ids: list[str], *, whole_workspace: bool) -> list[dict[str, Any]]:
     """Per drawer: its content fields, whether its first sighting is in these sessions, and whether it
@@ -141,14 +175,17 @@ async def drawer_fates(conn: AsyncConnection[Any], workspace_id: str, drawer_ids
     return [dict(zip(cols, r, strict=True)) for r in await cur.fetchall()]
 
 
-async def delete_drawers(conn: AsyncConnection[Any], workspace_id: str, ids: list[str]) -> dict[str, int]:
+async def delete_drawers(conn: AsyncConnection[Any], workspace_id: str, ids: list[str]) -> dict[str, Any]:
     """Delete drawers with everything derived from them: entity mentions (and entities left with none,
     with their triples), triples sourced from them, their provenance (cascade); scrub the content
-    out of their history rows (the rows stay); drawers merged into them come back as themselves."""
+    out of their history rows (the rows stay); drawers merged into them come back as themselves, and
+    so do drawers they superseded; drawers a curation UPDATE rewrote with their content get back what
+    they held before (``revert_updates_from``). Returns counts, and for ``verify`` the entities that
+    went ("entity_ids") and the hashes of the contents those UPDATEs had written ("derived")."""
     if not ids:
         return {}
     p = {"ws": workspace_id, "ids": ids}
-    out: dict[str, int] = {}
+    out: dict[str, Any] = {}
     # The drawers go first: the delete waits for a stage still updating one (classify, cluster) and
     # takes its row, so whatever that stage wrote beside it (a history row) is committed, and seen by
     # the statements below; a stage arriving later finds no drawer and writes nothing.
@@ -181,7 +218,13 @@ async def delete_drawers(conn: AsyncConnection[Any], workspace_id: str, ids: lis
             await conn.execute(
                 """DELETE FROM entity_merges WHERE workspace_id = %(ws)s
                      AND (survivor_id = ANY(%(e)s) OR merged_id = ANY(%(e)s))""", {"ws": workspace_id, "e": gone})
+            # Look-alike flags name both entities and why they look alike (index entity_flags_b, 0040).
+            cur = await conn.execute(
+                """DELETE FROM entity_flags WHERE workspace_id = %(ws)s
+                     AND (entity_a = ANY(%(e)s) OR entity_b = ANY(%(e)s))""", {"ws": workspace_id, "e": gone})
+            out["entity_flags"] = cur.rowcount
         out["entities"] = len(gone)
+        out["entity_ids"] = set(gone)
         if gone:
             cur = await conn.execute(
                 """DELETE FROM triples WHERE workspace_id = %(ws)s
@@ -197,6 +240,10 @@ async def delete_drawers(conn: AsyncConnection[Any], workspace_id: str, ids: lis
             WHERE workspace_id = %(ws)s AND drawer_id = ANY(%(ids)s)
               AND (reason IS NOT NULL OR old_value IS NOT NULL OR new_value IS NOT NULL)""", p)
     out["history_scrubbed"] = cur.rowcount
+    reverted = await revert_updates_from(conn, workspace_id, ids)
+    out["drawers_reverted"] = len(reverted["targets"])
+    out["derived"] = reverted["derived"]
+    out["history_scrubbed"] += reverted["history_scrubbed"]
     # Decisions filed under another drawer whose proposal came from a forgotten one: the proposal's
     # content and reason go; the target's own prior state (old_value) stays, so it can still be reverted.
     cur = await conn.execute(
@@ -204,7 +251,62 @@ async def delete_drawers(conn: AsyncConnection[Any], workspace_id: str, ids: lis
             WHERE workspace_id = %(ws)s AND new_value ? 'source_drawer'
               AND (new_value ->> 'source_drawer') = ANY(%(ids)s)""", p)
     out["history_scrubbed"] += cur.rowcount
+    # Drawers a forgotten one superseded rank as their own again, and no longer name it; the verdict
+    # that compared them (its reason may quote the forgotten text) goes from their audit rows.
+    cur = await conn.execute(
+        """UPDATE drawers SET superseded_by = NULL, updated_at = now()
+            WHERE workspace_id = %(ws)s AND superseded_by = ANY(%(ids)s) RETURNING id""", p)
+    unsuperseded = [r[0] for r in await cur.fetchall()]
+    out["drawers_unsuperseded"] = len(unsuperseded)
+    if unsuperseded:
+        cur = await conn.execute(
+            """UPDATE memory_history SET reason = NULL, new_value = NULL
+                WHERE workspace_id = %(ws)s AND drawer_id = ANY(%(old)s) AND action = 'SUPERSEDE'
+                  AND (new_value ->> 'superseded_by') = ANY(%(ids)s)""", {**p, "old": unsuperseded})
+        out["history_scrubbed"] += cur.rowcount
     return out
+
+
+# What a curation UPDATE may have written into its target from the drawer that prompted it.
+_UPDATED_COLUMNS = ("content", "content_hash", "embedding", "summary")
+
+
+async def revert_updates_from(conn: AsyncConnection[Any], workspace_id: str, ids: list[str]) -> dict[str, Any]:
+    """Targets of applied curation UPDATEs that these (forgotten) drawers prompted get back the content
+    they had before the first of them (content, hash, embedding, summary from that audit row's archived
+    prior state; their importance, archive mark or pin stay as they are now). Every later audit row of
+    the target loses its content too: what it recorded was derived from the forgotten text. The revert
+    is audited without content. Returns the targets and, for ``verify``, the hashes of the contents
+    those UPDATEs had written (``derived``)."""
+    cur = await conn.execute(
+        """SELECT id, drawer_id, old_value, created_at, new_value ->> 'content' FROM memory_history
+            WHERE workspace_id = %(ws)s AND new_value ? 'source_drawer'
+              AND (new_value ->> 'source_drawer') = ANY(%(ids)s)
+              AND action = 'UPDATE' AND new_value ->> 'outcome' = 'applied' AND old_value IS NOT NULL
+              AND drawer_id IS NOT NULL AND NOT (drawer_id = ANY(%(ids)s))
+            ORDER BY drawer_id, created_at, id""", {"ws": workspace_id, "ids": ids})
+    rows = await cur.fetchall()
+    first: dict[str, tuple[str, dict[str, Any], Any]] = {}
+    derived = set()
+    for hid, target, old, at, content in rows:
+        first.setdefault(target, (hid, old, at))
+        if content:
+            derived.add(decision_hash(content))
+    scrubbed = 0
+    for target, (hid, old, at) in sorted(first.items()):
+        restored = await restore_columns(conn, workspace_id, target, {c: old[c] for c in _UPDATED_COLUMNS if c in old})
+        if not restored:
+            continue
+        cur = await conn.execute(
+            """UPDATE memory_history SET reason = NULL, old_value = NULL, new_value = NULL
+                WHERE workspace_id = %s AND drawer_id = %s AND created_at >= %s AND id <> %s
+                  AND (reason IS NOT NULL OR old_value IS NOT NULL OR new_value IS NOT NULL)""",
+            (workspace_id, target, at, hid))
+        scrubbed += cur.rowcount
+        await record_history(conn, workspace_id, drawer_id=target, action="REVERT", actor="forget",
+                             event_id=f"forget:{hid}", reason="the drawer behind this update was forgotten",
+                             new_value={"reverted": hid})
+    return {"targets": sorted(first), "derived": derived, "history_scrubbed": scrubbed}
 
 
 async def detach_drawers(conn: AsyncConnection[Any], workspace_id: str, ids: list[str], session_ids: list[str],
@@ -240,18 +342,42 @@ async def delete_sessions(conn: AsyncConnection[Any], workspace_id: str, session
     p = {"ws": workspace_id, "s": session_ids}
     cur = await conn.execute("DELETE FROM episodes WHERE workspace_id = %(ws)s AND session_id = ANY(%(s)s)"
                              " RETURNING id", p)
-    episodes = cur.rowcount
-    # A dreaming run keeps a copy of what it synthesised from its episodes (and names its output session).
-    await conn.execute(
-        """DELETE FROM dreaming_runs WHERE workspace_id = %(ws)s
-              AND (episode_ids && %(e)s::text[] OR session_id = ANY(%(s)s))""",
-        {**p, "e": [r[0] for r in await cur.fetchall()]})
+    episode_ids = [r[0] for r in await cur.fetchall()]
+    out: dict[str, Any] = {"episodes": len(episode_ids), "episode_ids": set(episode_ids)}
+    out.update(await delete_dreaming_runs(conn, workspace_id, session_ids, episode_ids))
     cur = await conn.execute(
         "DELETE FROM messages WHERE workspace_id = %(ws)s AND session_id = ANY(%(s)s) RETURNING content_hash", p)
-    hashes = {r[0] for r in await cur.fetchall()}
-    messages = cur.rowcount
+    out["hashes"] = {r[0] for r in await cur.fetchall()}
+    out["messages"] = cur.rowcount
     cur = await conn.execute("DELETE FROM sessions WHERE workspace_id = %(ws)s AND session_id = ANY(%(s)s)", p)
-    return {"episodes": episodes, "messages": messages, "sessions": cur.rowcount, "hashes": hashes}
+    out["sessions"] = cur.rowcount
+    return out
+
+
+async def delete_dreaming_runs(conn: AsyncConnection[Any], workspace_id: str, session_ids: list[str],
+                               episode_ids: list[str]) -> dict[str, int]:
+    """The dreaming runs that consolidated one of these episodes, or whose output is one of these
+    sessions: the run keeps a copy of what it synthesised. Their other episodes become unpromoted again,
+    so the next dreaming run consolidates them without the forgotten one (nothing else is lost), and
+    their DREAM audit rows keep only that a run happened. (Their output sessions are forgotten with
+    these: ``dreamt_from``.)"""
+    cur = await conn.execute(
+        """DELETE FROM dreaming_runs WHERE workspace_id = %(ws)s
+              AND (episode_ids && %(e)s::text[] OR session_id = ANY(%(s)s))
+           RETURNING id, episode_ids""", {"ws": workspace_id, "s": session_ids, "e": episode_ids})
+    runs = await cur.fetchall()
+    if not runs:
+        return {}
+    others = sorted({e for _, eps in runs for e in eps} - set(episode_ids))
+    cur = await conn.execute(
+        """UPDATE episodes SET promoted_at = NULL WHERE workspace_id = %s AND id = ANY(%s)
+              AND promoted_at IS NOT NULL""", (workspace_id, others))
+    unpromoted = cur.rowcount
+    cur = await conn.execute(
+        """UPDATE memory_history SET reason = NULL, new_value = NULL
+            WHERE workspace_id = %s AND id = ANY(%s) AND new_value IS NOT NULL""",
+        (workspace_id, [history_id_for(workspace_id, f"dreaming:{r}", None, "DREAM") for r, _ in runs]))
+    return {"dreaming_runs": len(runs), "episodes_unpromoted": unpromoted, "history_scrubbed": cur.rowcount}
 
 
 async def drop_cache_entries(conn: AsyncConnection[Any], workspace_id: str, hashes: list[str],
@@ -318,11 +444,12 @@ async def delete_drawer_messages(conn: AsyncConnection[Any], workspace_id: str,
     return [(r[0], r[1]) for r in await cur.fetchall()]
 
 
-async def delete_session_episodes(conn: AsyncConnection[Any], workspace_id: str, session_ids: list[str]) -> int:
-    """The episodes of sessions a forgotten drawer came from (their summaries quote it)."""
-    cur = await conn.execute("DELETE FROM episodes WHERE workspace_id = %s AND session_id = ANY(%s)",
+async def delete_session_episodes(conn: AsyncConnection[Any], workspace_id: str,
+                                  session_ids: list[str]) -> list[str]:
+    """The episodes of sessions a forgotten drawer came from (their summaries quote it); their ids."""
+    cur = await conn.execute("DELETE FROM episodes WHERE workspace_id = %s AND session_id = ANY(%s) RETURNING id",
                              (workspace_id, session_ids))
-    return cur.rowcount
+    return [r[0] for r in await cur.fetchall()]
 
 
 async def hashes_still_held(conn: AsyncConnection[Any], workspace_id: str, hashes: list[str]) -> set[str]:
@@ -336,7 +463,8 @@ async def hashes_still_held(conn: AsyncConnection[Any], workspace_id: str, hashe
 
 
 # Per place, the rows that still name what was forgotten (``count_remaining``'s parameters: ws, s
-# sessions, d drawers, h content hashes, eh embedding-text hashes, u user, a agent, all whole workspace).
+# sessions, d drawers, h content hashes, eh embedding-text hashes, e episodes, en entities, dh hashes of
+# what curation derived from forgotten drawers, dream_wing, u user, a agent, all whole workspace).
 _REMAINING: dict[str, str] = {
     "sessions": "SELECT count(*) FROM sessions WHERE workspace_id = %(ws)s AND (%(all)s OR session_id = ANY(%(s)s)"
                 " OR user_id = %(u)s OR agent_id = %(a)s)",
@@ -352,12 +480,31 @@ _REMAINING: dict[str, str] = {
                 " OR agent_id = %(a)s)",
     "entity_mentions": "SELECT count(*) FROM entity_mentions WHERE workspace_id = %(ws)s AND (%(all)s"
                        " OR drawer_id = ANY(%(d)s))",
-    "entities": "SELECT count(*) FROM entities WHERE workspace_id = %(ws)s AND %(all)s",
+    "entities": "SELECT count(*) FROM entities WHERE workspace_id = %(ws)s AND (%(all)s OR id = ANY(%(en)s))",
+    "entity_flags": "SELECT count(*) FROM entity_flags WHERE workspace_id = %(ws)s AND (%(all)s"
+                    " OR entity_a = ANY(%(en)s) OR entity_b = ANY(%(en)s))",
     "triples": "SELECT count(*) FROM triples WHERE workspace_id = %(ws)s AND (%(all)s"
                " OR source_drawer = ANY(%(d)s))",
     "memory_history_content": "SELECT count(*) FROM memory_history WHERE workspace_id = %(ws)s"
                               " AND (%(all)s OR drawer_id = ANY(%(d)s))"
                               " AND (reason IS NOT NULL OR old_value IS NOT NULL OR new_value IS NOT NULL)",
+    "memory_history_from_forgotten": "SELECT count(*) FROM memory_history WHERE workspace_id = %(ws)s"
+                                     " AND new_value ? 'source_drawer'"
+                                     " AND (new_value ->> 'source_drawer') = ANY(%(d)s)",
+    # A drawer still holding what a curation UPDATE wrote into it from forgotten content (not reverted).
+    "curation_updated_drawers": "SELECT count(*) FROM drawers WHERE workspace_id = %(ws)s"
+                                " AND content_hash = ANY(%(dh)s)",
+    # Drawers still ranked below, or merged into, a forgotten drawer (naming it).
+    "drawers_pointing_at_forgotten": "SELECT count(*) FROM drawers WHERE workspace_id = %(ws)s"
+                                     " AND (superseded_by = ANY(%(d)s) OR cluster_id = ANY(%(d)s))",
+    # What dreaming synthesised from a forgotten episode: its runs, its drawers, its audit rows.
+    "dreaming_runs": "SELECT count(*) FROM dreaming_runs WHERE workspace_id = %(ws)s AND (%(all)s"
+                     " OR episode_ids && %(e)s::text[] OR session_id = ANY(%(s)s)"
+                     " OR user_id = %(u)s OR agent_id = %(a)s)",
+    "dreaming_drawers": "SELECT count(*) FROM drawers WHERE workspace_id = %(ws)s AND wing = %(dream_wing)s"
+                        " AND (%(all)s OR (metadata -> 'message' -> 'episode_ids') ?| %(e)s::text[])",
+    "dreaming_history": "SELECT count(*) FROM memory_history WHERE workspace_id = %(ws)s AND action = 'DREAM'"
+                        " AND (new_value -> 'episodes') ?| %(e)s::text[]",
     "identities": "SELECT count(*) FROM identities WHERE workspace_id = %(ws)s AND %(all)s",
     "proposal_resolutions": "SELECT count(*) FROM proposal_resolutions WHERE workspace_id = %(ws)s AND %(all)s",
 }

@@ -185,7 +185,8 @@ async def link_drawers(conn: AsyncConnection[Any], workspace_id: str, drawers: l
 
     One index probe of ``entity_aliases`` by the batch's distinct words (a name's anchor word must be
     among them), then whole-word matching of the few names that come back. Idempotent, so a
-    redelivered batch adds nothing; the drawers' entity_count follows new links.
+    redelivered batch adds nothing; the drawers' entity_count follows new links. Only drawers that
+    still exist are linked (one forgotten since it was filed gains no mention).
     """
     texts = {did: text_words(text) for did, text in drawers}
     probe = sorted({w for t in texts.values() for w in t.words})
@@ -201,9 +202,10 @@ async def link_drawers(conn: AsyncConnection[Any], workspace_id: str, drawers: l
         return LinkResult({}, 0)
     cur = await conn.execute(
         """INSERT INTO entity_mentions (workspace_id, entity_id, drawer_id)
-           SELECT %s, e, d FROM unnest(%s::text[], %s::text[]) AS p(e, d)
+           SELECT %(ws)s, e, d FROM unnest(%(e)s::text[], %(d)s::text[]) AS p(e, d)
+            WHERE EXISTS (SELECT 1 FROM drawers x WHERE x.workspace_id = %(ws)s AND x.id = p.d)
            ON CONFLICT DO NOTHING RETURNING entity_id, drawer_id""",
-        (workspace_id, [e for e, _ in pairs], [d for _, d in pairs]))
+        {"ws": workspace_id, "e": [e for e, _ in pairs], "d": [d for _, d in pairs]})
     new = await cur.fetchall()
     if new:
         # Only the batch's own drawers are written. Entity rows are not: a speaker's entity is named

@@ -20,6 +20,7 @@ from psycopg.rows import dict_row
 
 from shared.db.decisions import apply_proposal, snapshot
 from shared.db.drawers import as_array, history_id_for, record_history
+from shared.db.forget import lock_for_write
 from shared.memory.decisions import Proposal
 
 __all__ = ["STATUSES", "ProposalError", "ProposalNotFound", "ProposalResolved", "Resolution", "list_proposals",
@@ -128,6 +129,9 @@ async def resolve_proposal(
 
     Raises ProposalError when it does not exist, is not a held proposal, or was resolved already.
     """
+    # Ordered with forget (shared.db.forget): a drawer forgotten before this is gone when _why_not looks
+    # (the approval is dropped); a forget starting now waits, then reverts what this applied.
+    await lock_for_write(conn, workspace_id)
     row = await _held(conn, workspace_id, history_id)
     nv, action, target = row["new_value"], row["action"], row["drawer_id"]
     source = nv.get("source_drawer") or ""

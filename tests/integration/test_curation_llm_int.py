@@ -15,6 +15,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import httpx
 import numpy as np
@@ -431,17 +432,62 @@ def test_update_in_full_mode_is_archived_and_revert_restores_the_exact_prior_sta
     assert bad.returncode == 1 and "no audit entry" in bad.stderr
 
 
-def test_forgetting_the_source_of_an_update_scrubs_its_proposal_but_keeps_the_targets_prior_state(
+def test_forgetting_the_source_of_an_update_reverts_its_target_and_the_proof_sees_it(
         stack: Stack, llm: ChatStub) -> None:
-    """The UPDATE is filed under its target, but its proposal is the forgotten session's fact."""
+    """The UPDATE is filed under its target and wrote the forgotten session's fact into it: forgetting
+    the source gives the target back exactly what it held before, takes the proposal out of the audit
+    trail (the prior state stays), and --verify would see a target that still held the fact."""
+    from shared.forget import Scope, forget, verify
+    from shared.memory.decisions import content_hash as decision_hash
+
     w, old_id, first = _two_sessions(stack, llm, "UPDATE")
-    (_, drawer, reason, old_value, new_value), = _history(stack, w, "UPDATE")
-    assert drawer == old_id and new_value["content"] and reason
-    out = _cli(stack, "forget", "-w", w, "--session", "s2")
-    assert out.returncode == 0, out.stderr
+    (hid, drawer, reason, old_value, new_value), = _history(stack, w, "UPDATE")
+    assert drawer == old_id and new_value["content"] and reason and new_value["outcome"] == "applied"
+    (updated,), = stack.sql("SELECT content FROM drawers WHERE workspace_id = %s AND id = %s", (w, old_id))
+    assert updated.startswith(first + " (now: ") and "black coffee" in updated
+    before = (old_value["content_hash"], np.asarray(old_value["embedding"], dtype=np.float32))
+    # A later audited change of the target (derived from the updated text) loses its content too.
+    stack.sql("INSERT INTO memory_history (workspace_id, id, drawer_id, action, actor, reason, new_value)"
+              " VALUES (%s, 'later', %s, 'CLASSIFY', 'test', %s, '{\"summary\": \"black coffee\"}') RETURNING 1",
+              (w, old_id, "relabelled after: " + updated))
+
+    async def go() -> tuple[Any, dict[str, int], dict[str, int]]:
+        pool = await open_pool(stack.database_url, name="test-forget", max_size=2)
+        try:
+            r = await forget(pool, stack.settings, stack.nats_url, Scope(w, "session", "s2"), requested_by="test")
+            clean = await verify(pool, stack.settings, stack.nats_url, r.scope, r.targets)
+            # The proof can fail: put the updated text back into the target and it is found.
+            async with workspace_tx(pool, w) as conn:
+                await conn.execute("UPDATE drawers SET content = %s, content_hash = %s WHERE workspace_id = %s"
+                                   " AND id = %s", (updated, decision_hash(updated), w, old_id))
+            dirty = await verify(pool, stack.settings, stack.nats_url, r.scope, r.targets)
+            return r, clean, dirty
+        finally:
+            await pool.close()
+
+    result, clean, dirty = asyncio.run(go())
+    assert result.counts["drawers_reverted"] == 1 and result.targets.derived_hashes == {decision_hash(updated)}
+    assert not any(clean.values()), {k: v for k, v in clean.items() if v}
+    assert {k: v for k, v in dirty.items() if v} == {"curation_updated_drawers": 1}
+    stack.sql("UPDATE drawers SET content = %s, content_hash = %s WHERE workspace_id = %s AND id = %s RETURNING 1",
+              (first, before[0], w, old_id))  # as the forget left it
+
+    # Reverted exactly (content, hash, vector), without being un-archived, re-ranked or re-pinned.
+    content, chash, emb = stack.sql("SELECT content, content_hash, embedding::text FROM drawers"
+                                    " WHERE workspace_id = %s AND id = %s", (w, old_id))[0]
+    assert (content, chash) == (first, before[0])
+    assert np.array_equal(np.asarray(json.loads(emb), dtype=np.float32), before[1])
     (_, _, reason, old_value, new_value), = _history(stack, w, "UPDATE")
     assert reason is None and new_value is None, (reason, new_value)
-    assert old_value["content"] == first  # the target's own prior state: still revertible
+    assert old_value["content"] == first  # the target's own prior state: still there
+    (rev,) = _history(stack, w, "REVERT")
+    assert rev[1] == old_id and rev[3] is None and rev[4] == {"reverted": hid}  # audited, without content
+    assert stack.sql("SELECT reason, new_value FROM memory_history WHERE workspace_id = %s AND id = 'later'",
+                     (w,)) == [(None, None)]
+    assert not stack.sql("SELECT id FROM memory_history WHERE workspace_id = %s AND concat(reason, old_value::text,"
+                         " new_value::text) ILIKE '%%black coffee%%'", (w,))
+    hits = stack.search(w, "Maria black coffee morning", k=10)
+    assert [h["id"] for h in hits] == [old_id] and "coffee" not in hits[0]["content"]
 
 
 def test_pinned_memories_are_never_deleted(stack: Stack, llm: ChatStub) -> None:

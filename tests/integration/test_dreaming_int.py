@@ -232,14 +232,58 @@ async def test_due_pairs_and_a_claim_read_the_partial_index(stack: Stack, runner
         await conn.rollback()
 
 
-async def test_forgetting_a_session_forgets_the_dreaming_run_made_from_it(stack: Stack, runner: Runner) -> None:
-    from shared.forget import Scope, forget
+async def test_forgetting_a_session_forgets_what_dreaming_made_of_it(stack: Stack, runner: Runner) -> None:
+    """The run consolidated the forgotten session's episode: its record, its drawers (filed through
+    ingest in the dreaming wing) and the content of its audit row go; the pair's other episodes become
+    unpromoted (the next run consolidates them without it); the proof looks for all of it and can fail."""
+    from shared.forget import Scope, Targets, forget, verify
 
     w = ws()
     eps = _episodes(stack, w, "a", "u", 5)
     assert (await dream_pair(runner.run("t"), w, "a", "u"))["outcome"] == "done"
+    (rid, *_), = _runs(stack, w)
+    dreamt = await asyncio.to_thread(wait_for, lambda: stack.sql(
+        "SELECT id FROM drawers WHERE workspace_id = %s AND session_id = %s AND state = 'processed'",
+        (w, f"dreaming:{rid}")), 60, "the dreaming drawers")
     session_of = stack.sql("SELECT session_id FROM episodes WHERE workspace_id = %s AND id = %s", (w, eps[2]))[0][0]
     stack.sql("INSERT INTO sessions (workspace_id, session_id, event_id, message_count, content_hash)"
               " VALUES (%s, %s, 'e', 0, 'h') RETURNING 1", (w, session_of))
-    await forget(runner.pool, stack.settings, stack.nats_url, Scope(w, "session", session_of), requested_by="test")
+    scope = Scope(w, "session", session_of)
+    before = await verify(runner.pool, stack.settings, stack.nats_url, scope, Targets(episode_ids={eps[2]}))
+    assert (before["dreaming_runs"], before["dreaming_history"]) == (1, 1)
+    assert before["dreaming_drawers"] == len(dreamt) >= 1
+
+    r = await forget(runner.pool, stack.settings, stack.nats_url, scope, requested_by="test")
+    assert r.counts["dreaming_runs"] == 1 and r.counts["drawers"] == len(dreamt)
+    assert r.counts["episodes_unpromoted"] == 4
+    left = await verify(runner.pool, stack.settings, stack.nats_url, scope, r.targets)
+    assert not any(left.values()), {k: v for k, v in left.items() if v}
+    assert _runs(stack, w) == []
+    assert stack.sql("SELECT count(*) FROM drawers WHERE workspace_id = %s AND wing = 'dreaming'", (w,)) == [(0,)]
+    assert stack.sql("SELECT count(*) FROM sessions WHERE workspace_id = %s AND session_id = %s",
+                     (w, f"dreaming:{rid}")) == [(0,)]
+    assert stack.sql("SELECT reason, new_value FROM memory_history WHERE workspace_id = %s AND action = 'DREAM'",
+                     (w,)) == [(None, None)]
+    assert _promoted(stack, w) == set()
+    assert {e for (e,) in stack.sql("SELECT id FROM episodes WHERE workspace_id = %s", (w,))} == set(eps) - {eps[2]}
+    # The next run consolidates what is left once the pair has enough again; the forgotten one never.
+    more = _episodes(stack, w, "a", "u", 1, start=5)
+    r2 = await dream_pair(runner.run("t", dreaming_debounce_s=0), w, "a", "u")
+    assert r2["outcome"] == "done" and r2["episodes"] == 5
+    (run2,) = _runs(stack, w)
+    assert set(run2[3]) == (set(eps) - {eps[2]}) | set(more)
+
+
+async def test_a_claim_takes_no_episode_of_a_forgotten_session_or_pair(stack: Stack, runner: Runner) -> None:
+    """Tombstones written (a forget under way) before the claim: it takes none of the forgotten."""
+    w = ws()
+    eps = _episodes(stack, w, "a", "u", 5)
+    session_of = stack.sql("SELECT session_id FROM episodes WHERE workspace_id = %s AND id = %s", (w, eps[0]))[0][0]
+    stack.sql("INSERT INTO forget_tombstones (workspace_id, kind, value, forget_id) VALUES (%s, 'session', %s, 'f')"
+              " RETURNING 1", (w, session_of))
+    assert await dream_pair(runner.run("t"), w, "a", "u") == {"outcome": "below_threshold"}
+    stack.sql("INSERT INTO forget_tombstones (workspace_id, kind, value, forget_id) VALUES (%s, 'user', 'u', 'f')"
+              " RETURNING 1", (w,))
+    _episodes(stack, w, "a", "u", 2, start=5)
+    assert await dream_pair(runner.run("t"), w, "a", "u") == {"outcome": "forgotten"}
     assert _runs(stack, w) == []

@@ -103,6 +103,30 @@ def _verify(stack: Stack, scope: Scope, targets: Targets) -> dict[str, int]:
     return asyncio.run(go())
 
 
+def _stream_leftovers(stack: Stack, scope: Scope, targets: Targets) -> list[Any]:
+    """What of the scope the pipeline stream still holds, and where each consumer stands (for a failure's
+    message)."""
+    from shared.forget import _matcher, _scan
+
+    async def go() -> list[Any]:
+        nc = await nats.connect(stack.nats_url)
+        try:
+            js = nc.jetstream()
+            name = stack.settings.stream_name
+            out: list[Any] = []
+            for seq, body in await _scan(js, name, _matcher(scope, targets)):
+                m = await js.get_msg(name, seq)
+                out.append((seq, m.subject, body.get("session_id"), body.get("drawer_ids"), m.headers))
+            for c in CONSUMERS:
+                i = await js.consumer_info(name, c.durable)
+                out.append((c.durable, i.delivered.stream_seq, i.ack_floor.stream_seq, i.num_pending,
+                            i.num_ack_pending, i.num_redelivered))
+            return out
+        finally:
+            await nc.close()
+    return asyncio.run(go())
+
+
 def _dead_letter(stack: Stack, event: dict[str, Any]) -> int:
     """Put an event into the DLQ as the consumers do (a failure that landed after the forget)."""
     import json
@@ -164,7 +188,8 @@ def test_forgetting_a_user_mid_stream_leaves_nothing_and_spares_everyone_else(st
     wait_for(lambda: _drained(stack), 90, "pipeline drained after the forget")
     result.targets.content_hashes |= alice_hashes
     remaining = _verify(stack, Scope(w, "user", alice), result.targets)
-    assert not any(remaining.values()), {k: v for k, v in remaining.items() if v}
+    assert not any(remaining.values()), ({k: v for k, v in remaining.items() if v},
+                                         _stream_leftovers(stack, Scope(w, "user", alice), result.targets))
     assert stack.sql("SELECT count(*) FROM drawers WHERE workspace_id = %s AND user_id = %s", (w, alice))[0][0] == 0
     assert stack.sql("SELECT count(*) FROM messages WHERE workspace_id = %s AND content_hash = ANY(%s)",
                      (w, sorted(alice_hashes)))[0][0] == 0
@@ -259,3 +284,63 @@ def test_an_index_build_that_outlives_its_forgotten_workspace_drops_what_it_buil
     asyncio.run(build_vector_index(stack.database_url, w, name))  # no request row: as after a forget
     assert stack.sql("SELECT to_regclass(%s) IS NULL", (name,)) == [(True,)]
     assert not stack.sql("SELECT 1 FROM vector_indexes WHERE workspace_id = %s", (w,))
+
+
+def test_forgetting_a_drawer_releases_what_named_it(stack: Stack) -> None:
+    """What another row says about a forgotten drawer goes with it: the drawer it superseded ranks as
+    itself again, an entity only it mentioned goes with the look-alike flag naming that entity; the
+    proof looks for both (and finds them before the forget)."""
+    w = ws()
+    stack.publish(session(w, "s1", ["Carolina moved to Lisbon in May for the new office",
+                                    "Caroline still lives in Porto near the river"], user_id="fay"))
+    stack.wait_processed(w, 2)
+    rows = dict(stack.sql("SELECT content, id FROM drawers WHERE workspace_id = %s", (w,)))
+    gone, stays = rows["Carolina moved to Lisbon in May for the new office"], rows[
+        "Caroline still lives in Porto near the river"]
+    stack.sql("UPDATE drawers SET superseded_by = %s WHERE workspace_id = %s AND id = %s RETURNING 1", (gone, w, stays))
+    stack.sql("INSERT INTO entities (workspace_id, id, name, entity_type) VALUES (%s, 'ent-a', 'Caroline', 'person'),"
+              " (%s, 'ent-b', 'Carolina', 'person') ON CONFLICT DO NOTHING RETURNING 1", (w, w))
+    stack.sql("INSERT INTO entity_mentions (workspace_id, entity_id, drawer_id) VALUES (%s, 'ent-a', %s),"
+              " (%s, 'ent-b', %s) ON CONFLICT DO NOTHING RETURNING 1", (w, stays, w, gone))
+    stack.sql("INSERT INTO entity_flags (workspace_id, entity_a, entity_b, rule, reason) VALUES"
+              " (%s, 'ent-a', 'ent-b', 'spelling', 'Caroline / Carolina differ by one letter') RETURNING 1", (w,))
+    scope = Scope(w, "drawer", gone)
+    before = _verify(stack, scope, Targets(drawer_ids={gone}, entity_ids={"ent-b"}))
+    assert (before["drawers_pointing_at_forgotten"], before["entities"], before["entity_flags"]) == (1, 1, 1)
+
+    result, remaining = _run_forget(stack, scope)
+    assert not any(remaining.values()), {k: v for k, v in remaining.items() if v}
+    assert "ent-b" in result.targets.entity_ids and result.counts["entity_flags"] >= 1
+    assert result.counts["drawers_unsuperseded"] == 1
+    assert stack.sql("SELECT superseded_by FROM drawers WHERE workspace_id = %s AND id = %s", (w, stays)) == [(None,)]
+    assert stack.sql("SELECT id FROM entities WHERE workspace_id = %s AND id LIKE 'ent-%%'", (w,)) == [("ent-a",)]
+    assert stack.sql("SELECT count(*) FROM entity_flags WHERE workspace_id = %s AND 'ent-b' IN (entity_a, entity_b)",
+                     (w,)) == [(0,)]
+
+
+def test_what_forget_reaches_through_migration_0040_it_finds_by_index(stack: Stack) -> None:
+    """The dreaming runs of an episode, the drawers a drawer superseded, the flags naming an entity
+    second: each lookup reads its index, never a scan of the workspace."""
+    import psycopg
+
+    w = ws()
+    with psycopg.connect(stack.database_url, autocommit=True) as conn:
+        # A workspace with many runs and flags, as a real one has (on a near-empty table the planner
+        # rightly walks the workspace's few rows instead).
+        conn.execute("""INSERT INTO dreaming_runs (workspace_id, id, episode_ids, session_id, holder, status)
+                        SELECT %s, 'r' || i, ARRAY['ep' || i, 'ep' || (i + 1)], 'dreaming:r' || i, 'h', 'done'
+                          FROM generate_series(1, 3000) i""", (w,))
+        conn.execute("""INSERT INTO entity_flags (workspace_id, entity_a, entity_b, rule, reason)
+                        SELECT %s, 'a' || i, 'b' || i, 'spelling', 'x' FROM generate_series(1, 3000) i""", (w,))
+        conn.execute("ANALYZE dreaming_runs")
+        conn.execute("ANALYZE entity_flags")
+        conn.execute("SET enable_seqscan = off")  # plans on the shared test database, not its size
+        for q, index in [
+            ("SELECT session_id FROM dreaming_runs WHERE workspace_id = %s AND episode_ids && %s::text[]",
+             "dreaming_runs_episodes"),
+            ("UPDATE drawers SET superseded_by = NULL WHERE workspace_id = %s AND superseded_by = ANY(%s)",
+             "drawers_superseded_by"),
+            ("DELETE FROM entity_flags WHERE workspace_id = %s AND entity_b = ANY(%s)", "entity_flags_b"),
+        ]:
+            plan = "\n".join(r[0] for r in conn.execute("EXPLAIN " + q, (w, ["x"])).fetchall())
+            assert index in plan, plan
