@@ -59,7 +59,7 @@ async def _advance_episode(conn: AsyncConnection[Any], deps: Deps, workspace_id:
     """Inside the caller's workspace transaction (which may already have done other work): decide what
     is left to do for the session's episode and do it, up to the announcement. Building it is CPU work
     on the turns just read (no model, no network), so it commits with the read: one transaction where
-    there were two, and three with the caller's."""
+    there were two."""
     s = deps.settings
     episode_id = stable_id("episode", workspace_id, session_id)
     progress = await episode_progress(conn, workspace_id, episode_id)
@@ -147,11 +147,12 @@ def register(deps: Deps) -> None:
         if not ev.drawer_ids:
             return  # nothing but noise: no episode
         episode_id = stable_id("episode", ev.workspace_id, ev.session_id)
+        # Committed on its own: the upsert locks the episode's row, and a build in the same transaction
+        # would hold that lock while drawer.embedded of the same session waits to save it.
         async with workspace_tx(deps.pool, ev.workspace_id) as conn:
             await mark_episode_pending(conn, ev.workspace_id, episode_id, ev.session_id)
-            # Its drawers may all be embedded already (fast embedder, or every one an exact repeat).
-            step = await _advance_episode(conn, deps, ev.workspace_id, ev.session_id)
-        await complete_episode(deps, ev.workspace_id, ev.session_id, step=step)
+        # Its drawers may all be embedded already (fast embedder, or every one an exact repeat).
+        await complete_episode(deps, ev.workspace_id, ev.session_id)
 
     @deps.handle(DrawerEmbedded)
     async def on_drawer_embedded(body: bytes, raw: Msg) -> None:
