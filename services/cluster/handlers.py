@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
+from typing import Any
 
 from nats.aio.msg import Msg
 
@@ -22,6 +24,7 @@ from shared.db.entity_dedup import key_entities_span
 from shared.db.episodes import existing_drawers
 from shared.db.forget import lock_for_write
 from shared.db.tenancy import maintenance_tx, workspace_tx
+from shared.db.vector_indexes import vector_index_ready
 from shared.events import DrawerClassified, EntityUpserted
 from shared.kg_dedup import dedup_entities
 from shared.logging import get_logger
@@ -33,11 +36,25 @@ from shared.metrics import DRAWERS, ENTITIES
 __all__ = ["backfill_bands", "backfill_entity_keys", "register"]
 
 log = get_logger("palace.cluster")
+# How long a workspace's "has a ready HNSW index" answer is reused. Either answer gives correct
+# neighbours (the index only makes the walk cheaper), so a stale one costs time, never a result.
+_INDEX_CHECK_S = 60.0
 
 
 def register(deps: Deps) -> None:
     s = deps.settings
     llm = LlmClient(s) if s.llm_base_url else None
+    indexed_at: dict[str, tuple[float, bool]] = {}
+
+    async def has_index(conn: Any, ws: str) -> bool:
+        """Whether the workspace's own HNSW index is ready (asked at most once a minute per workspace)."""
+        now = time.monotonic()
+        hit = indexed_at.get(ws)
+        if hit is None or now - hit[0] > _INDEX_CHECK_S:
+            if len(indexed_at) > 10_000:
+                indexed_at.clear()
+            hit = indexed_at[ws] = (now, await vector_index_ready(conn, ws))
+        return hit[1]
 
     async def verdict(older: str, newer: str, usage: list[Usage]) -> contradiction.Verdict:
         """The LLM's verdict when one is configured and answers; the lexical detector otherwise."""
@@ -81,7 +98,7 @@ def register(deps: Deps) -> None:
                     if r.state == "processed" and r.embedding is not None]
             # Ingest stored the bands with the row (the backfill below covers older drawers).
             found = await cluster_candidates(conn, ws, [(r.id, r.embedding, wording_bands(ws, r.content))
-                                                        for r in rows])
+                                                        for r in rows], indexed=await has_index(conn, ws))
         decisions = []
         checks = []
         proposing = []

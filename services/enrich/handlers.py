@@ -6,10 +6,11 @@ import asyncio
 import contextlib
 import os
 import socket
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from nats.aio.msg import Msg
+from psycopg import AsyncConnection
 
 from services._runtime import Deps
 from shared.adapters.llm import LlmClient, LlmError, Usage
@@ -47,65 +48,102 @@ __all__ = ["complete_episode", "episode_sweeper", "extract_due_drawers", "extrac
 log = get_logger("palace.enrich")
 
 
-async def complete_episode(deps: Deps, workspace_id: str, session_id: str) -> str:
+@dataclass(frozen=True)
+class _EpisodeStep:
+    """Where one pass over a session's episode left it: the outcome, the built episode still to be
+    announced (what ``episodic.created`` carries), or the turns a model must summarise first."""
+
+    outcome: str
+    ready: dict[str, Any] | None = None
+    turns: list[dict[str, Any]] | None = None
+    source_hash: str | None = None
+
+
+async def _advance_episode(conn: AsyncConnection[Any], deps: Deps, workspace_id: str, session_id: str) -> _EpisodeStep:
+    """Inside the caller's workspace transaction (which may already have done other work): decide what
+    is left to do for the session's episode and do it, up to the announcement. Without a model, building
+    it is CPU work on the turns just read, so it commits with the read (one transaction where there were
+    two); with one, the turns come back to be summarised outside any transaction."""
+    s = deps.settings
+    episode_id = stable_id("episode", workspace_id, session_id)
+    progress = await episode_progress(conn, workspace_id, episode_id)
+    if progress is None:
+        return _EpisodeStep("absent")  # session.stored opens it, and checks again itself
+    if progress.status != "pending":
+        if progress.announced:
+            return _EpisodeStep("done")
+        return _EpisodeStep("done", await unannounced_episode(conn, workspace_id, episode_id))
+    if progress.unembedded and progress.waited_s < s.episode_wait_s:
+        return _EpisodeStep("waiting")  # the drawer.embedded of its last drawers comes back here
+    turns = await session_turns(conn, workspace_id, session_id)
+    if not turns:
+        await discard_pending_episode(conn, workspace_id, episode_id)
+        return _EpisodeStep("absent")
+    if deps.extra.get("llm") is not None:
+        return _EpisodeStep("summarise", turns=turns, source_hash=progress.source_hash)
+    if await forgotten(conn, workspace_id, session_id=session_id):
+        return _EpisodeStep("forgotten")  # nothing may be written back
+    draft = summarize_session([(t["speaker"], t["content"]) for t in turns])
+    await _save_episode(conn, deps, workspace_id, episode_id, progress.source_hash, draft, turns)
+    return _EpisodeStep("built", await unannounced_episode(conn, workspace_id, episode_id))
+
+
+async def _save_episode(conn: AsyncConnection[Any], deps: Deps, workspace_id: str, episode_id: str,
+                        source_hash: str | None, draft: Any, turns: list[dict[str, Any]]) -> None:
+    vector = episode_embedding([t["embedding"] for t in turns if t["embedding"] is not None])
+    await save_episode(conn, workspace_id, episode_id=episode_id, source_hash=source_hash,
+                       summary=draft.summary, abstract=draft.abstract, topics=draft.topics,
+                       embedding=vector, ttl_days=deps.settings.episode_ttl_days)
+
+
+async def _summarise_episode(deps: Deps, workspace_id: str, session_id: str, step: _EpisodeStep) -> _EpisodeStep:
+    """The model's summary, outside any transaction (the extractive one stands when it fails), then
+    saved in a transaction of its own."""
+    s = deps.settings
+    episode_id = stable_id("episode", workspace_id, session_id)
+    turns = step.turns or []
+    pairs = [(t["speaker"], t["content"]) for t in turns]
+    draft = summarize_session(pairs)
+    usage: list[Usage] = []
+    llm: LlmClient | None = deps.extra.get("llm")
+    if llm is not None:
+        try:
+            answer = await llm.chat(summary_messages(pairs), purpose="episode", usage=usage)
+            draft = replace(draft, summary=parse_summary(answer))
+        except (LlmError, LlmParseError) as e:
+            log.warning("episode_llm_failed", episode_id=episode_id, error=str(e)[:300])
+    async with workspace_tx(deps.pool, workspace_id) as conn:
+        if usage:
+            await record_usage(conn, workspace_id, s.llm_model, usage)
+        if await forgotten(conn, workspace_id, session_id=session_id):
+            return _EpisodeStep("forgotten")  # forgotten while it was summarised: nothing may be written back
+        await _save_episode(conn, deps, workspace_id, episode_id, step.source_hash, draft, turns)
+        return _EpisodeStep("built", await unannounced_episode(conn, workspace_id, episode_id))
+
+
+async def complete_episode(deps: Deps, workspace_id: str, session_id: str, *,
+                           step: _EpisodeStep | None = None) -> str:
     """Build the session's opened episode once its drawers are embedded (or it has waited
     ``episode_wait_s``), then publish ``episodic.created`` once. The summary is the LLM's when one is
     configured (``deps.extra["llm"]``), called before the writing transaction, else extractive. Safe to
     call any number of times, from any trigger: every step is keyed by the episode and the session's
-    content hash.
+    content hash. ``step``: what the caller's own transaction already did (``_advance_episode``).
 
-    Returns what happened ('absent', 'waiting', 'built', 'announced', 'done') for logs and tests.
+    Returns what happened ('absent', 'waiting', 'built', 'announced', 'done', 'forgotten') for logs and
+    tests.
     """
-    s = deps.settings
-    episode_id = stable_id("episode", workspace_id, session_id)
-    turns: list[dict[str, Any]] = []
-    ready: dict[str, Any] | None = None
-    # One read transaction decides what is left to do and reads what that needs.
-    async with workspace_tx(deps.pool, workspace_id) as conn:
-        progress = await episode_progress(conn, workspace_id, episode_id)
-        if progress is None:
-            return "absent"  # session.stored opens it, and checks again itself
-        if progress.status == "pending":
-            if progress.unembedded and progress.waited_s < s.episode_wait_s:
-                return "waiting"  # the drawer.embedded of its last drawers comes back here
-            turns = await session_turns(conn, workspace_id, session_id)
-        elif progress.announced:
-            return "done"
-        else:
-            ready = await unannounced_episode(conn, workspace_id, episode_id)
-    outcome = "done"
-    if progress.status == "pending":
-        if not turns:
-            async with workspace_tx(deps.pool, workspace_id) as conn:
-                await discard_pending_episode(conn, workspace_id, episode_id)
-            return "absent"
-        pairs = [(t["speaker"], t["content"]) for t in turns]
-        draft = summarize_session(pairs)
-        usage: list[Usage] = []
-        llm: LlmClient | None = deps.extra.get("llm")
-        if llm is not None:
-            # The model's summary, outside any transaction; the extractive one stands when it fails.
-            try:
-                answer = await llm.chat(summary_messages(pairs), purpose="episode", usage=usage)
-                draft = replace(draft, summary=parse_summary(answer))
-            except (LlmError, LlmParseError) as e:
-                log.warning("episode_llm_failed", episode_id=episode_id, error=str(e)[:300])
-        vector = episode_embedding([t["embedding"] for t in turns if t["embedding"] is not None])
+    if step is None:
         async with workspace_tx(deps.pool, workspace_id) as conn:
-            if usage:
-                await record_usage(conn, workspace_id, s.llm_model, usage)
-            if await forgotten(conn, workspace_id, session_id=session_id):
-                return "forgotten"  # forgotten while it was summarised: nothing may be written back
-            await save_episode(conn, workspace_id, episode_id=episode_id, source_hash=progress.source_hash,
-                               summary=draft.summary, abstract=draft.abstract, topics=draft.topics,
-                               embedding=vector, ttl_days=s.episode_ttl_days)
-            ready = await unannounced_episode(conn, workspace_id, episode_id)
-        outcome = "built"
+            step = await _advance_episode(conn, deps, workspace_id, session_id)
+    if step.turns is not None:
+        step = await _summarise_episode(deps, workspace_id, session_id, step)
+    ready = step.ready
     if ready is None:
-        return outcome
+        return step.outcome
     # Commit, then publish, then record it: a crash in between publishes again (same event id, so
     # JetStream's duplicate window drops it and consumers are idempotent anyway), never loses it.
-    await publish_event(deps.broker, s, EpisodicCreated(
+    episode_id = stable_id("episode", workspace_id, session_id)
+    await publish_event(deps.broker, deps.settings, EpisodicCreated(
         event_id=event_id_for("episodic.created", episode_id, ready["source_hash"] or ""),
         workspace_id=workspace_id, episode_id=episode_id, session_id=session_id, summary=ready["summary"],
         abstract=ready["abstract"], topics=list(ready["topics"]),
@@ -150,6 +188,8 @@ def register(deps: Deps) -> None:
         if not ev.drawer_ids:
             return  # nothing but noise: no episode
         episode_id = stable_id("episode", ev.workspace_id, ev.session_id)
+        # Committed on its own: the upsert locks the episode's row, and a build in the same transaction
+        # would hold that lock while drawer.embedded of the same session waits to save it.
         async with workspace_tx(deps.pool, ev.workspace_id) as conn:
             # A session.stored published just before its session was forgotten must not open an episode
             # (the forget, ordered by the lock ``forgotten`` takes, has deleted it or will see this row).
@@ -168,8 +208,10 @@ def register(deps: Deps) -> None:
             return  # classify, the subject's main consumer, dead-letters it: one dead letter per bad event
         async with workspace_tx(deps.pool, ev.workspace_id) as conn:
             sessions = await sessions_awaiting_episode(conn, ev.workspace_id, ev.drawer_ids)
-        for session_id in sessions:
-            await complete_episode(deps, ev.workspace_id, session_id)
+            # In session order: two events of the same sessions lock their episodes in one order.
+            steps = [(sid, await _advance_episode(conn, deps, ev.workspace_id, sid)) for sid in sorted(sessions)]
+        for session_id, step in steps:
+            await complete_episode(deps, ev.workspace_id, session_id, step=step)
 
     @deps.handle(EpisodicCreated)
     async def on_episodic_created(body: bytes, raw: Msg) -> None:
@@ -203,36 +245,26 @@ async def extract_episode(deps: Deps, llm: LlmClient | None, ev: EpisodicCreated
     """The session's entities and facts: read (patterns, or the LLM with the patterns as fallback),
     then stored in one transaction, then announced. The LLM is called before the transaction opens,
     and a failed or unreadable answer keeps the pattern extraction, so the episode and its drawers
-    never depend on the model. Every drawer read is marked extracted (migration 0042), so the sweep
+    never depend on the model; without a model, reading the turns, matching the patterns (CPU only) and
+    storing are one transaction. Every drawer read is marked extracted (migration 0042), so the sweep
     of unextracted drawers does not read it again. Returns what was stored (None: nothing to store)."""
     s = deps.settings
-    async with workspace_tx(deps.pool, ev.workspace_id) as conn:
-        rows = await session_turns(conn, ev.workspace_id, ev.session_id)
-    turns = _turns(rows)
-    if not turns:
-        return None
-    sightings, tier, warnings, usage = await _read_graph(llm, turns, ev.session_id, what=ev.episode_id)
-    async with workspace_tx(deps.pool, ev.workspace_id) as conn:
-        if usage:
-            await record_usage(conn, ev.workspace_id, s.llm_model, usage)
-        if await forgotten(conn, ev.workspace_id, session_id=ev.session_id):
+    if llm is None:
+        async with workspace_tx(deps.pool, ev.workspace_id) as conn:
+            turns = _turns(await session_turns(conn, ev.workspace_id, ev.session_id))
+            if not turns:
+                return None
+            stored = await _store_extraction(conn, deps, ev, turns, pattern_sightings(turns, ev.session_id),
+                                             "patterns", [], [])
+    else:
+        async with workspace_tx(deps.pool, ev.workspace_id) as conn:
+            turns = _turns(await session_turns(conn, ev.workspace_id, ev.session_id))
+        if not turns:
             return None
-        # Only drawers that still exist (one forgotten meanwhile must not gain a mention).
-        alive = await existing_drawers(conn, ev.workspace_id, sorted({t.drawer_id for t in turns}))
-        # A replay of this episode comes through here again; the sweep only reads drawers never marked.
-        await mark_extracted(conn, ev.workspace_id, sorted(alive))
-        sightings = [sg for sg in sightings if sg.drawer_id in alive]
-        if not sightings:
-            return None
-        stored = await record_extraction(conn, ev.workspace_id, sightings, episode_id=ev.episode_id,
-                                         types=speaker_types(turns))
-        if warnings or stored.skipped:
-            await record_history(
-                conn, ev.workspace_id, drawer_id=None, action="KG_EXTRACT", actor="enrich", event_id=ev.event_id,
-                reason="; ".join([*warnings, *stored.skipped])[:2000],
-                new_value={"episode_id": ev.episode_id, "tier": tier, "entities": len(stored.entities),
-                           "new_facts": stored.new_facts, "warnings": len(warnings) + len(stored.skipped)})
-    if not stored.entities:
+        sightings, tier, warnings, usage = await _read_graph(llm, turns, ev.session_id, what=ev.episode_id)
+        async with workspace_tx(deps.pool, ev.workspace_id) as conn:
+            stored = await _store_extraction(conn, deps, ev, turns, sightings, tier, warnings, usage)
+    if stored is None or not stored.entities:
         return stored
     ids = sorted(stored.entities)
     async with workspace_tx(deps.pool, ev.workspace_id) as conn:
@@ -241,6 +273,33 @@ async def extract_episode(deps: Deps, llm: LlmClient | None, ev: EpisodicCreated
         event_id=event_id_for("entity.upserted", ev.event_id), workspace_id=ev.workspace_id,
         entity_ids=ids, names=[stored.entities[i] for i in ids], source_episode_id=ev.episode_id,
     ))
+    return stored
+
+
+async def _store_extraction(
+    conn: AsyncConnection[Any], deps: Deps, ev: EpisodicCreated, turns: list[Turn], sightings: list[Sighting],
+    tier: str, warnings: list[str], usage: list[Usage],
+) -> ExtractionStored | None:
+    """Store what was read, inside the caller's transaction (None: forgotten, or nothing left to store)."""
+    if usage:
+        await record_usage(conn, ev.workspace_id, deps.settings.llm_model, usage)
+    if await forgotten(conn, ev.workspace_id, session_id=ev.session_id):
+        return None
+    # Only drawers that still exist (one forgotten meanwhile must not gain a mention).
+    alive = await existing_drawers(conn, ev.workspace_id, sorted({t.drawer_id for t in turns}))
+    # A replay of this episode comes through here again; the sweep only reads drawers never marked.
+    await mark_extracted(conn, ev.workspace_id, sorted(alive))
+    sightings = [sg for sg in sightings if sg.drawer_id in alive]
+    if not sightings:
+        return None
+    stored = await record_extraction(conn, ev.workspace_id, sightings, episode_id=ev.episode_id,
+                                     types=speaker_types(turns))
+    if warnings or stored.skipped:
+        await record_history(
+            conn, ev.workspace_id, drawer_id=None, action="KG_EXTRACT", actor="enrich", event_id=ev.event_id,
+            reason="; ".join([*warnings, *stored.skipped])[:2000],
+            new_value={"episode_id": ev.episode_id, "tier": tier, "entities": len(stored.entities),
+                       "new_facts": stored.new_facts, "warnings": len(warnings) + len(stored.skipped)})
     return stored
 
 

@@ -10,9 +10,14 @@ search per drawer, whose full-text half matched an OR of word pairs across the w
 older memories by embedding are what the decision compares against (as in Mem0), and they are already
 fetched here.
 
-Both lists for every drawer of the event come back from one statement (``CANDIDATES_SQL``). It runs
-unprepared, so it is planned with the workspace as a value and a workspace's own HNSW index (migration
-0019) serves the neighbour walk once the workspace has one; smaller workspaces are scanned exactly.
+Both lists for every drawer of the event come back from one statement. A workspace without a ready
+HNSW index of its own (migration 0019) is scanned exactly, and once per event (``CANDIDATES_SQL``): its
+live processed drawers are read from the heap into one work table, and each drawer of the event ranks
+that table. Ranking the heap once per drawer instead visited every page of the workspace ten times an
+event (a ten-drawer session), and visiting a page cost more than the distance computed on its rows.
+The neighbours are the same: the statement is exact either way. A workspace with a ready index gets
+``INDEXED_CANDIDATES_SQL``, one walk per drawer, which the planner can serve from that partial index
+because it runs unprepared, with the workspace as a value.
 """
 
 from __future__ import annotations
@@ -27,8 +32,8 @@ from psycopg.types.json import Jsonb
 
 from shared.ids import stable_id
 
-__all__ = ["CANDIDATES_SQL", "TWINS_SQL", "Neighbours", "cluster_candidates", "merge_into", "record_history_many",
-           "supersede"]
+__all__ = ["CANDIDATES_SQL", "INDEXED_CANDIDATES_SQL", "TWINS_SQL", "Neighbours", "cluster_candidates", "merge_into",
+           "record_history_many", "supersede"]
 
 # The twins are fetched by primary key from an array of the wording candidates: joined to the function
 # instead (whose row count the planner cannot know), the lateral subquery hashed every processed drawer
@@ -62,9 +67,32 @@ SELECT q.i, false, n.id, n.sim, n.content
           AND d.embedding IS NOT NULL AND (d.filed_at, d.id) < (q.filed_at, q.id)
         ORDER BY d.embedding <=> q.emb LIMIT %(n)s) n
 """
-# The twins alone (the plan test checks they never scan the workspace), and the whole statement.
+# The exact scan, once per event: the workspace's candidates (filed no later than the event's newest
+# drawer) are read once into a work table, which every drawer of the event then ranks; contents are
+# fetched for the winners only.
+_SCANNED = """
+, w AS MATERIALIZED (
+    SELECT d.id, d.filed_at, d.embedding FROM drawers d
+     WHERE d.workspace_id = %(ws)s AND d.state = 'processed' AND d.deleted_at IS NULL AND d.embedding IS NOT NULL
+       AND d.filed_at <= (SELECT max(q.filed_at) FROM q)
+)
+"""
+_SCANNED_NEIGHBOURS = """
+SELECT q.i, false, n.id, n.sim, d.content
+  FROM q CROSS JOIN LATERAL (
+       SELECT w.id, 1 - (w.embedding <=> q.emb) AS sim FROM w
+        WHERE w.id <> q.id AND (w.filed_at, w.id) < (q.filed_at, q.id)
+        ORDER BY w.embedding <=> q.emb LIMIT %(n)s) n
+  JOIN drawers d ON d.workspace_id = %(ws)s AND d.id = n.id
+"""
+# The twins alone (the plan test checks they never scan the workspace), and the whole statement: the
+# exact one, and the one for a workspace with its own HNSW index.
 TWINS_SQL = _EVENT + _TWINS
-CANDIDATES_SQL = _EVENT + _TWINS + "UNION ALL" + _NEIGHBOURS
+CANDIDATES_SQL = _EVENT + _SCANNED + _TWINS + "UNION ALL" + _SCANNED_NEIGHBOURS
+INDEXED_CANDIDATES_SQL = _EVENT + _TWINS + "UNION ALL" + _NEIGHBOURS
+# The work table holds a row per drawer of the workspace (its vector is most of it): room for it in
+# memory, for this transaction only, instead of a temporary file written and read back every event.
+_SCAN_WORK_MEM = "64MB"
 
 
 @dataclass
@@ -77,15 +105,20 @@ class Neighbours:
 
 async def cluster_candidates(
     conn: AsyncConnection[Any], workspace_id: str, drawers: list[tuple[str, np.ndarray, list[int]]], limit: int = 5,
+    *, indexed: bool = False,
 ) -> dict[str, Neighbours]:
-    """Twins and neighbours of each (drawer id, embedding, wording bands), in one round trip."""
+    """Twins and neighbours of each (drawer id, embedding, wording bands), in one statement. ``indexed``:
+    the workspace has a ready HNSW index of its own, which serves the neighbour walks; otherwise they
+    are exact, from one scan of the workspace."""
     out = {did: Neighbours() for did, _, _ in drawers}
     if not drawers:
         return out
     nb = len(drawers[0][2])
     if any(len(b) != nb for _, _, b in drawers):
         raise ValueError("every drawer needs the same number of wording bands")
-    cur = await conn.execute(CANDIDATES_SQL, {
+    if not indexed:
+        await conn.execute("SELECT set_config('work_mem', %s, true)", (_SCAN_WORK_MEM,))
+    cur = await conn.execute(INDEXED_CANDIDATES_SQL if indexed else CANDIDATES_SQL, {
         "ws": workspace_id, "ids": [d for d, _, _ in drawers], "embs": [e for _, e, _ in drawers],
         "bands": [b for _, _, bands in drawers for b in bands], "nb": nb, "n": limit,
     }, prepare=False)  # planned with the workspace as a value: its partial vector index can match

@@ -185,3 +185,32 @@ def test_cluster_twins_come_from_the_wording_index_by_primary_key(stack: Stack, 
         conn.rollback()
     assert '"Seq Scan"' not in plan and '"Bitmap Heap Scan"' not in plan and '"Hash Join"' not in plan, plan
     assert "drawers_pkey" in plan, plan
+
+
+def test_cluster_exact_neighbours_read_the_workspace_once_per_event(stack: Stack, big_workspace: str) -> None:
+    """Without an HNSW index of its own, a workspace is ranked exactly: its drawers are read from the heap
+    once for the whole event, never once per drawer of the event (which visited every page of the
+    workspace ten times for a ten-drawer session); the rest is primary-key lookups."""
+    from shared.db.clustering import CANDIDATES_SQL
+
+    ids = [r[0] for r in stack.sql("SELECT id FROM drawers WHERE workspace_id = %s ORDER BY filed_at DESC LIMIT 10",
+                                   (big_workspace,))]
+    bands = [b for i in ids for b in wording_bands(big_workspace, f"drawer {i} says something")]
+    emb = "[" + ",".join(["0.05"] * 384) + "]"
+    with psycopg.connect(stack.database_url) as conn:
+        conn.execute("SET ROLE palace_app")
+        conn.execute("SELECT set_config('palace.workspace_id', %s, false)", (big_workspace,))
+        params = {"ws": big_workspace, "ids": ids, "embs": [emb] * len(ids), "bands": bands,
+                  "nb": len(bands) // len(ids), "n": 5}
+        sql_ = CANDIDATES_SQL.replace("%(embs)s::vector[]", "%(embs)s::text[]::vector[]")
+        plan = conn.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + sql_, params, prepare=False).fetchall()[0][0]
+        conn.rollback()
+
+    def nodes(node: dict[str, object]) -> list[dict[str, object]]:
+        return [node, *(n for child in node.get("Plans", []) for n in nodes(child))]  # type: ignore[attr-defined]
+
+    scans = [n for n in nodes(plan[0]["Plan"]) if n.get("Relation Name") == "drawers"
+             and n.get("Index Name") != "drawers_pkey"]
+    # The one read of the workspace (no embeddings here, so it keeps no row, but it ran: once). Here the
+    # workspace is nearly the whole table, so reading it may well be a sequential scan.
+    assert len(scans) == 1 and scans[0]["Actual Loops"] == 1, json.dumps(plan)
