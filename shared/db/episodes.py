@@ -69,7 +69,9 @@ class EpisodeHit:
     user_id: str | None = None
 
 
-EPISODE_SCAN_MAX = 10_000
+# The most recent built episodes recall ranks exactly: the size up to which drawer search, too, scans a
+# workspace exactly (SearchParams.exact_max) before it wants an index.
+EPISODE_SCAN_MAX = 5_000
 
 _SEARCH_SQL = """
 SELECT id, session_id, abstract, summary, topics, 1 - (embedding <=> %(q)s::vector) AS score,

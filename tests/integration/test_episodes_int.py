@@ -237,7 +237,7 @@ def test_episode_search_plan_is_bounded_by_its_index(stack: Stack) -> None:
     """At a size where a sequential scan would show (tens of thousands of episodes over many workspaces,
     statistics up to date), recall's episode statement reads one workspace's most recent built episodes
     through the partial index of migration 0043, as the application role under row-level security."""
-    from shared.db.episodes import _SEARCH_SQL
+    from shared.db.episodes import _SEARCH_SQL, EPISODE_SCAN_MAX
 
     target = ws()
     others = [ws() for _ in range(19)]
@@ -259,7 +259,7 @@ def test_episode_search_plan_is_bounded_by_its_index(stack: Stack) -> None:
             with psycopg.connect(stack.database_url) as conn:
                 conn.execute("SET ROLE palace_app")
                 conn.execute("SELECT set_config('palace.workspace_id', %s, false)", (target,))
-                params = {"q": emb, "ws": target, "k": 5, "scan": 10_000}
+                params = {"q": emb, "ws": target, "k": 5, "scan": EPISODE_SCAN_MAX}
                 plan = json.dumps(conn.execute("EXPLAIN (FORMAT JSON) " + _SEARCH_SQL, params).fetchall()[0][0])
                 rows = conn.execute(_SEARCH_SQL, params).fetchall()
             assert "episodes_searchable" in plan and '"Seq Scan"' not in plan, plan
