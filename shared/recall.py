@@ -38,7 +38,7 @@ log = get_logger("palace.recall")
 class RecalledEpisode:
     """A session's episode returned by recall. ``score`` is the 0–1 relevance of its embedding to the
     query, the cosine mapped on the same band as a drawer's vector signal (``RankParams.cos_floor`` → 0,
-    ``cos_ceiling`` → 1, clipped), so 1.0 means what a drawer's full vector share means; ``cosine`` is
+    ``cos_ceiling`` → 1, clipped): what a hit's ``dense`` would be at that cosine; ``cosine`` is
     the raw similarity. ``drawers`` are the citations of the session's live drawers in conversation order
     (at most ``EPISODE_DRAWERS``; ``drawer_count`` is how many it has), each resolvable like a hit's."""
 

@@ -39,7 +39,7 @@ class EpisodeOut(BaseModel):
     episode_id: str
     session_id: str = Field(description="The session the episode summarises.")
     score: float = Field(description="0–1 relevance: the episode embedding's cosine to the query on the same "
-                         "band as a drawer's vector signal (1 = a drawer's full vector share).")
+                         "band as a drawer's vector signal: what a hit's `dense` would be for that cosine.")
     cosine: float = Field(description="The raw cosine similarity.")
     abstract: str = Field(description="L0: about 200 characters, made without an LLM.")
     summary: str = Field(description="The session's summary (the LLM's when one is configured).")
