@@ -63,8 +63,11 @@ def _clean(d: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in d.items() if v is not None}
 
 
-def search(ws: str, query: str, k: int) -> Call[SearchResult]:
-    return Call("POST", "/v1/search", SearchResult, {"workspace_id": ws, "query": query, "k": k})
+def search(ws: str, query: str, k: int, include_episodes: bool = False, episodes_k: int = 3) -> Call[SearchResult]:
+    body: dict[str, Any] = {"workspace_id": ws, "query": query, "k": k}
+    if include_episodes:  # the request stays what it was without them
+        body.update(include_episodes=True, episodes_k=episodes_k)
+    return Call("POST", "/v1/search", SearchResult, body)
 
 
 def wake_up(ws: str, wing: str | None) -> Call[WakeUp]:

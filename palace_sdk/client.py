@@ -146,9 +146,11 @@ class AsyncPalaceClient:
             self._nc = await nats.connect(_need_nats(self._s.nats_url).split(","), connect_timeout=self._s.timeout)
         return await publish_encoded(self._nc, model, data, self._s.stream, self._s.timeout)
 
-    async def search(self, query: str, k: int = 10) -> SearchResult:
-        """Hybrid recall (L3): the k best memories, best first, each scored 0–1, cited and explained."""
-        return await self._run(calls.search(self.workspace, query, k))
+    async def search(self, query: str, k: int = 10, *, include_episodes: bool = False,
+                     episodes_k: int = 3) -> SearchResult:
+        """Hybrid recall (L3): the k best memories, best first, each scored 0–1, cited and explained.
+        With ``include_episodes``, also the ``episodes_k`` nearest session episodes in ``.episodes``."""
+        return await self._run(calls.search(self.workspace, query, k, include_episodes, episodes_k))
 
     async def wake_up(self, wing: str | None = None) -> WakeUp:
         """L0 identity + L1 essential story: what an agent loads when a session begins."""
@@ -263,9 +265,11 @@ class PalaceClient:
 
         return asyncio.run(go())
 
-    def search(self, query: str, k: int = 10) -> SearchResult:
-        """Hybrid recall (L3): the k best memories, best first, each scored 0–1, cited and explained."""
-        return self._run(calls.search(self.workspace, query, k))
+    def search(self, query: str, k: int = 10, *, include_episodes: bool = False,
+               episodes_k: int = 3) -> SearchResult:
+        """Hybrid recall (L3): the k best memories, best first, each scored 0–1, cited and explained.
+        With ``include_episodes``, also the ``episodes_k`` nearest session episodes in ``.episodes``."""
+        return self._run(calls.search(self.workspace, query, k, include_episodes, episodes_k))
 
     def wake_up(self, wing: str | None = None) -> WakeUp:
         """L0 identity + L1 essential story: what an agent loads when a session begins."""

@@ -15,6 +15,7 @@ __all__ = [
     "Accepted",
     "Deleted",
     "Drawer",
+    "Episode",
     "Explanation",
     "Fact",
     "FactAdded",
@@ -67,10 +68,32 @@ class Hit(_Model):
     explanation: Explanation | None = None
 
 
+class Episode(_Model):
+    """A session's episode returned by ``search(..., include_episodes=True)``: what a whole conversation
+    was about. ``score`` is a 0–1 relevance (the cosine on the band of a hit's vector signal); ``drawers``
+    are the citations of its drawers in conversation order (the first 20), each readable with ``get``."""
+
+    episode_id: str
+    session_id: str
+    score: float
+    cosine: float
+    abstract: str
+    summary: str
+    topics: list[str] = Field(default_factory=list)
+    started_at: datetime | None = None
+    completed_at: datetime | None = None
+    agent_id: str | None = None
+    user_id: str | None = None
+    drawers: list[str] = Field(default_factory=list)
+    drawer_ids: list[str] = Field(default_factory=list)
+    drawer_count: int = 0
+
+
 class SearchResult(_Model):
     workspace_id: str
     query: str
     hits: list[Hit]
+    episodes: list[Episode] | None = Field(None, description="Only with include_episodes: best first.")
 
 
 class LayerDrawer(_Model):

@@ -23,7 +23,7 @@ from services.cli_history import history, revert
 from services.cli_proposals import proposals_app
 from services.cli_quality import quality
 from services.cli_reembed import reembed
-from services.cli_render import DeadLetterTable, HitsTable
+from services.cli_render import DeadLetterTable, EpisodesTable, HitsTable
 from shared.config import Settings
 
 app = typer.Typer(help="Palace: long-term memory for AI agents.", no_args_is_help=True, add_completion=False)
@@ -307,7 +307,7 @@ def publish(file: Annotated[Path, typer.Argument(help="JSON file: one session.co
     console.print(f"published {len(ids)} event(s)")
 
 
-async def _local_search(s: Settings, workspace: str, query: str, k: int) -> list[Any]:
+async def _local_search(s: Settings, workspace: str, query: str, k: int, episodes: int = 0) -> Any:
     from shared.adapters.space_embedder import SpaceEmbedder
     from shared.db.pool import open_pool
     from shared.db.search import SearchParams
@@ -318,9 +318,9 @@ async def _local_search(s: Settings, workspace: str, query: str, k: int) -> list
     emb = await SpaceEmbedder.open(s, pool)
     try:
         r = Recaller(pool, emb, SearchParams.from_settings(s), vector_index_min=s.vector_index_min_drawers)
-        hits = await r.search(workspace, query, k)
+        found = await r.recall(workspace, query, k, episodes=episodes)
         await r.drain()
-        return hits
+        return found
     finally:
         await pool.close()
         await emb.aclose()
@@ -331,23 +331,38 @@ def search(
     query: Annotated[str, typer.Argument(help="What to recall.")],
     workspace: Annotated[str, typer.Option("--workspace", "-w", help="Workspace to search.")],
     k: Annotated[int, typer.Option("-k", help="Results.")] = 10,
+    episodes: Annotated[bool, typer.Option("--episodes", help="Also show the nearest session episodes.")] = False,
+    episodes_k: Annotated[int, typer.Option("--episodes-k", min=1, max=20, help="Episodes at most.")] = 3,
     api: Annotated[str | None, typer.Option(help="Use a running API (e.g. http://127.0.0.1:8080).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
 ) -> None:
-    """Hybrid search within one workspace; prints a table."""
+    """Hybrid search within one workspace; prints a table (and one of episodes with --episodes)."""
     s = _settings()
+    found: list[Any] | None = None
     if api:
         import httpx
 
-        r = httpx.post(f"{api}/v1/search", json={"workspace_id": workspace, "query": query, "k": k}, timeout=30)
+        body: dict[str, Any] = {"workspace_id": workspace, "query": query, "k": k}
+        if episodes:
+            body.update(include_episodes=True, episodes_k=episodes_k)
+        r = httpx.post(f"{api}/v1/search", json=body, timeout=30)
         r.raise_for_status()
         hits: list[Any] = r.json()["hits"]
+        found = r.json().get("episodes")
     else:
-        hits = asyncio.run(_local_search(s, workspace, query, k))
+        rec = asyncio.run(_local_search(s, workspace, query, k, episodes_k if episodes else 0))
+        hits, found = rec.hits, rec.episodes
     if as_json:
-        console.print_json(json.dumps([h if isinstance(h, dict) else h.__dict__ for h in hits], default=str))
+        def plain(x: Any) -> Any:
+            return x if isinstance(x, dict) else x.__dict__
+        out: Any = [plain(h) for h in hits]
+        if episodes:
+            out = {"hits": out, "episodes": [plain(e) for e in found or []]}
+        console.print_json(json.dumps(out, default=str))
     else:
         console.print(HitsTable(f"{query!r} in {workspace}", hits))
+        if episodes:
+            console.print(EpisodesTable(f"episodes for {query!r}", found or []))
 
 
 @dlq_app.command("list")

@@ -21,8 +21,8 @@ from rich.text import Text
 
 from shared.events import DeadLetterInfo
 
-__all__ = ["CONTENT_PREVIEW_CHARS", "DeadLetterTable", "FactsTable", "HitsTable", "LayerTable", "payload_preview",
-           "short_reason"]
+__all__ = ["CONTENT_PREVIEW_CHARS", "DeadLetterTable", "EpisodesTable", "FactsTable", "HitsTable", "LayerTable",
+           "payload_preview", "short_reason"]
 
 CONTENT_PREVIEW_CHARS = 300  # one hit's content in a table; `--json` prints it whole
 _WIDE_HITS = 120  # from here the one-column-per-field layout leaves content at least ~40 columns
@@ -83,6 +83,32 @@ class HitsTable:
             cell.append(content, style="")
             t.add_row(i, score, cell)
         return t
+
+
+class EpisodesTable:
+    """Episodes recall returned: one stacked cell each (session, time span, topics, then the summary),
+    readable at any width; the first drawer's citation says where the conversation's turns are."""
+
+    def __init__(self, title: str, episodes: Sequence[Any]) -> None:
+        self.title = title
+        self.episodes = list(episodes)
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        t = Table(title=self.title, expand=True, show_lines=True)
+        t.add_column("#", justify="right", no_wrap=True)
+        t.add_column("score", justify="right", no_wrap=True)
+        t.add_column("episode", ratio=1, overflow="fold")
+        for i, e in enumerate(self.episodes, 1):
+            drawers = _field(e, "drawers") or []
+            head = [str(_field(e, "session_id")),
+                    f"{_when(_field(e, 'started_at'))} → {_when(_field(e, 'completed_at'))}",
+                    ", ".join(_field(e, "topics") or []) or "-",
+                    f"{_field(e, 'drawer_count') or 0} drawers" + (f", first {drawers[0]}" if drawers else "")]
+            cell = Text(" · ".join(head), style="dim", overflow="fold")
+            cell.append("\n")
+            cell.append(_preview(str(_field(e, "summary") or _field(e, "abstract") or "")), style="")
+            t.add_row(str(i), f"{float(_field(e, 'score') or 0):.3f}", cell)
+        yield t
 
 
 def short_reason(info: DeadLetterInfo) -> str:

@@ -98,6 +98,24 @@ class Hit(BaseModel):
     session_id: str | None
 
 
+class EpisodeHit(BaseModel):
+    """A session's episode returned by search: what a whole conversation was about."""
+
+    session_id: str
+    score: float = Field(description="0–1 relevance of the episode to the query (cosine on the same band as a "
+                         "drawer's vector signal).")
+    abstract: str = Field(description="About 200 characters: the gist of the session.")
+    summary: str
+    topics: list[str]
+    started_at: datetime | None
+    completed_at: datetime | None
+    agent_id: str | None
+    user_id: str | None
+    drawers: list[str] = Field(description="Citations of the session's drawers in conversation order (the first "
+                               "20): memory_get_drawer reads each whole.")
+    drawer_count: int = Field(description="How many drawers the session has.")
+
+
 class Duplicate(BaseModel):
     drawer_id: str
     similarity: float = Field(description="Cosine similarity, 1.0 for the exact same text.")
@@ -175,10 +193,21 @@ class PalaceOps:
                       identity=identity)
 
     async def search(self, ws: str, query: str, limit: int) -> list[Hit]:
-        hits = await self.recaller.search(ws, query, limit)
-        return [Hit(drawer_id=h.id, citation=h.citation, score=round(h.score, 4), content=h.content,
+        return (await self.search_with_episodes(ws, query, limit, 0))[0]
+
+    async def search_with_episodes(self, ws: str, query: str, limit: int,
+                                   episodes: int) -> tuple[list[Hit], list[EpisodeHit] | None]:
+        """The hits, and the ``episodes`` nearest episodes when that is above 0 (None otherwise)."""
+        found = await self.recaller.recall(ws, query, limit, episodes=episodes)
+        hits = [Hit(drawer_id=h.id, citation=h.citation, score=round(h.score, 4), content=h.content,
                     wing=h.wing, room=h.room, memory_type=h.memory_type, speaker=h.speaker,
-                    occurred_at=h.occurred_at, session_id=h.session_id) for h in hits]
+                    occurred_at=h.occurred_at, session_id=h.session_id) for h in found.hits]
+        if found.episodes is None:
+            return hits, None
+        return hits, [EpisodeHit(session_id=e.session_id, score=e.score, abstract=e.abstract, summary=e.summary,
+                                 topics=e.topics, started_at=e.started_at, completed_at=e.completed_at,
+                                 agent_id=e.agent_id, user_id=e.user_id, drawers=e.drawers,
+                                 drawer_count=e.drawer_count) for e in found.episodes]
 
     async def check_duplicate(self, ws: str, content: str, threshold: float, limit: int) -> list[Duplicate]:
         """Drawers holding this text: near-duplicates by embedding, nearest first, and the exact same

@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from datetime import datetime
 
 import numpy as np
 import psycopg
@@ -16,16 +17,59 @@ from psycopg_pool import AsyncConnectionPool
 
 from shared.access import access_log
 from shared.adapters.space_embedder import pinned
+from shared.db.episodes import search_episodes, session_drawers
 from shared.db.search import SearchHit, SearchParams, hybrid_search, workspace_size
 from shared.db.tenancy import workspace_tx
 from shared.db.vector_indexes import request_vector_index, vector_index_ready
 from shared.logging import get_logger
+from shared.memory.citations import cite
+from shared.memory.ranking import RankParams
 from shared.metrics import SEARCH_SECONDS
 from shared.ports import Embedder
 
-__all__ = ["Recaller"]
+__all__ = ["EPISODE_DRAWERS", "RecalledEpisode", "Recaller", "Recollection"]
+
+EPISODE_DRAWERS = 20  # citations an episode carries at most (its drawer_count says how many it has)
 
 log = get_logger("palace.recall")
+
+
+@dataclass(frozen=True)
+class RecalledEpisode:
+    """A session's episode returned by recall. ``score`` is the 0–1 relevance of its embedding to the
+    query, the cosine mapped on the same band as a drawer's vector signal (``RankParams.cos_floor`` → 0,
+    ``cos_ceiling`` → 1, clipped): what a hit's ``dense`` would be at that cosine; ``cosine`` is
+    the raw similarity. ``drawers`` are the citations of the session's live drawers in conversation order
+    (at most ``EPISODE_DRAWERS``; ``drawer_count`` is how many it has), each resolvable like a hit's."""
+
+    episode_id: str
+    session_id: str
+    score: float
+    cosine: float
+    abstract: str
+    summary: str
+    topics: list[str]
+    started_at: datetime | None
+    completed_at: datetime | None
+    agent_id: str | None
+    user_id: str | None
+    drawers: list[str]
+    drawer_ids: list[str]
+    drawer_count: int
+
+
+@dataclass(frozen=True)
+class Recollection:
+    """What one recall returns: the ranked drawers, and the nearest episodes when they were asked for."""
+
+    hits: list[SearchHit]
+    episodes: list[RecalledEpisode] | None = None
+
+
+def episode_score(cosine: float, rank: RankParams) -> float:
+    """The cosine on the drawers' vector band, 0–1."""
+    band = max(rank.cos_ceiling - rank.cos_floor, 1e-9)
+    return float(min(1.0, max(0.0, (cosine - rank.cos_floor) / band)))
 
 
 @dataclass
@@ -69,7 +113,16 @@ class Recaller:
         return vec
 
     async def search(self, workspace_id: str, query: str, k: int = 10) -> list[SearchHit]:
-        """Top-k drawers of ``workspace_id`` for ``query``.
+        """Top-k drawers of ``workspace_id`` for ``query`` (see ``recall``)."""
+        return (await self.recall(workspace_id, query, k)).hits
+
+    async def recall(self, workspace_id: str, query: str, k: int = 10, *, episodes: int = 0) -> Recollection:
+        """Top-k drawers of ``workspace_id`` for ``query`` and, when ``episodes`` > 0, the nearest built,
+        unexpired episodes of its sessions (``episodes`` at most), ranked on their own.
+
+        Episodes are not mixed into the drawer ranking (as ranking documents they did not raise held-out
+        recall, docs/recall.md): the drawers and their scores are the same with or without them. They
+        reuse the query's embedding, in the same transaction; when the embedder is down there are none.
 
         The query is embedded before the transaction opens, not alongside the database work: on 2 cores
         the overlap measured slower (LoCoMo-dev questions, p50 39.4 vs 30.6 ms), the model's threads and
@@ -80,7 +133,7 @@ class Recaller:
         params = SearchParams(**{**self.params.__dict__, "k": k})
         t1 = time.perf_counter()
         try:
-            hits = await self._search(workspace_id, query, vec, params)
+            hits, found = await self._search(workspace_id, query, vec, params, episodes)
         except psycopg.errors.DataException as e:
             if vec is None or "dimensions" not in str(e):
                 raise
@@ -88,15 +141,15 @@ class Recaller:
             # embed it again in the space now active.
             log.info("embedding_space_switched", error=str(e)[:200])
             vec = await self._embed(query, recheck_space=True)
-            hits = await self._search(workspace_id, query, vec, params)
+            hits, found = await self._search(workspace_id, query, vec, params, episodes)
         SEARCH_SECONDS.labels("sql").observe(time.perf_counter() - t1)
         SEARCH_SECONDS.labels("total").observe(time.perf_counter() - t0)
         if self.touch and hits:  # noted, written later in one batch (shared/access.py): never awaited here
             access_log(self.pool).note(workspace_id, [h.id for h in hits])
-        return hits
+        return Recollection(hits, found if episodes > 0 else None)
 
-    async def _search(self, workspace_id: str, query: str, vec: np.ndarray | None,
-                      params: SearchParams) -> list[SearchHit]:
+    async def _search(self, workspace_id: str, query: str, vec: np.ndarray | None, params: SearchParams,
+                      episodes: int = 0) -> tuple[list[SearchHit], list[RecalledEpisode]]:
         async with workspace_tx(self.pool, workspace_id) as conn:
             cached = self._sizes.get(workspace_id)
             if cached is None or time.monotonic() - cached[2] > self.size_ttl_s:
@@ -107,8 +160,28 @@ class Recaller:
                     await request_vector_index(conn, workspace_id, size)
                 cached = (size, ready, time.monotonic())
                 self._sizes[workspace_id] = cached
-            return await hybrid_search(conn, workspace_id, query, vec, params, workspace_size=cached[0],
+            hits = await hybrid_search(conn, workspace_id, query, vec, params, workspace_size=cached[0],
                                        vector_index=cached[1])
+            found: list[RecalledEpisode] = []
+            if episodes > 0 and vec is not None:
+                found = await self._episodes(conn, workspace_id, vec, episodes)
+            return hits, found
+
+    async def _episodes(self, conn: psycopg.AsyncConnection, workspace_id: str, vec: np.ndarray,
+                        k: int) -> list[RecalledEpisode]:
+        near = await search_episodes(conn, workspace_id, vec, k=k)
+        cited = await session_drawers(conn, workspace_id, [e.session_id for e in near], per_session=EPISODE_DRAWERS)
+        out = []
+        for e in near:
+            sd = cited.get(e.session_id)
+            drawers = sd.drawers if sd else []
+            out.append(RecalledEpisode(
+                episode_id=e.id, session_id=e.session_id, score=round(episode_score(e.score, self.params.rank), 4),
+                cosine=round(e.score, 4), abstract=e.abstract, summary=e.summary, topics=e.topics,
+                started_at=e.started_at, completed_at=e.completed_at, agent_id=e.agent_id, user_id=e.user_id,
+                drawers=[cite(w, r, i) for i, w, r in drawers], drawer_ids=[i for i, _, _ in drawers],
+                drawer_count=sd.total if sd else 0))
+        return out
 
     async def drain(self) -> None:
         """Write the access statistics still pending (at shutdown)."""

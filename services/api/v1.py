@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
@@ -15,6 +16,7 @@ from shared.db.search import SearchHit
 from shared.db.tenancy import workspace_tx
 from shared.events import SessionCompleted
 from shared.events.models import WorkspaceId
+from shared.recall import EPISODE_DRAWERS, RecalledEpisode
 
 __all__ = ["router"]
 
@@ -25,6 +27,37 @@ class SearchRequest(BaseModel):
     workspace_id: WorkspaceId
     query: str = Field(min_length=1, max_length=4000, description="What to recall.")
     k: int = Field(10, ge=1, le=50, description="How many drawers to return.")
+    include_episodes: bool = Field(False, description="Also return the nearest session episodes (summaries of "
+                                   "whole conversations) in `episodes`, ranked on their own; the drawer hits "
+                                   "are the same either way.")
+    episodes_k: int = Field(3, ge=1, le=20, description="How many episodes at most, with include_episodes.")
+
+
+class EpisodeOut(BaseModel):
+    """A session's episode: what the conversation was about, and the drawers that hold it."""
+
+    episode_id: str
+    session_id: str = Field(description="The session the episode summarises.")
+    score: float = Field(description="0–1 relevance: the episode embedding's cosine to the query on the same "
+                         "band as a drawer's vector signal: what a hit's `dense` would be for that cosine.")
+    cosine: float = Field(description="The raw cosine similarity.")
+    abstract: str = Field(description="L0: about 200 characters, made without an LLM.")
+    summary: str = Field(description="The session's summary (the LLM's when one is configured).")
+    topics: list[str]
+    started_at: datetime | None
+    completed_at: datetime | None
+    agent_id: str | None
+    user_id: str | None
+    drawers: list[str] = Field(description=f"Citations (wing/room/short id) of the session's drawers in "
+                               f"conversation order, at most {EPISODE_DRAWERS}: read one whole with "
+                               "GET /v1/workspaces/{workspace_id}/palace/citations/{citation} (the SDK's get, MCP's "
+                               "memory_get_drawer).")
+    drawer_ids: list[str] = Field(description="The same drawers' ids.")
+    drawer_count: int = Field(description="How many live drawers the session has.")
+
+    @classmethod
+    def of(cls, e: RecalledEpisode) -> EpisodeOut:
+        return cls.model_validate(e, from_attributes=True)
 
 
 class SearchResponse(BaseModel):
@@ -32,6 +65,8 @@ class SearchResponse(BaseModel):
     query: str
     hits: list[SearchHit] = Field(description="Best first. `dense` and `text` are the two signals, each "
                                   "min-max normalised over the candidates; `score` is the fused rank.")
+    episodes: list[EpisodeOut] | None = Field(None, description="With include_episodes: the nearest built, "
+                                              "unexpired episodes, best first (null otherwise).")
 
 
 class Accepted(BaseModel):
@@ -43,8 +78,9 @@ class Accepted(BaseModel):
 async def search(caller: CallerDep, req: SearchRequest, r: RecallerDep) -> SearchResponse:
     """Hybrid recall (dense + full text, fused) within one workspace."""
     caller.authorize(req.workspace_id)
-    hits = await r.search(req.workspace_id, req.query, req.k)
-    return SearchResponse(workspace_id=req.workspace_id, query=req.query, hits=hits)
+    found = await r.recall(req.workspace_id, req.query, req.k, episodes=req.episodes_k if req.include_episodes else 0)
+    return SearchResponse(workspace_id=req.workspace_id, query=req.query, hits=found.hits,
+                          episodes=None if found.episodes is None else [EpisodeOut.of(e) for e in found.episodes])
 
 
 @router.get("/search", response_model=SearchResponse, tags=["recall"])
@@ -54,9 +90,12 @@ async def search_get(
     workspace_id: Annotated[str, Query(pattern=WORKSPACE_PATTERN)],
     q: Annotated[str, Query(min_length=1, max_length=4000)],
     k: Annotated[int, Query(ge=1, le=50)] = 10,
+    include_episodes: bool = False,
+    episodes_k: Annotated[int, Query(ge=1, le=20)] = 3,
 ) -> SearchResponse:
     """Same as POST /v1/search, for quick checks from a browser or curl."""
-    return await search(caller, SearchRequest(workspace_id=workspace_id, query=q, k=k), r)
+    return await search(caller, SearchRequest(workspace_id=workspace_id, query=q, k=k,
+                                              include_episodes=include_episodes, episodes_k=episodes_k), r)
 
 
 @router.post("/sessions", response_model=Accepted, status_code=202, tags=["write"])

@@ -36,7 +36,8 @@ __all__ = ["INSTRUCTIONS", "McpHttpEndpoint", "PalaceMCPServer", "build_server",
 INSTRUCTIONS = (
     "Palace is this agent's long-term memory. Drawers hold verbatim memories, filed in wings (people, "
     "projects, agents) and rooms (topics). Start with memory_status; recall with memory_search before "
-    "answering from memory and cite hits by their citation; check memory_check_duplicate before "
+    "answering from memory and cite hits by their citation (include_episodes=true adds summaries of the "
+    "past conversations that match, to see a memory in context); check memory_check_duplicate before "
     "memory_add_drawer. Everything you see and write belongs to one workspace."
 )
 

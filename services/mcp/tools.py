@@ -38,6 +38,7 @@ from shared.palace_ops import (
     Deleted,
     DrawerOut,
     Duplicate,
+    EpisodeHit,
     Forgotten,
     Hit,
     IdentityOut,
@@ -136,6 +137,8 @@ class TaxonomyOut(BaseModel):
 class SearchOut(BaseModel):
     query: str
     hits: list[Hit] = Field(description="Best first.")
+    episodes: list[EpisodeHit] | None = Field(None, description="With include_episodes: the conversations "
+                                              "(sessions) nearest the query, best first; None otherwise.")
 
 
 class DuplicatesOut(BaseModel):
@@ -236,11 +239,19 @@ async def memory_search(
     query: Annotated[str, Field(min_length=1, max_length=4000,
                                 description="What to recall, in natural language (a question or keywords).")],
     limit: Annotated[int, Field(ge=1, le=50, description="How many memories to return.")] = 5,
+    include_episodes: Annotated[bool, Field(description="Also return the past conversations (episodes: a summary, "
+                                            "topics and time span per session) nearest the query, with "
+                                            "citations of their drawers. Use it for 'when did we discuss…' "
+                                            "or to see a memory's whole conversation.")] = False,
+    episodes_limit: Annotated[int, Field(ge=1, le=20, description="How many episodes at most, with "
+                                         "include_episodes.")] = 3,
 ) -> SearchOut:
     """Search memories by meaning and wording (hybrid semantic + full-text recall). Returns the best
-    drawers first, each with a citation (wing/room/drawer_id) you can cite instead of quoting."""
+    drawers first, each with a citation (wing/room/drawer_id) you can cite instead of quoting; with
+    include_episodes, also the nearest past conversations, summarised."""
     ops, ws = bound(ctx)
-    return SearchOut(query=query, hits=await ops.search(ws, query, limit))
+    hits, episodes = await ops.search_with_episodes(ws, query, limit, episodes_limit if include_episodes else 0)
+    return SearchOut(query=query, hits=hits, episodes=episodes)
 
 
 @tool(READ)

@@ -14,6 +14,7 @@ from shared.db.drawers import as_array
 __all__ = [
     "EpisodeHit",
     "EpisodeProgress",
+    "SessionDrawers",
     "discard_pending_episode",
     "episode_progress",
     "existing_drawers",
@@ -22,6 +23,7 @@ __all__ = [
     "overdue_episodes",
     "save_episode",
     "search_episodes",
+    "session_drawers",
     "session_turns",
     "sessions_awaiting_episode",
     "unannounced_episode",
@@ -60,32 +62,87 @@ class EpisodeHit:
     abstract: str
     summary: str
     topics: list[str]
-    score: float
+    score: float                # the raw cosine similarity
     started_at: datetime | None
     completed_at: datetime | None
+    agent_id: str | None = None
+    user_id: str | None = None
+
+
+# The most recent built episodes recall ranks exactly: the size up to which drawer search, too, scans a
+# workspace exactly (SearchParams.exact_max) before it wants an index.
+EPISODE_SCAN_MAX = 5_000
+
+_SEARCH_SQL = """
+SELECT id, session_id, abstract, summary, topics, 1 - (embedding <=> %(q)s::vector) AS score,
+       started_at, completed_at, agent_id, user_id
+  FROM (SELECT id, session_id, abstract, summary, topics, embedding, started_at, completed_at, agent_id, user_id
+          FROM episodes
+         WHERE workspace_id = %(ws)s AND status = 'ready' AND embedding IS NOT NULL
+           AND (expires_at IS NULL OR expires_at > now())
+         ORDER BY completed_at DESC NULLS LAST, id
+         LIMIT %(scan)s) recent
+ ORDER BY embedding <=> %(q)s::vector, id
+ LIMIT %(k)s"""
 
 
 async def search_episodes(
-    conn: AsyncConnection[Any], workspace_id: str, embedding: np.ndarray, *, k: int = 5
+    conn: AsyncConnection[Any], workspace_id: str, embedding: np.ndarray, *, k: int = 5,
+    scan_max: int = EPISODE_SCAN_MAX,
 ) -> list[EpisodeHit]:
     """The ``k`` built, unexpired episodes nearest to ``embedding``, best first.
 
-    An exact scan of the workspace's episodes (one per session, so far fewer rows than drawers):
-    an approximate index with the workspace filter applied after the walk could return fewer than
-    ``k`` even when more exist.
+    Exact, among the workspace's ``scan_max`` most recently completed episodes, which the partial index
+    of migration 0043 yields in that order: the cost is bounded by the cap, whatever the table holds.
+    Not an approximate index: pgvector applies the workspace filter after its graph walk (see
+    shared/db/vector_indexes.py), so a shared HNSW could return fewer than ``k`` even when more exist,
+    and one episode per session, expiring, keeps a workspace's episodes far fewer than its drawers.
+    Past the cap the oldest episodes are left out of recall (the drawers still hold every turn).
     """
     cur = await conn.execute(
-        """SELECT id, session_id, abstract, summary, topics, 1 - (embedding <=> %(q)s::vector) AS score,
-                  started_at, completed_at
-             FROM episodes
-            WHERE workspace_id = %(ws)s AND status = 'ready' AND embedding IS NOT NULL
-              AND (expires_at IS NULL OR expires_at > now())
-            ORDER BY embedding <=> %(q)s::vector, id
-            LIMIT %(k)s""",
-        {"q": np.asarray(embedding, dtype=np.float32), "ws": workspace_id, "k": max(1, min(int(k), 100))},
+        _SEARCH_SQL,
+        {"q": np.asarray(embedding, dtype=np.float32), "ws": workspace_id, "k": max(1, min(int(k), 100)),
+         "scan": max(1, int(scan_max))},
     )
-    return [EpisodeHit(str(i), str(sid), a, sm, list(t), float(sc), st, ct)
-            for i, sid, a, sm, t, sc, st, ct in await cur.fetchall()]
+    return [EpisodeHit(str(i), str(sid), a, sm, list(t), float(sc), st, ct, ag, us)
+            for i, sid, a, sm, t, sc, st, ct, ag, us in await cur.fetchall()]
+
+
+@dataclass(frozen=True)
+class SessionDrawers:
+    """A session's live drawers in conversation order (at most the first ``per_session``) and how many it has."""
+
+    drawers: list[tuple[str, str, str]]   # (id, wing, room)
+    total: int
+
+
+async def session_drawers(
+    conn: AsyncConnection[Any], workspace_id: str, session_ids: list[str], *, per_session: int = 20
+) -> dict[str, SessionDrawers]:
+    """The live drawers of these sessions, so an episode cites what it summarises: one statement, each
+    session read through ``drawer_sources_session`` (its drawers in message order)."""
+    if not session_ids:
+        return {}
+    cur = await conn.execute(
+        """SELECT s.sid, x.ids, x.wings, x.rooms, x.total
+             FROM unnest(%(sids)s::text[]) AS s(sid)
+             CROSS JOIN LATERAL (
+                 SELECT (array_agg(d.id ORDER BY o.first))[1:%(n)s] AS ids,
+                        (array_agg(d.wing ORDER BY o.first))[1:%(n)s] AS wings,
+                        (array_agg(d.room ORDER BY o.first))[1:%(n)s] AS rooms,
+                        count(*) AS total
+                   FROM (SELECT ds.drawer_id, min(ds.seq::bigint * 1000000 + ds.chunk_index) AS first
+                           FROM drawer_sources ds
+                          WHERE ds.workspace_id = %(ws)s AND ds.session_id = s.sid
+                          GROUP BY ds.drawer_id) o
+                   JOIN drawers d ON d.workspace_id = %(ws)s AND d.id = o.drawer_id
+                  WHERE d.deleted_at IS NULL AND d.state <> 'merged') x""",
+        {"sids": session_ids, "ws": workspace_id, "n": max(1, int(per_session))},
+    )
+    out: dict[str, SessionDrawers] = {}
+    for sid, ids, wings, rooms, total in await cur.fetchall():
+        out[str(sid)] = SessionDrawers(list(zip(ids or [], wings or [], rooms or [], strict=True)), int(total))
+    return out
 
 
 @dataclass(frozen=True)

@@ -7,10 +7,12 @@ import json
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import httpx
 import nats
 import numpy as np
 import psycopg
 
+from shared.db.episodes import SessionDrawers
 from shared.ids import stable_id
 from tests.integration.helpers import Stack, session, wait_for, ws
 
@@ -138,3 +140,129 @@ async def test_episodes_are_searchable_by_embedding_until_they_expire(stack: Sta
             assert [h.session_id for h in await search_episodes(c, w, by_session["s2"][1])] == ["s1"]
     finally:
         await pool.close()
+
+
+def _search(stack: Stack, w: str, query: str, **kw: Any) -> dict[str, Any]:
+    r = httpx.post(f"{stack.api_url}/v1/search", json={"workspace_id": w, "query": query, "k": 5, **kw}, timeout=30)
+    r.raise_for_status()
+    return r.json()  # type: ignore[no-any-return]
+
+
+def _ranked(hits: list[dict[str, Any]]) -> list[tuple[str, str, float]]:
+    return [(h["id"], h["citation"], round(h["score"], 3)) for h in hits]
+
+
+TAX = "The quarterly tax filing is due on the 15th; Ana will collect the receipts from accounting."
+
+
+def test_search_returns_the_sessions_episodes_on_request(stack: Stack) -> None:
+    """include_episodes adds the nearest built, unexpired episodes of the workspace, scored on the drawers'
+    band and citing their drawers; the drawer hits are the same with or without; default output has none."""
+    w, other = ws(), ws()
+    stack.publish(session(w, "s1", TURNS[:2]))
+    stack.publish(session(w, "s2", [TAX]))
+    stack.publish(session(other, "s2", [TAX]))  # the same words elsewhere: its episode would match best
+    wait_for(lambda: stack.sql("SELECT count(*) FROM episodes WHERE workspace_id = ANY(%s) AND status = 'ready'"
+                               " AND embedding IS NOT NULL", ([w, other],))[0][0] == 3, 60, "three episodes")
+    question = "When is the quarterly tax filing due?"
+
+    plain = _search(stack, w, question)
+    assert plain["episodes"] is None and plain["hits"]
+    both = _search(stack, w, question, include_episodes=True)
+    assert _ranked(both["hits"]) == _ranked(plain["hits"]), "episodes never change the drawer ranking"
+    eps = both["episodes"]
+    assert [e["session_id"] for e in eps] == ["s2", "s1"], "best first; never another workspace's"
+    assert [e["episode_id"] for e in eps] == [stable_id("episode", w, "s2"), stable_id("episode", w, "s1")]
+    top = eps[0]
+    assert "tax" in top["summary"].lower() and 0 < len(top["abstract"]) <= 200 and top["topics"]
+    assert (top["agent_id"], top["user_id"]) == ("agent-1", "user-1")
+    assert top["started_at"].startswith("2026-11-01T10:00") and top["completed_at"].startswith("2026-11-01T10:30")
+    assert 1.0 >= top["score"] >= eps[1]["score"] >= 0.0 and top["cosine"] > eps[1]["cosine"]
+    # The score is the cosine on the drawers' vector band (0.78 → 0, 0.90 → 1 by default, clipped).
+    lo, hi = stack.settings.recall_cos_floor, stack.settings.recall_cos_ceiling
+    for e in eps:
+        assert abs(e["score"] - min(1.0, max(0.0, (e["cosine"] - lo) / (hi - lo)))) < 1e-3
+    # Its citations are the session's drawers, and resolve to them.
+    s2_drawers = [r[0] for r in stack.sql("SELECT drawer_id FROM drawer_sources WHERE workspace_id = %s"
+                                          " AND session_id = 's2'", (w,))]
+    assert top["drawer_ids"] == s2_drawers and top["drawer_count"] == 1 and len(top["drawers"]) == 1
+    read = httpx.get(f"{stack.api_url}/v1/workspaces/{w}/palace/citations/{top['drawers'][0]}", timeout=30)
+    assert read.status_code == 200 and read.json()["content"] == TAX
+    assert eps[1]["drawer_count"] == 2 and len(eps[1]["drawers"]) == 2
+
+    # GET takes the same options; episodes_k bounds the list and is itself bounded.
+    got = httpx.get(f"{stack.api_url}/v1/search", params={"workspace_id": w, "q": question, "include_episodes": True,
+                                                          "episodes_k": 1}, timeout=30)
+    assert got.status_code == 200 and [e["session_id"] for e in got.json()["episodes"]] == ["s2"]
+    assert httpx.post(f"{stack.api_url}/v1/search", json={"workspace_id": w, "query": question,
+                                                           "include_episodes": True, "episodes_k": 500},
+                      timeout=30).status_code == 422
+
+    # Expired and unbuilt episodes are not returned.
+    with psycopg.connect(stack.database_url, autocommit=True) as admin:
+        admin.execute("UPDATE episodes SET expires_at = now() - interval '1 second'"
+                      " WHERE workspace_id = %s AND session_id = 's2'", (w,))
+    assert [e["session_id"] for e in _search(stack, w, question, include_episodes=True)["episodes"]] == ["s1"]
+    with psycopg.connect(stack.database_url, autocommit=True) as admin:
+        admin.execute("UPDATE episodes SET status = 'pending' WHERE workspace_id = %s AND session_id = 's1'", (w,))
+    assert _search(stack, w, question, include_episodes=True)["episodes"] == []
+    assert [e["session_id"] for e in _search(stack, other, question, include_episodes=True)["episodes"]] == ["s2"]
+
+
+async def test_episode_citations_stay_in_their_workspace(stack: Stack) -> None:
+    """Under row-level security a transaction of one workspace reads none of another's episodes or
+    drawers, even when it names that workspace."""
+    from shared.db.episodes import search_episodes, session_drawers
+    from shared.db.pool import open_pool
+    from shared.db.tenancy import workspace_tx
+
+    w = ws()
+    await asyncio.to_thread(stack.publish, session(w, "s1", [TAX]))
+    vec = (await asyncio.to_thread(wait_for, lambda: stack.sql(
+        "SELECT embedding::real[] FROM episodes WHERE workspace_id = %s AND status = 'ready'"
+        " AND embedding IS NOT NULL", (w,)), 60, "an episode"))[0][0]
+    pool = await open_pool(stack.database_url, name="test-episodes", max_size=1)
+    try:
+        async with workspace_tx(pool, w) as c:
+            assert [h.session_id for h in await search_episodes(c, w, np.asarray(vec))] == ["s1"]
+            assert (await session_drawers(c, w, ["s1"]))["s1"].total == 1
+        async with workspace_tx(pool, ws()) as c:
+            assert await search_episodes(c, w, np.asarray(vec)) == []
+            assert (await session_drawers(c, w, ["s1"]))["s1"] == SessionDrawers([], 0)
+    finally:
+        await pool.close()
+
+
+def test_episode_search_plan_is_bounded_by_its_index(stack: Stack) -> None:
+    """At a size where a sequential scan would show (tens of thousands of episodes over many workspaces,
+    statistics up to date), recall's episode statement reads one workspace's most recent built episodes
+    through the partial index of migration 0043, as the application role under row-level security."""
+    from shared.db.episodes import _SEARCH_SQL, EPISODE_SCAN_MAX
+
+    target = ws()
+    others = [ws() for _ in range(19)]
+    dim = stack.settings.embed_dim
+    emb = "[" + ",".join(["0.05"] * dim) + "]"
+    everyone = [target, *others]
+    with psycopg.connect(stack.database_url, autocommit=True) as admin:
+        try:
+            # promoted: dreaming leaves them alone; announced: the enrich sweep too.
+            admin.execute(
+                """INSERT INTO episodes (workspace_id, id, session_id, summary, abstract, status, embedding,
+                                         completed_at, promoted_at, announced_at)
+                   SELECT w, md5(w || g), 'plan-' || g, 'summary', 'abstract',
+                          CASE WHEN g %% 10 = 0 THEN 'pending' ELSE 'ready' END, %s::vector,
+                          now() - g * interval '1 minute', now(), now()
+                     FROM unnest(%s::text[]) w, generate_series(1, 1500) g""",
+                (emb, everyone))
+            admin.execute("ANALYZE episodes")
+            with psycopg.connect(stack.database_url) as conn:
+                conn.execute("SET ROLE palace_app")
+                conn.execute("SELECT set_config('palace.workspace_id', %s, false)", (target,))
+                params = {"q": emb, "ws": target, "k": 5, "scan": EPISODE_SCAN_MAX}
+                plan = json.dumps(conn.execute("EXPLAIN (FORMAT JSON) " + _SEARCH_SQL, params).fetchall()[0][0])
+                rows = conn.execute(_SEARCH_SQL, params).fetchall()
+            assert "episodes_searchable" in plan and '"Seq Scan"' not in plan, plan
+            assert len(rows) == 5 and {r[1] for r in rows} <= {f"plan-{g}" for g in range(1, 1501) if g % 10}
+        finally:
+            admin.execute("DELETE FROM episodes WHERE workspace_id = ANY(%s)", (everyone,))

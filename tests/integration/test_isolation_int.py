@@ -96,12 +96,13 @@ def _ids_of(stack: Stack, workspace: str) -> set[str]:
 def _check(stack: Stack, client: TestClient, keys: dict[str, str], call: dict[str, Any]) -> None:
     target, holder, op = call["target"], call["key"], call["op"]
     headers = {} if holder is None else {"Authorization": f"Bearer {keys.get(holder, 'pk_' + holder + '_forged')}"}
+    episodes = call.get("episodes", False)
     if op == "search_post":
-        r = client.post("/v1/search", json={"workspace_id": target, "query": call["query"], "k": call["k"]},
-                        headers=headers)
+        r = client.post("/v1/search", json={"workspace_id": target, "query": call["query"], "k": call["k"],
+                                             "include_episodes": episodes}, headers=headers)
     elif op == "search_get":
-        r = client.get("/v1/search", params={"workspace_id": target, "q": call["query"], "k": call["k"]},
-                       headers=headers)
+        r = client.get("/v1/search", params={"workspace_id": target, "q": call["query"], "k": call["k"],
+                                             "include_episodes": episodes}, headers=headers)
     elif op == "stats":
         r = client.get(f"/v1/workspaces/{target}/stats", headers=headers)
     else:
@@ -119,6 +120,14 @@ def _check(stack: Stack, client: TestClient, keys: dict[str, str], call: dict[st
         assert r.json()["workspace_id"] == target
         foreign = {h["id"] for h in hits} - _ids_of(stack, target)
         assert not foreign, f"{call}: hits from another workspace: {foreign}"
+        if not episodes:
+            assert r.json()["episodes"] is None
+        else:
+            found = r.json()["episodes"]
+            own = {e[0] for e in stack.sql("SELECT id FROM episodes WHERE workspace_id = %s", (target,))}
+            assert {e["episode_id"] for e in found} <= own, f"{call}: another workspace's episode"
+            cited = {d for e in found for d in e["drawer_ids"]} - _ids_of(stack, target)
+            assert not cited, f"{call}: an episode cites another workspace's drawers: {cited}"
     elif op == "stats":
         body = r.json()
         truth = stack.sql("SELECT count(*) FROM sessions WHERE workspace_id = %s", (target,))[0][0]
@@ -137,6 +146,7 @@ def test_random_api_calls_never_cross_workspaces(stack: Stack) -> None:
         "query": st.lists(st.sampled_from([*WORDS, "lesson", "case", "tuesday", "door"]), min_size=1,
                           max_size=4).map(" ".join),
         "k": st.integers(1, 10),
+        "episodes": st.booleans(),
     })
     with TestClient(create_app(cfg)) as client:
 

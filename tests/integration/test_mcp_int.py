@@ -18,7 +18,7 @@ from mcp import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 
-from tests.integration.helpers import Stack, api_key_for, ws
+from tests.integration.helpers import Stack, api_key_for, wait_for, ws
 
 EXPECTED_TOOLS = {
     "memory_status", "memory_list_wings", "memory_list_rooms", "memory_get_taxonomy", "memory_search",
@@ -116,6 +116,21 @@ async def exercise_every_tool(session: ClientSession, stack: Stack, w: str) -> d
     scores = [h["score"] for h in found["hits"]]
     assert scores == sorted(scores, reverse=True)
     assert "limit" in await call_error(session, "memory_search", query="x", limit=500)
+    # Episodes on request (each memory here is a one-message session): the violin lesson's first, citing
+    # its drawer; the hits stay the same, and without the option there are none.
+    assert found["episodes"] is None
+    await asyncio.to_thread(wait_for, lambda: stack.sql(
+        "SELECT count(*) FROM episodes WHERE workspace_id = %s AND status = 'ready' AND embedding IS NOT NULL",
+        (w,))[0][0] == len(MEMORIES), 60, "an episode per memory")
+    with_eps = await call(session, "memory_search", query="When are Alice's violin lessons?", limit=3,
+                          include_episodes=True, episodes_limit=2)
+    assert [h["drawer_id"] for h in with_eps["hits"]] == [h["drawer_id"] for h in found["hits"]]
+    eps = with_eps["episodes"]
+    assert len(eps) == 2 and eps[0]["drawers"] == [top["citation"]] and eps[0]["drawer_count"] == 1
+    assert eps[0]["session_id"] == top["session_id"] and 1 >= eps[0]["score"] >= eps[1]["score"] >= 0
+    assert "violin" in eps[0]["summary"].lower()
+    assert "episodes_limit" in await call_error(session, "memory_search", query="x", include_episodes=True,
+                                                episodes_limit=99)
 
     dup = await call(session, "memory_check_duplicate", content=MEMORIES[3][0])
     assert dup["is_duplicate"] and dup["matches"][0]["drawer_id"] == ids[MEMORIES[3][0]]

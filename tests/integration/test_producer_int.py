@@ -170,3 +170,22 @@ def test_search_table_shows_every_hit_when_piped(stack: Stack) -> None:
     shown = " ".join(" ".join(line.split("│")[-2] for line in out.splitlines() if line.startswith("│")).split())
     for text in texts:
         assert text in shown, "every hit's content is visible when piped"
+
+
+def test_search_with_episodes_prints_them_under_the_hits(stack: Stack) -> None:
+    """`palace search --episodes`, over the API and in-process: the nearest session's episode first."""
+    w = ws()
+    stack.publish(session(w, "orion-db", ["We decided to keep Orion's search index in PostgreSQL with pgvector.",
+                                          "Good: one database to back up instead of two."]))
+    stack.publish(session(w, "lunch", ["Maria booked the Thai place on Friday for the team lunch."]))
+    wait_for(lambda: stack.sql("SELECT count(*) FROM episodes WHERE workspace_id = %s AND status = 'ready'"
+                               " AND embedding IS NOT NULL", (w,))[0][0] == 2, 60, "two episodes")
+    for where in (["--api", stack.api_url], []):
+        out = palace(stack, "search", "which database for Orion", "--workspace", w, *where, "-k", "2", "--episodes")
+        episodes = out[out.index("episodes for"):]
+        shown = " ".join(" ".join(line.split("│")[-2] for line in episodes.splitlines()
+                                  if line.startswith("│")).split())
+        assert shown.index("orion-db") < shown.index("lunch") and "2 drawers" in shown, out
+        as_json = json.loads(palace(stack, "search", "which database for Orion", "--workspace", w, *where,
+                                    "--episodes", "--episodes-k", "1", "--json"))
+        assert [e["session_id"] for e in as_json["episodes"]] == ["orion-db"] and as_json["hits"]

@@ -20,6 +20,7 @@ import pytest
 
 from palace_sdk import (
     AsyncPalaceClient,
+    Episode,
     EventInvalid,
     Forbidden,
     InvalidRequest,
@@ -73,6 +74,18 @@ async def scenario(c: Any, stack: Stack) -> None:
     found = await c.search("Which database did we choose for Orion?", k=3)
     assert "PostgreSQL" in found.hits[0].content and found.hits[0].citation.startswith("orion/")
     assert [h.score for h in found.hits] == sorted((h.score for h in found.hits), reverse=True)
+    assert found.episodes is None
+    # Episodes on request: chat-1's first (typed), citing its drawers, readable with get.
+    await asyncio.to_thread(wait_for, lambda: stack.sql(
+        "SELECT count(*) FROM episodes WHERE workspace_id = %s AND status = 'ready' AND embedding IS NOT NULL",
+        (w,))[0][0] == 2, 60, "two episodes")
+    recalled = await c.search("Which database did we choose for Orion?", k=3, include_episodes=True, episodes_k=2)
+    assert [h.id for h in recalled.hits] == [h.id for h in found.hits]
+    assert recalled.episodes is not None and len(recalled.episodes) == 2
+    episode = recalled.episodes[0]
+    assert isinstance(episode, Episode) and episode.session_id == "chat-1" and episode.drawer_count == 2
+    assert 1 >= episode.score >= recalled.episodes[1].score >= 0 and "PostgreSQL" in episode.summary
+    assert (await c.get(episode.drawers[0])).content == ORION[0]
     cited = await c.get(found.hits[0].citation)
     assert (cited.drawer_id, cited.citation, cited.content) == (found.hits[0].id, found.hits[0].citation,
                                                                 found.hits[0].content)

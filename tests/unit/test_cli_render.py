@@ -10,7 +10,14 @@ from io import StringIO
 import pytest
 from rich.console import Console
 
-from services.cli_render import CONTENT_PREVIEW_CHARS, DeadLetterTable, HitsTable, payload_preview, short_reason
+from services.cli_render import (
+    CONTENT_PREVIEW_CHARS,
+    DeadLetterTable,
+    EpisodesTable,
+    HitsTable,
+    payload_preview,
+    short_reason,
+)
 from shared.events import DeadLetterInfo
 
 HITS = [
@@ -150,3 +157,24 @@ def test_layer_drawers_show_the_snippet_and_short_id(width: int | None) -> None:
     out = _render(LayerTable("L1", drawers), width)
     assert max(len(line) for line in out.splitlines()) <= (width or 80)
     assert "0123456789ab" in out and "back up." in " ".join(out.split())
+
+
+EPISODES = [
+    {"session_id": "chat-44", "score": 0.873, "started_at": "2026-11-01T10:00:00Z",
+     "completed_at": "2026-11-01T10:30:00Z", "topics": ["orion", "database"], "drawer_count": 12,
+     "drawers": ["orion/decision/0123456789ab"],
+     "summary": "The team chose PostgreSQL with pgvector for Orion. " * 3, "abstract": "Orion's database."},
+    {"session_id": "chat-45", "score": 0.2, "started_at": None, "completed_at": None, "topics": [],
+     "drawer_count": 0, "drawers": [], "summary": "", "abstract": "A short chat about [red] lunch."},
+]
+
+
+@pytest.mark.parametrize("width", [80, None, 200])
+def test_episodes_show_session_span_topics_citation_and_summary(width: int | None) -> None:
+    out = _render(EpisodesTable("episodes", EPISODES), width)
+    assert all(len(line) <= (width or 80) for line in out.splitlines())
+    shown = _content_column(out)
+    for needle in ("chat-44", "2026-11-01", "orion, database", "12 drawers", "orion/decision/0123456789ab",
+                   "The team chose PostgreSQL", "0.873", "A short chat about [red] lunch."):
+        assert needle in shown or needle in out, needle
+    assert len(re.findall(r"^│\s*\d+\s*│", out, re.MULTILINE)) == len(EPISODES)
