@@ -97,16 +97,18 @@ class Recaller:
 
     async def _search(self, workspace_id: str, query: str, vec: np.ndarray | None,
                       params: SearchParams) -> list[SearchHit]:
-        async with workspace_tx(self.pool, workspace_id) as conn:
-            cached = self._sizes.get(workspace_id)
-            if cached is None or time.monotonic() - cached[2] > self.size_ttl_s:
+        cached = self._sizes.get(workspace_id)
+        if cached is None or time.monotonic() - cached[2] > self.size_ttl_s:
+            async with workspace_tx(self.pool, workspace_id) as conn:
                 size = await workspace_size(conn, workspace_id, max(self.params.exact_max, self.vector_index_min) + 1)
                 ready = await vector_index_ready(conn, workspace_id)
                 if not ready and size > self.vector_index_min:
                     # Exact scans until maintain has built the workspace's own index.
                     await request_vector_index(conn, workspace_id, size)
-                cached = (size, ready, time.monotonic())
-                self._sizes[workspace_id] = cached
+            cached = (size, ready, time.monotonic())
+            self._sizes[workspace_id] = cached
+        # The search scopes its own transaction to the workspace, all in one round trip (hybrid_search).
+        async with self.pool.connection() as conn:
             return await hybrid_search(conn, workspace_id, query, vec, params, workspace_size=cached[0],
                                        vector_index=cached[1])
 

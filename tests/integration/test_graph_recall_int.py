@@ -13,7 +13,7 @@ import pytest
 from psycopg_pool import AsyncConnectionPool
 
 from shared.adapters.hash_embedder import HashEmbedder
-from shared.db.graph_recall import _SQL, graph_candidates
+from shared.db.graph_recall import _SQL, graph_candidates, graph_params
 from shared.db.kg import add_triple, link_drawers
 from shared.db.pool import open_pool
 from shared.db.search import SearchParams, hybrid_search
@@ -125,8 +125,7 @@ def test_the_graph_lookup_is_index_backed(stack: Stack) -> None:
     for the planner to choose; the rows and their statistics are rolled back with the transaction."""
     w = ws()
     names = query_names("Who does Orvieto work for at Lumbago Labs?")
-    params = {"ws": w, "any": list(names.any_alias), "uncased": list(names.uncased_only),
-              "max_entities": 20, "max_hops": 50, "max_df": 200, "restore": "0"}
+    params = graph_params(w, names, 20_000, GraphParams())
     with psycopg.connect(stack.database_url) as conn:
         conn.execute("""INSERT INTO entities (workspace_id, id, name)
                         SELECT %(ws)s, 'e' || i, 'name ' || i FROM generate_series(1, 20000) i""", {"ws": w})
