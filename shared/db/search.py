@@ -41,7 +41,7 @@ from psycopg import AsyncConnection
 
 from shared.config import Settings
 from shared.db.graph_recall import EXECUTE as GRAPH_EXECUTE
-from shared.db.graph_recall import graph_params, graph_rows, prepare_statement
+from shared.db.graph_recall import PREPARED_NAME, graph_params, graph_rows, prepare_statement
 from shared.logging import get_logger
 from shared.memory.citations import cite
 from shared.memory.graph_signal import GraphParams, graph_strengths, query_names
@@ -267,7 +267,9 @@ _SCOPE = ("SELECT set_config('palace.workspace_id', %(ws)s, true),"
           " set_config('palace.graph_ids', '{}', true)")
 
 
+# Connections where the graph lookup is prepared, and where a failed round trip leaves that unknown.
 _graph_prepared: weakref.WeakSet[AsyncConnection[Any]] = weakref.WeakSet()
+_graph_unsure: weakref.WeakSet[AsyncConnection[Any]] = weakref.WeakSet()
 
 
 async def _send(conn: AsyncConnection[Any], cand: dict[str, Any], graph_args: dict[str, Any] | None,
@@ -291,10 +293,16 @@ async def _send(conn: AsyncConnection[Any], cand: dict[str, Any], graph_args: di
     it chose to the candidate statement in a transaction-local setting. Past the deadline the string
     stops there with an error and the caller sends it again without the lookup.
     """
+    prepare = graph_args is not None and conn not in _graph_prepared
+    probe = graph_args is None and conn in _graph_unsure
     parts = [_SCOPE]
-    args = dict(cand)
+    if probe:  # a failed string held the PREPARE: did it take effect before the failure?
+        parts.append("SELECT EXISTS (SELECT 1 FROM pg_prepared_statements WHERE name = %(prepared)s)")
+    args = {**cand, "prepared": PREPARED_NAME}
     if graph_args is not None:
-        parts += [f"SET LOCAL statement_timeout = {int(timeout_ms)}", GRAPH_EXECUTE]
+        # PREPARE too runs under the deadline: it takes the lookup's table locks.
+        parts += [f"SET LOCAL statement_timeout = {int(timeout_ms)}", *([prepare_statement()] if prepare else []),
+                  GRAPH_EXECUTE]
         args.update(graph_args)
     parts.append(_SQL)
     idle = conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
@@ -306,12 +314,11 @@ async def _send(conn: AsyncConnection[Any], cand: dict[str, Any], graph_args: di
     try:
         if idle:
             await conn.set_autocommit(True)
-        if graph_args is not None and conn not in _graph_prepared:
-            await cur.execute(prepare_statement())  # once per connection (prepared statements outlive transactions)
-            _graph_prepared.add(conn)
         try:
             await cur.execute(";\n".join(parts), args)
         except psycopg.Error:
+            if prepare:  # prepared statements outlive the transaction: it may exist now, or not
+                _graph_unsure.add(conn)
             if not idle and conn.info.transaction_status == psycopg.pq.TransactionStatus.INERROR:
                 await conn.execute("ROLLBACK TO SAVEPOINT palace_search; RELEASE SAVEPOINT palace_search")
             raise
@@ -325,7 +332,13 @@ async def _send(conn: AsyncConnection[Any], cand: dict[str, Any], graph_args: di
         await cur.close()
         if idle and conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE:
             await conn.set_autocommit(False)
-    # results: the scope's row, the graph lookup's rows (when sent), the candidates.
+    if prepare:
+        _graph_prepared.add(conn)
+    if probe:
+        _graph_unsure.discard(conn)
+        if results[1][0][0]:
+            _graph_prepared.add(conn)
+    # results: the scope's row, the probe's (when sent), the graph lookup's rows (when sent), the candidates.
     return (graph_rows(results[1]) if graph_args is not None else []), results[-1]
 
 
