@@ -408,15 +408,17 @@ class RefPath:
             raise SystemExit(f"--compare {ref}: the worker imported shared from {shared_path!r}, not {tree}")
         return cls(f"{ref} ({commit})", tree, proc, shared_path)
 
-    async def search(self, workspace: str, query: str, k: int) -> float:
-        """Milliseconds of one search as the worker timed it."""
+    async def search(self, workspace: str, query: str, k: int) -> tuple[float, float]:
+        """Milliseconds of one search as the worker timed it, and the CPU milliseconds it cost (the
+        worker's process and its backends)."""
         assert self._proc.stdin is not None and self._proc.stdout is not None
         self._proc.stdin.write((json.dumps({"ws": workspace, "q": query, "k": k}) + "\n").encode())
         await self._proc.stdin.drain()
         line = await self._proc.stdout.readline()
         if not line:
             raise RuntimeError(f"the --compare worker ({self.ref}) exited")
-        return float(json.loads(line)["ms"])
+        reply = json.loads(line)
+        return float(reply["ms"]), float(reply["cpu_ms"])
 
     async def close(self) -> None:
         if self._proc.stdin is not None:
@@ -526,9 +528,11 @@ async def diagnostics(database_url: str, workspace: str, qs: list[tuple[str, np.
 
 
 async def measure(pool: Any, embedder: Embedder, vectors: dict[str, np.ndarray], workspace: str, k: int,
-                  warm: list[str], timed: list[str], ref: RefPath | None = None) -> dict[str, list[float]]:
+                  warm: list[str], timed: list[str], ref: RefPath | None = None,
+                  ) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
     """Per-query latency of full / sql / bare / wake_up / inject (and ``ref``, another commit's sql path,
-    when given), interleaved with a rotating order."""
+    when given), interleaved with a rotating order; and the CPU milliseconds of each call (the bench
+    process and the pool's backends; the reference path's own process and backends)."""
     from shared.inject import inject
     from shared.layers import wake_up
     from shared.recall import Recaller
@@ -566,19 +570,54 @@ async def measure(pool: Any, embedder: Embedder, vectors: dict[str, np.ndarray],
         if ref is not None:
             await ref.search(workspace, q, k)
     times: dict[str, list[float]] = {m: [] for m in methods}
+    cpu: dict[str, list[float]] = {m: [] for m in methods}
+    backends = await _backend_pids(pool)
     with _progress() as bar:
         task = bar.add_task(f"{len(timed)} queries × {len(methods)} paths on {workspace}", total=len(timed))
         for i, q in enumerate(timed):
             for m in methods[i % len(methods) :] + methods[: i % len(methods)]:
                 if m == REF:
                     assert ref is not None
-                    times[m].append(await ref.search(workspace, q, k))  # timed in its own process
+                    ms, cpu_ms = await ref.search(workspace, q, k)  # timed in its own process
+                    times[m].append(ms)
+                    cpu[m].append(cpu_ms)
                     continue
+                c0 = time.process_time() + server_cpu_s(backends)
                 t0 = time.perf_counter()
                 await fns[m](q)
                 times[m].append((time.perf_counter() - t0) * 1000)
+                cpu[m].append((time.process_time() + server_cpu_s(backends) - c0) * 1000)
             bar.advance(task)
-    return times
+    return times, cpu
+
+
+async def _backend_pids(pool: Any) -> list[int]:
+    """The PostgreSQL backends of the pool's connections (all of them, checked out at once)."""
+    conns = []
+    try:
+        for _ in range(pool.max_size):
+            conns.append(await pool.getconn())
+        pids = []
+        for c in conns:
+            cur = await c.execute("SELECT pg_backend_pid()")
+            row = await cur.fetchone()
+            await c.rollback()
+            pids.append(int(row[0]))
+        return pids
+    finally:
+        for c in conns:
+            await pool.putconn(c)
+
+
+def server_cpu_s(pids: list[int]) -> float:
+    """CPU seconds these backends have run (``/proc/<pid>/schedstat``, in nanoseconds): with the bench
+    process's own CPU time, what a search costs the machine, which load does not inflate as it does
+    wall time."""
+    total = 0
+    for pid in pids:
+        with contextlib.suppress(OSError, ValueError, IndexError), open(f"/proc/{pid}/schedstat") as f:
+            total += int(f.read().split()[0])
+    return total / 1e9
 
 
 def lat_ratio(r: dict[str, Any], m: str) -> str:
@@ -694,11 +733,12 @@ async def run(args: argparse.Namespace, settings: Settings, database_url: str) -
                                   markup=False, highlight=False)
                 diag = await diagnostics(database_url, ws, [(q, vectors[q]) for q in timed[: args.diag_queries]],
                                          args.k, SearchParams().ann_candidates, ef_search)
-                times = await measure(pool, embedder, vectors, ws, args.k, warm, timed, ref)
+                times, cpu = await measure(pool, embedder, vectors, ws, args.k, warm, timed, ref)
                 stats = {m: percentiles(t) for m, t in times.items()}
                 sizes[str(size)] = {
                     "workspace": ws, "calibration": calib, "load": load, "explain": plans, "diagnostics": diag,
                     "latency_ms": stats,
+                    "cpu_ms_mean": {m: float(np.mean(c)) for m, c in cpu.items()},
                     "ratios": {**{f"{m}_over_bare_{p}": stats[m][p] / stats["bare"][p]
                                   for m in ("full", "sql", "wake_up") for p in ("p50", "p95", "p99")},
                                **{f"inject_over_full_{p}": stats["inject"][p] / stats["full"][p]
@@ -819,6 +859,10 @@ def _run(args: argparse.Namespace) -> None:
         console.print(f"{int(size):,} drawers: wake_up ÷ bare HNSW p50 {ra['wake_up_over_bare_p50']:.2f} (aim ≤ 3), "
                       f"inject ÷ search p50 {ra['inject_over_full_p50']:.2f} / p99 {ra['inject_over_full_p99']:.2f} "
                       "(aim ≤ 1.2)")
+        cpu_ms = r.get("cpu_ms_mean", {})
+        if cpu_ms:
+            console.print(f"{int(size):,} drawers: CPU ms per call (client + PostgreSQL), mean: "
+                          + ", ".join(f"{m} {v:.2f}" for m, v in cpu_ms.items()))
         if "sql_over_ref_p50" in ra:
             console.print(f"{int(size):,} drawers: hybrid SQL ÷ the same at {res['compare']}: p50 "
                           f"{ra['sql_over_ref_p50']:.2f}, p99 {ra['sql_over_ref_p99']:.2f}; p50 / p99 ÷ bare p50 "

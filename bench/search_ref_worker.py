@@ -7,7 +7,8 @@ REF's tree (``git archive``) and starts this script with that tree first on ``PY
 the milliseconds its ``Recaller.search`` took, timed here as the bench times its own paths (the pipe
 is outside the timing). Query vectors come precomputed, as for the bench's ``sql`` path.
 
-Protocol, one JSON object a line: in ``{"ws": ..., "q": ..., "k": ...}``, out ``{"ms": ..., "n": ...}``;
+Protocol, one JSON object a line: in ``{"ws": ..., "q": ..., "k": ...}``, out ``{"ms": ..., "cpu_ms": ..., "n": ...}``
+(``cpu_ms``: this process's CPU time and its pooled backends', for the search);
 the first line out is ``{"shared": <path of the shared package imported>}``.
 """
 
@@ -54,13 +55,33 @@ async def _main(database_url: str, vectors_path: str) -> None:
     try:
         recaller = Recaller(pool, _Vectors(model, vectors), touch=False, cache_size=0)
         _say({"shared": str(shared.__path__[0])})
+        backends = []
+        async with pool.connection() as c1, pool.connection() as c2:  # both pooled connections at once
+            for c in (c1, c2):
+                cur = await c.execute("SELECT pg_backend_pid()")
+                row = await cur.fetchone()
+                backends.append(int(row[0]) if row else 0)
         while line := await loop.run_in_executor(None, sys.stdin.readline):
             req = json.loads(line)
+            cpu0 = time.process_time() + _server_cpu(backends)
             t0 = time.perf_counter()
             hits = await recaller.search(req["ws"], req["q"], req["k"])
-            _say({"ms": (time.perf_counter() - t0) * 1000, "n": len(hits)})
+            ms = (time.perf_counter() - t0) * 1000
+            _say({"ms": ms, "cpu_ms": (time.process_time() + _server_cpu(backends) - cpu0) * 1000, "n": len(hits)})
     finally:
         await pool.close()
+
+
+def _server_cpu(pids: list[int]) -> float:
+    """CPU seconds the given PostgreSQL backends have run (``/proc/<pid>/schedstat``, nanoseconds)."""
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/schedstat") as f:
+                total += int(f.read().split()[0])
+        except (OSError, ValueError, IndexError):
+            pass
+    return total / 1e9
 
 
 def _say(obj: dict[str, Any]) -> None:
