@@ -8,7 +8,7 @@ the milliseconds its ``Recaller.search`` took, timed here as the bench times its
 is outside the timing). Query vectors come precomputed, as for the bench's ``sql`` path.
 
 Protocol, one JSON object a line: in ``{"ws": ..., "q": ..., "k": ...}``, out ``{"ms": ..., "cpu_ms": ..., "n": ...}``
-(``cpu_ms``: this process's CPU time and its pooled backends', for the search);
+(``cpu_ms``: the CPU time of this process's event-loop thread and its pooled backends, for the search);
 the first line out is ``{"shared": <path of the shared package imported>}``.
 """
 
@@ -63,11 +63,11 @@ async def _main(database_url: str, vectors_path: str) -> None:
                 backends.append(int(row[0]) if row else 0)
         while line := await loop.run_in_executor(None, sys.stdin.readline):
             req = json.loads(line)
-            cpu0 = time.process_time() + _server_cpu(backends)
+            cpu0 = time.thread_time() + _server_cpu(backends)
             t0 = time.perf_counter()
             hits = await recaller.search(req["ws"], req["q"], req["k"])
             ms = (time.perf_counter() - t0) * 1000
-            _say({"ms": ms, "cpu_ms": (time.process_time() + _server_cpu(backends) - cpu0) * 1000, "n": len(hits)})
+            _say({"ms": ms, "cpu_ms": (time.thread_time() + _server_cpu(backends) - cpu0) * 1000, "n": len(hits)})
     finally:
         await pool.close()
 
