@@ -629,7 +629,7 @@ async def _backend_pids(pool: Any) -> list[int]:
         for c in conns:
             cur = await c.execute("SELECT pg_backend_pid()")
             row = await cur.fetchone()
-            await c.rollback()
+            await c.commit()  # not a rollback: psycopg answers one with DEALLOCATE ALL
             pids.append(int(row[0]))
         return pids
     finally:

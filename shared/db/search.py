@@ -244,6 +244,13 @@ async def hybrid_search(
     t0 = time.perf_counter()
     try:
         found, fetched = await _send(conn, cand, graph_args, params.graph.timeout_ms)
+    except psycopg.errors.InvalidSqlStatementName:
+        if graph_args is None or conn.broken:
+            raise
+        # The prepared lookup is gone (psycopg sends DEALLOCATE ALL after a rollback that follows one of
+        # its own prepared statements): prepare it again, in the same round trip as the search.
+        _graph_prepared.discard(conn)
+        found, fetched = await _retry_without_graph_on_error(conn, cand, graph_args, params, t0)
     except psycopg.Error as e:
         if graph_args is None or conn.broken:
             raise
@@ -258,6 +265,22 @@ async def hybrid_search(
     graph = graph_strengths(found, size or 0, params.graph) if found else {}
     lexemes, cands, rows = _candidates(fetched, graph)
     return _hits(rank(cands, lexemes, params.rank, params.k), rows)
+
+
+async def _retry_without_graph_on_error(conn: AsyncConnection[Any], cand: dict[str, Any], graph_args: dict[str, Any],
+                                        params: SearchParams, t0: float,
+                                        ) -> tuple[list[tuple[str, str, int, int]], list[tuple[Any, ...]]]:
+    try:
+        return await _send(conn, cand, graph_args, params.graph.timeout_ms)
+    except psycopg.Error as e:
+        if conn.broken:
+            raise
+        if isinstance(e, psycopg.errors.QueryCanceled):
+            log.info("graph_recall_deadline", timeout_ms=params.graph.timeout_ms)
+            SEARCH_SECONDS.labels("graph_timeout").observe(time.perf_counter() - t0)
+        else:
+            log.warning("graph_recall_failed", error=repr(e)[:300])
+        return await _send(conn, cand, None, 0)
 
 
 # The first statement of a search: the workspace row-level security admits (transaction-local, as
