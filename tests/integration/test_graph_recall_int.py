@@ -174,6 +174,11 @@ async def test_a_search_is_one_round_trip_with_the_graph_under_its_deadline(stac
     assert [h.id for h in hits] == [h.id for h in in_tx]  # (scores move with the drawers' age, by the second)
     assert [h.score for h in hits] == pytest.approx([h.score for h in in_tx], abs=1e-6)
     assert {h.id for h in hits if h.explanation.graph > 0} == {"d-direct", "d-hop"}
+    async with pool.connection() as c:  # psycopg deallocates everything after some rollbacks: the graph stays
+        await c.execute("DEALLOCATE ALL")
+        await c.commit()
+        again = await hybrid_search(c, w, q, vec, params, workspace_size=33)
+    assert {h.id for h in again if h.explanation.graph > 0} == {"d-direct", "d-hop"}
     # Only the strongest max_drawers drawers are candidates, chosen in SQL as graph_strengths chooses.
     async with pool.connection() as c:
         one = await hybrid_search(c, w, q, vec, SearchParams(k=5, graph=GraphParams(timeout_ms=5000, max_drawers=1)),
