@@ -506,10 +506,11 @@ async def explain(database_url: str, embedder: Embedder, workspace: str, vectors
                 q, p = max(stmts, key=lambda s: len(_text(s[0])))  # the search statement, not the size count
                 pre = "EXPLAIN (ANALYZE, TIMING OFF, COSTS OFF) "
                 if isinstance(q, str) and ";\n" in q:  # one round trip of statements: explain the last
+                    # Only the first (the workspace setting): the graph lookup's deadline, under EXPLAIN's
+                    # own work, would only cancel this; the candidates then take no graph drawers.
                     *before, q = q.split(";\n")
                     cur = psycopg.AsyncClientCursor(conn)
-                    for stmt in before:
-                        await cur.execute(stmt, p)
+                    await cur.execute(before[0], p)
                     await cur.execute(pre + q, p)
                 else:
                     cur = await conn.execute(sql.SQL(pre) + q if isinstance(q, sql.Composable) else pre + q, p)
