@@ -28,17 +28,23 @@ import asyncio
 import contextlib
 import hashlib
 import json
+import os
 import random
 import re
+import subprocess
+import sys
+import tempfile
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
 import psycopg
 from _common import (
     CACHE,
+    REPO,
     Question,
     Turn,
     bench_lock,
@@ -70,6 +76,7 @@ from shared.ports import Embedder
 
 WS_PREFIX = "bench-search-"
 METHODS = ("full", "sql", "bare", "wake_up", "inject")
+REF = "ref"  # the hybrid-SQL path of another commit (--compare), measured beside the others
 FTS_COUNT_SQL = (
     "SELECT count(*) FROM drawers WHERE workspace_id = %s"
     " AND tsv @@ replace(plainto_tsquery('english', %s)::text, ' & ', ' | ')::tsquery"
@@ -364,6 +371,64 @@ def load_background(database_url: str, base: list[BaseDrawer], rows: Rows, sizes
 
 
 # --------------------------------------------------------------------------------------- measure
+class RefPath:
+    """``Recaller.search`` of another commit, in a process of its own (bench/search_ref_worker.py): the
+    before of a change, timed side by side with the after, query by query, on the same database."""
+
+    def __init__(self, ref: str, tree: Path, proc: asyncio.subprocess.Process, shared_path: str) -> None:
+        self.ref, self.tree, self._proc, self.shared_path = ref, tree, proc, shared_path
+
+    @staticmethod
+    def export(ref: str, workdir: Path) -> tuple[str, Path]:
+        """REF's ``shared`` package, as committed, under ``workdir``: (short commit, tree)."""
+        commit = subprocess.run(["git", "rev-parse", "--short", ref], cwd=REPO, capture_output=True, text=True,
+                                check=True).stdout.strip()
+        tree = workdir / f"ref-{commit}"
+        tree.mkdir()
+        archive = subprocess.run(["git", "archive", commit, "shared"], cwd=REPO, capture_output=True, check=True)
+        subprocess.run(["tar", "-x", "-C", str(tree)], input=archive.stdout, check=True)
+        return commit, tree
+
+    @classmethod
+    async def start(cls, ref: str, database_url: str, model: str, vectors: dict[str, np.ndarray],
+                    workdir: Path) -> RefPath:
+        commit, tree = await asyncio.to_thread(cls.export, ref, workdir)
+        queries = list(vectors)
+        np.savez(workdir / "vectors.npz", queries=np.array(json.dumps(queries)), model=np.array(model),
+                 vectors=np.stack([vectors[q] for q in queries]))
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, str(REPO / "bench" / "search_ref_worker.py"), database_url, str(workdir / "vectors.npz"),
+            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, cwd=tree,
+            env={**os.environ, "PYTHONPATH": str(tree)})
+        assert proc.stdout is not None
+        hello = json.loads(await proc.stdout.readline() or b"{}")
+        shared_path = str(hello.get("shared", ""))
+        if not shared_path.startswith(str(tree)):
+            proc.kill()
+            raise SystemExit(f"--compare {ref}: the worker imported shared from {shared_path!r}, not {tree}")
+        return cls(f"{ref} ({commit})", tree, proc, shared_path)
+
+    async def search(self, workspace: str, query: str, k: int) -> tuple[float, float]:
+        """Milliseconds of one search as the worker timed it, and the CPU milliseconds it cost (the
+        worker's process and its backends)."""
+        assert self._proc.stdin is not None and self._proc.stdout is not None
+        self._proc.stdin.write((json.dumps({"ws": workspace, "q": query, "k": k}) + "\n").encode())
+        await self._proc.stdin.drain()
+        line = await self._proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the --compare worker ({self.ref}) exited")
+        reply = json.loads(line)
+        return float(reply["ms"]), float(reply["cpu_ms"])
+
+    async def close(self) -> None:
+        if self._proc.stdin is not None:
+            self._proc.stdin.close()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self._proc.wait(), 10)
+        if self._proc.returncode is None:
+            self._proc.kill()
+
+
 class Precomputed:
     """An ``Embedder`` answering queries from vectors computed beforehand, so a ``Recaller`` runs
     exactly its SQL path (same statement, same parameters, same extra queries) minus the model."""
@@ -391,6 +456,22 @@ class _RecordingCursor(psycopg.AsyncCursor[Any]):
         return await super().execute(query, params, **kwargs)
 
 
+@contextlib.contextmanager
+def _recording_client_cursor() -> Any:
+    """Record what goes through ``AsyncClientCursor`` too (search sends its statements with one)."""
+    original = psycopg.AsyncClientCursor.execute
+
+    async def execute(self: Any, query: Any, params: Any = None, **kwargs: Any) -> Any:
+        _RecordingCursor.seen.append((query, params))
+        return await original(self, query, params, **kwargs)
+
+    psycopg.AsyncClientCursor.execute = execute  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        psycopg.AsyncClientCursor.execute = original  # type: ignore[method-assign]
+
+
 async def explain(database_url: str, embedder: Embedder, workspace: str, vectors: dict[str, np.ndarray],
                   query: str, k: int) -> dict[str, Any]:
     """Plans of the bare lookup and of the statement ``Recaller.search`` actually sends (captured on
@@ -408,18 +489,31 @@ async def explain(database_url: str, embedder: Embedder, workspace: str, vectors
             out["bare_plan"], out["bare_uses_hnsw"] = plan, index_name_for(workspace) in plan
             conn.cursor_factory = _RecordingCursor
         _RecordingCursor.seen.clear()
-        await Recaller(pool, Precomputed(embedder, vectors), touch=False, cache_size=0).search(
-            workspace, query, k)
+        recaller = Recaller(pool, Precomputed(embedder, vectors), touch=False, cache_size=0)
+        await recaller.search(workspace, query, k)  # the first fills the per-workspace cache
+        _RecordingCursor.seen.clear()
+        with _recording_client_cursor():
+            await recaller.search(workspace, query, k)
         seen = list(_RecordingCursor.seen)
-        # Every statement one search sends, pool health check included (round trips add up).
-        out["statements_per_search"] = [" ".join(_text(q).split())[:100] for q, _ in seen]
+        # Every round trip one search sends, pool health check included (round trips add up); a string of
+        # several statements is one round trip, its statements separated by " ; ".
+        out["statements_per_search"] = [" ; ".join(" ".join(part.split())[:60] for part in _text(q).split(";\n"))
+                                        for q, _ in seen]
         async with workspace_tx(pool, workspace) as conn:
             conn.cursor_factory = psycopg.AsyncCursor
             stmts = [(q, p) for q, p in seen if "drawers" in _text(q)]
             if stmts:
                 q, p = max(stmts, key=lambda s: len(_text(s[0])))  # the search statement, not the size count
                 pre = "EXPLAIN (ANALYZE, TIMING OFF, COSTS OFF) "
-                cur = await conn.execute(sql.SQL(pre) + q if isinstance(q, sql.Composable) else pre + q, p)
+                if isinstance(q, str) and ";\n" in q:  # one round trip of statements: explain the last
+                    # Only the first (the workspace setting): the graph lookup's deadline, under EXPLAIN's
+                    # own work, would only cancel this; the candidates then take no graph drawers.
+                    *before, q = q.split(";\n")
+                    cur = psycopg.AsyncClientCursor(conn)
+                    await cur.execute(before[0], p)
+                    await cur.execute(pre + q, p)
+                else:
+                    cur = await conn.execute(sql.SQL(pre) + q if isinstance(q, sql.Composable) else pre + q, p)
                 hplan = _short("\n".join(r[0] for r in await cur.fetchall()))
                 out["hybrid_plan"], out["hybrid_uses_hnsw"] = hplan, index_name_for(workspace) in hplan
     finally:
@@ -463,8 +557,11 @@ async def diagnostics(database_url: str, workspace: str, qs: list[tuple[str, np.
 
 
 async def measure(pool: Any, embedder: Embedder, vectors: dict[str, np.ndarray], workspace: str, k: int,
-                  warm: list[str], timed: list[str]) -> dict[str, list[float]]:
-    """Per-query latency of full / sql / bare / wake_up / inject, interleaved with a rotating order."""
+                  warm: list[str], timed: list[str], ref: RefPath | None = None,
+                  ) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+    """Per-query latency of full / sql / bare / wake_up / inject (and ``ref``, another commit's sql path,
+    when given), interleaved with a rotating order; and the CPU milliseconds of each call (the bench
+    process and the pool's backends; the reference path's own process and backends)."""
     from shared.inject import inject
     from shared.layers import wake_up
     from shared.recall import Recaller
@@ -495,19 +592,68 @@ async def measure(pool: Any, embedder: Embedder, vectors: dict[str, np.ndarray],
 
     fns: dict[str, Callable[[str], Awaitable[int]]] = {"full": full, "sql": sql_only, "bare": bare,
                                                         "wake_up": wake, "inject": inject_}
+    methods = METHODS + ((REF,) if ref is not None else ())
     for q in warm:
         for fn in fns.values():
             await fn(q)
-    times: dict[str, list[float]] = {m: [] for m in METHODS}
+        if ref is not None:
+            await ref.search(workspace, q, k)
+    times: dict[str, list[float]] = {m: [] for m in methods}
+    cpu: dict[str, list[float]] = {m: [] for m in methods}
+    backends = await _backend_pids(pool)
     with _progress() as bar:
-        task = bar.add_task(f"{len(timed)} queries × {len(METHODS)} paths on {workspace}", total=len(timed))
+        task = bar.add_task(f"{len(timed)} queries × {len(methods)} paths on {workspace}", total=len(timed))
         for i, q in enumerate(timed):
-            for m in METHODS[i % len(METHODS) :] + METHODS[: i % len(METHODS)]:
+            for m in methods[i % len(methods) :] + methods[: i % len(methods)]:
+                if m == REF:
+                    assert ref is not None
+                    ms, cpu_ms = await ref.search(workspace, q, k)  # timed in its own process
+                    times[m].append(ms)
+                    cpu[m].append(cpu_ms)
+                    continue
+                c0 = time.thread_time() + server_cpu_s(backends)
                 t0 = time.perf_counter()
                 await fns[m](q)
                 times[m].append((time.perf_counter() - t0) * 1000)
+                cpu[m].append((time.thread_time() + server_cpu_s(backends) - c0) * 1000)
             bar.advance(task)
-    return times
+    return times, cpu
+
+
+async def _backend_pids(pool: Any) -> list[int]:
+    """The PostgreSQL backends of the pool's connections (all of them, checked out at once)."""
+    conns = []
+    try:
+        for _ in range(pool.max_size):
+            conns.append(await pool.getconn())
+        pids = []
+        for c in conns:
+            cur = await c.execute("SELECT pg_backend_pid()")
+            row = await cur.fetchone()
+            await c.commit()  # not a rollback: psycopg answers one with DEALLOCATE ALL
+            pids.append(int(row[0]))
+        return pids
+    finally:
+        for c in conns:
+            await pool.putconn(c)
+
+
+def server_cpu_s(pids: list[int]) -> float:
+    """CPU seconds these backends have run (``/proc/<pid>/schedstat``, in nanoseconds): with the CPU time
+    of the thread that runs the event loop, what a search costs the machine, which load does not
+    inflate as it does wall time. (The thread, not the process: the embedding model's threads spin on
+    after a query and would be charged to the next call.)"""
+    total = 0
+    for pid in pids:
+        with contextlib.suppress(OSError, ValueError, IndexError), open(f"/proc/{pid}/schedstat") as f:
+            total += int(f.read().split()[0])
+    return total / 1e9
+
+
+def lat_ratio(r: dict[str, Any], m: str) -> str:
+    """A path's p99 over bare HNSW's p50: the issue's tail goal (≤ 6)."""
+    lat = r["latency_ms"]
+    return f"{lat[m]['p99'] / lat['bare']['p50']:.2f}"
 
 
 def _text(q: Any) -> str:
@@ -557,7 +703,12 @@ async def run(args: argparse.Namespace, settings: Settings, database_url: str) -
             row = c.execute("SHOW hnsw.ef_search").fetchone()
             server_ef = int(row[0]) if row else None
         pool = await open_pool(database_url, name="bench-search", min_size=2, max_size=2)
+        ref: RefPath | None = None
+        refdir = tempfile.TemporaryDirectory(prefix="palace-bench-ref-")
         try:
+            if args.compare:
+                ref = await RefPath.start(args.compare, database_url, embedder.model_name, vectors, Path(refdir.name))
+                console.print(f"--compare: the hybrid SQL path of {ref.ref} runs beside this tree's, query by query")
             await _show(pool, "SELECT '[1]'::vector")
             ef = await _show(pool, "SHOW hnsw.ef_search")
             ef_search = int(ef) if ef else None
@@ -612,15 +763,20 @@ async def run(args: argparse.Namespace, settings: Settings, database_url: str) -
                                   markup=False, highlight=False)
                 diag = await diagnostics(database_url, ws, [(q, vectors[q]) for q in timed[: args.diag_queries]],
                                          args.k, SearchParams().ann_candidates, ef_search)
-                times = await measure(pool, embedder, vectors, ws, args.k, warm, timed)
-                stats = {m: percentiles(times[m]) for m in METHODS}
+                times, cpu = await measure(pool, embedder, vectors, ws, args.k, warm, timed, ref)
+                stats = {m: percentiles(t) for m, t in times.items()}
                 sizes[str(size)] = {
                     "workspace": ws, "calibration": calib, "load": load, "explain": plans, "diagnostics": diag,
                     "latency_ms": stats,
+                    "cpu_ms_mean": {m: float(np.mean(c)) for m, c in cpu.items()},
                     "ratios": {**{f"{m}_over_bare_{p}": stats[m][p] / stats["bare"][p]
                                   for m in ("full", "sql", "wake_up") for p in ("p50", "p95", "p99")},
                                **{f"inject_over_full_{p}": stats["inject"][p] / stats["full"][p]
-                                  for p in ("p50", "p99")}},
+                                  for p in ("p50", "p99")},
+                               **({f"{m}_over_bare_{p}": stats[m][p] / stats["bare"][p]
+                                   for m in (REF,) for p in ("p50", "p95", "p99")} if ref else {}),
+                               **({f"sql_over_ref_{p}": stats["sql"][p] / stats[REF][p]
+                                   for p in ("p50", "p95", "p99")} if ref else {})},
                 }
             if not args.keep:
                 with psycopg.connect(database_url, autocommit=True) as conn:
@@ -628,6 +784,9 @@ async def run(args: argparse.Namespace, settings: Settings, database_url: str) -
                 # Dead HNSW entries would keep autovacuum busy for minutes, into the next bench.
                 settle_drawers(database_url, owned=args.load == "rebuild", force=True)
         finally:
+            if ref is not None:
+                await ref.close()
+            refdir.cleanup()
             await pool.close()
     finally:
         aclose = getattr(embedder, "aclose", None)
@@ -637,7 +796,7 @@ async def run(args: argparse.Namespace, settings: Settings, database_url: str) -
             "base_drawers": len(base), "sizes": sizes, "queries": len(timed), "warmup": len(warm),
             "background": {"drawers": args.background, "workspaces": args.background_workspaces,
                            "load_s": background_s},
-            "embed_ms": percentiles(embed_ms)}
+            "embed_ms": percentiles(embed_ms), "compare": ref.ref if ref is not None else None}
 
 
 def main() -> None:
@@ -662,6 +821,9 @@ def main() -> None:
     ap.add_argument("--background", type=int, default=0,
                     help="drawers of other tenants in the same table (kept and reused between runs)")
     ap.add_argument("--background-workspaces", type=int, default=998, help="how many other tenants")
+    ap.add_argument("--compare", metavar="REF", default=None,
+                    help="also time the hybrid SQL path of another commit (e.g. main), in its own process, "
+                         "interleaved query by query with this tree's: a before/after from one run")
     ap.add_argument("--scale", action="store_true",
                     help="the 1M-drawer database: 1,000 workspaces (a 100k and a 1k one measured, 998 others "
                          "of 100 to 50k drawers), then the one-line summary for the 100k workspace")
@@ -700,6 +862,7 @@ def _run(args: argparse.Namespace) -> None:
                                          "warmup": args.warmup, "seed": args.seed, "synth": args.synth,
                                          "noise": args.noise,
                                          "load": args.load, "embed_model": settings.embed_model,
+                                         "compare": args.compare,
                                          "external_database": bool(settings.database_url)},
            "stale_migrations": stale_schema, **res, "wall_s": time.perf_counter() - t_start,
            "machine": {**machine_info(), "loadavg_1m_at_start": load_at_start}}
@@ -711,19 +874,31 @@ def _run(args: argparse.Namespace) -> None:
     for col in ("drawers", "path", "p50", "p95", "p99", "÷ bare p50", "÷ bare p95", "÷ bare p99"):
         t.add_column(col, justify="left" if col == "path" else "right")
     labels = {"full": "full (embed + hybrid SQL)", "sql": "hybrid SQL only", "bare": "bare HNSW",
-              "wake_up": "wake_up (L0 + L1)", "inject": "inject (embed + search + block)"}
+              "wake_up": "wake_up (L0 + L1)", "inject": "inject (embed + search + block)",
+              REF: f"hybrid SQL only at {res['compare']}"}
     for size, r in res["sizes"].items():
         lat = r["latency_ms"]
-        for m in METHODS:
+        shown = list(lat)
+        for m in shown:
             ratios = [f"{lat[m][p] / lat['bare'][p]:.2f}" for p in ("p50", "p95", "p99")]
             t.add_row(f"{int(size):,}" if m == "full" else "", labels[m],
-                      *(f"{lat[m][p]:.1f}" for p in ("p50", "p95", "p99")), *ratios, end_section=m == METHODS[-1])
+                      *(f"{lat[m][p]:.1f}" for p in ("p50", "p95", "p99")), *ratios, end_section=m == shown[-1])
     console.print(t)
     for size, r in res["sizes"].items():
         ra = r["ratios"]
         console.print(f"{int(size):,} drawers: wake_up ÷ bare HNSW p50 {ra['wake_up_over_bare_p50']:.2f} (aim ≤ 3), "
                       f"inject ÷ search p50 {ra['inject_over_full_p50']:.2f} / p99 {ra['inject_over_full_p99']:.2f} "
                       "(aim ≤ 1.2)")
+        cpu_ms = r.get("cpu_ms_mean", {})
+        if cpu_ms:
+            console.print(f"{int(size):,} drawers: CPU ms per search (event-loop thread + its PostgreSQL "
+                          "backends), mean: " + ", ".join(f"{m} {cpu_ms[m]:.2f}" for m in ("sql", "bare", REF)
+                                                           if m in cpu_ms))
+        if "sql_over_ref_p50" in ra:
+            console.print(f"{int(size):,} drawers: hybrid SQL ÷ the same at {res['compare']}: p50 "
+                          f"{ra['sql_over_ref_p50']:.2f}, p99 {ra['sql_over_ref_p99']:.2f}; p50 / p99 ÷ bare p50 "
+                          f"{ra['sql_over_bare_p50']:.2f} / {lat_ratio(r, 'sql')} now, "
+                          f"{ra['ref_over_bare_p50']:.2f} / {lat_ratio(r, REF)} at {res['compare']}")
     d = Table(title="context (untimed)")
     for col in ("drawers", "load s (mode)", "HNSW rows / asked", "rows matching OR of lexemes (mean / max)",
                 "bare recall@k vs exact", "search SQL uses HNSW"):

@@ -150,22 +150,26 @@ class Recaller:
 
     async def _search(self, workspace_id: str, query: str, vec: np.ndarray | None, params: SearchParams,
                       episodes: int = 0) -> tuple[list[SearchHit], list[RecalledEpisode]]:
-        async with workspace_tx(self.pool, workspace_id) as conn:
-            cached = self._sizes.get(workspace_id)
-            if cached is None or time.monotonic() - cached[2] > self.size_ttl_s:
+        cached = self._sizes.get(workspace_id)
+        if cached is None or time.monotonic() - cached[2] > self.size_ttl_s:
+            async with workspace_tx(self.pool, workspace_id) as conn:
                 size = await workspace_size(conn, workspace_id, max(self.params.exact_max, self.vector_index_min) + 1)
                 ready = await vector_index_ready(conn, workspace_id)
                 if not ready and size > self.vector_index_min:
                     # Exact scans until maintain has built the workspace's own index.
                     await request_vector_index(conn, workspace_id, size)
-                cached = (size, ready, time.monotonic())
-                self._sizes[workspace_id] = cached
+            cached = (size, ready, time.monotonic())
+            self._sizes[workspace_id] = cached
+        # The search scopes its own transaction to the workspace, all in one round trip (hybrid_search).
+        async with self.pool.connection() as conn:
             hits = await hybrid_search(conn, workspace_id, query, vec, params, workspace_size=cached[0],
                                        vector_index=cached[1])
-            found: list[RecalledEpisode] = []
-            if episodes > 0 and vec is not None:
+        found: list[RecalledEpisode] = []
+        if episodes > 0 and vec is not None:
+            # Only when asked for: a transaction of its own, after the drawers' round trip.
+            async with workspace_tx(self.pool, workspace_id) as conn:
                 found = await self._episodes(conn, workspace_id, vec, episodes)
-            return hits, found
+        return hits, found
 
     async def _episodes(self, conn: psycopg.AsyncConnection, workspace_id: str, vec: np.ndarray,
                         k: int) -> list[RecalledEpisode]:

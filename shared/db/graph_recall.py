@@ -14,6 +14,7 @@ additive: without it every other signal scores as before.
 
 from __future__ import annotations
 
+import hashlib
 import time
 from typing import Any
 
@@ -22,10 +23,11 @@ from psycopg import AsyncConnection
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt
 
 from shared.logging import get_logger
-from shared.memory.graph_signal import GraphParams, graph_strengths, query_names
+from shared.memory.graph_signal import GraphParams, QueryNames, graph_strengths, query_names
 from shared.metrics import SEARCH_SECONDS
 
-__all__ = ["graph_candidates"]
+__all__ = ["EXECUTE", "NOTE_TIMEOUT", "PREPARED_NAME", "graph_candidates", "graph_params", "graph_rows",
+           "prepare_statement"]
 
 log = get_logger("palace.recall.graph")
 
@@ -53,14 +55,63 @@ WITH named AS (
                                    WHERE m.workspace_id = %(ws)s AND m.entity_id = r.e
                                    LIMIT %(max_df)s + 1) z) AS df
       FROM reached r
+), found AS MATERIALIZED (
+    SELECT m.drawer_id, c.e, c.hops, c.df,
+           -- graph_strengths' formula (shared/memory/graph_signal.py), to choose the strongest here
+           least(greatest(ln(%(n)s::float8 / c.df) / ln(%(n)s::float8), 0), 1)
+             * CASE WHEN c.hops = 0 THEN 1.0::float8 ELSE %(hop_factor)s::float8 END AS s
+      FROM counted c
+      JOIN entity_mentions m ON m.workspace_id = %(ws)s AND m.entity_id = c.e
+     WHERE c.df <= %(max_df)s
+), best AS MATERIALIZED (  -- the max_drawers strongest drawers, ties by id in code-point order, as there
+    SELECT f.drawer_id FROM found f GROUP BY f.drawer_id HAVING max(f.s) > 0
+     ORDER BY max(f.s) DESC, f.drawer_id COLLATE "C" LIMIT %(max_drawers)s
 )
-SELECT m.drawer_id, c.e, c.hops, c.df
-  FROM counted c
-  JOIN entity_mentions m ON m.workspace_id = %(ws)s AND m.entity_id = c.e
- WHERE c.df <= %(max_df)s
-UNION ALL  -- last, once: the transaction's own timeout again for the statements after this one
-SELECT NULL, set_config('statement_timeout', %(restore)s, true), -1, 0
+SELECT f.drawer_id, f.e, f.hops, f.df FROM found f WHERE f.drawer_id IN (SELECT drawer_id FROM best)
+UNION ALL  -- last, once: hand the chosen drawers to the candidate statement (shared/db/search.py), and put
+           -- the transaction's own timeout back for the statements after this one
+SELECT NULL, set_config('palace.graph_ids', (SELECT coalesce(array_agg(drawer_id), '{}') FROM best)::text, true)
+             || set_config('statement_timeout', current_setting('palace.graph_restore'), true), -1, 0
 """
+
+
+# The lookup as a server-side prepared statement, for search's one-string round trip (shared/db/search.py):
+# a string of statements is planned anew each time, and planning this one costs several times running it,
+# inside its short deadline. Prepared once per connection (the name follows the text, so a new version
+# of it gets a statement of its own).
+_TYPES = (("ws", "text"), ("any", "text[]"), ("uncased", "text[]"), ("max_entities", "int"), ("max_hops", "int"),
+          ("max_df", "int"), ("n", "float8"), ("hop_factor", "float8"), ("max_drawers", "int"))
+PREPARED_NAME = "palace_graph_" + hashlib.sha256(_SQL.encode()).hexdigest()[:12]
+
+
+def prepare_statement() -> str:
+    """``PREPARE`` of the lookup (no parameters of its own: it is sent as it is)."""
+    text = _SQL
+    for i, (name, _) in enumerate(_TYPES, 1):
+        text = text.replace(f"%({name})s", f"${i}")
+    assert "%(" not in text
+    return f"PREPARE {PREPARED_NAME} ({', '.join(t for _, t in _TYPES)}) AS {text}"
+
+
+# Runs the prepared lookup; its parameters are ``graph_params``'.
+EXECUTE = f"EXECUTE {PREPARED_NAME} ({', '.join(f'%({name})s' for name, _ in _TYPES)})"
+
+
+def graph_params(workspace_id: str, names: QueryNames, workspace_drawers: int, p: GraphParams) -> dict[str, Any]:
+    """The parameters of ``_SQL`` (and of the statement that notes the timeout to restore, ``NOTE_TIMEOUT``)."""
+    return {"ws": workspace_id, "any": list(names.any_alias), "uncased": list(names.uncased_only),
+            "max_entities": p.max_entities, "max_hops": p.max_hops, "max_df": p.max_df,
+            "n": max(workspace_drawers, 2), "hop_factor": p.hop_factor, "max_drawers": p.max_drawers}
+
+
+# Before the lookup, in its transaction: the timeout the lookup puts back as its last act, and no drawers yet.
+NOTE_TIMEOUT = ("SELECT set_config('palace.graph_restore', current_setting('statement_timeout'), true),"
+                " set_config('palace.graph_ids', '{}', true)")
+
+
+def graph_rows(rows: list[tuple[Any, ...]]) -> list[tuple[str, str, int, int]]:
+    """The lookup's rows without its closing one."""
+    return [(str(d), str(e), int(h), int(df)) for d, e, h, df in rows if h >= 0]
 
 
 async def _close_savepoint(conn: AsyncConnection[Any]) -> None:
@@ -78,7 +129,10 @@ async def _close_savepoint(conn: AsyncConnection[Any]) -> None:
 async def graph_candidates(conn: AsyncConnection[Any], workspace_id: str, query: str, workspace_drawers: int,
                            p: GraphParams = GraphParams()) -> dict[str, float]:
     """Drawer id → 0–1 graph strength for ``query`` (empty when the query names no known entity, the
-    deadline passed, or the lookup failed). ``conn`` is inside the workspace's transaction."""
+    deadline passed, or the lookup failed). ``conn`` is inside the workspace's transaction.
+
+    The lookup on its own, for callers other than search (which sends it in its own round trip,
+    shared/db/search.py); it also leaves the chosen drawers in ``palace.graph_ids`` for the transaction."""
     names = query_names(query, p.max_words)
     if not names or p.timeout_ms <= 0:
         return {}
@@ -87,16 +141,11 @@ async def graph_candidates(conn: AsyncConnection[Any], workspace_id: str, query:
     # deadline; the lookup itself puts the noted timeout back as its last act (the savepoint stays open
     # until the transaction ends, which costs nothing). Only a failed lookup needs a third, the rollback
     # to the savepoint, which undoes the deadline with everything else.
-    cur = await conn.execute("SELECT current_setting('statement_timeout'); SAVEPOINT palace_graph; "
-                             f"SET LOCAL statement_timeout = {int(p.timeout_ms)}")
-    restore = (await cur.fetchone() or ("0",))[0]
+    await conn.execute(f"{NOTE_TIMEOUT}; SAVEPOINT palace_graph; SET LOCAL statement_timeout = {int(p.timeout_ms)}")
     rows: list[tuple[str, str, int, int]] = []
     try:
-        cur = await conn.execute(_SQL, {
-            "ws": workspace_id, "any": list(names.any_alias), "uncased": list(names.uncased_only),
-            "max_entities": p.max_entities, "max_hops": p.max_hops, "max_df": p.max_df, "restore": restore,
-        })
-        rows = [(str(d), str(e), int(h), int(df)) for d, e, h, df in await cur.fetchall() if h >= 0]
+        cur = await conn.execute(_SQL, graph_params(workspace_id, names, workspace_drawers, p))
+        rows = graph_rows(await cur.fetchall())
     except psycopg.errors.QueryCanceled:
         log.info("graph_recall_deadline", timeout_ms=p.timeout_ms)
         SEARCH_SECONDS.labels("graph_timeout").observe(time.perf_counter() - t0)

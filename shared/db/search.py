@@ -29,21 +29,29 @@ Everything is scoped to one workspace; merged or deleted drawers never return.
 from __future__ import annotations
 
 import json
+import time
+import weakref
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 import numpy as np
+import psycopg
 from psycopg import AsyncConnection
 
 from shared.config import Settings
-from shared.db.graph_recall import graph_candidates
+from shared.db.graph_recall import EXECUTE as GRAPH_EXECUTE
+from shared.db.graph_recall import PREPARED_NAME, graph_params, graph_rows, prepare_statement
+from shared.logging import get_logger
 from shared.memory.citations import cite
-from shared.memory.graph_signal import GraphParams
+from shared.memory.graph_signal import GraphParams, graph_strengths, query_names
 from shared.memory.ranking import Candidate, Explanation, Ranked, RankParams, rank, tsvector_terms
 from shared.memory.timeexpr import date_windows
+from shared.metrics import SEARCH_SECONDS
 
 __all__ = ["SearchHit", "SearchParams", "candidates", "hybrid_search", "workspace_size"]
+
+log = get_logger("palace.recall")
 
 
 @dataclass(frozen=True)
@@ -127,7 +135,10 @@ WITH lex AS (
      LIMIT %(n_date)s
 ), c AS (
     SELECT array(SELECT id FROM ann_exact UNION SELECT id FROM ann_hnsw UNION SELECT id FROM fts
-                 UNION SELECT id FROM dated UNION SELECT unnest(%(graph_ids)s::text[])) AS ids
+                 UNION SELECT id FROM dated
+                 -- the graph lookup's drawers: given, or left by the lookup sent before this statement
+                 UNION SELECT unnest(coalesce(%(graph_ids)s::text[],
+                                              nullif(current_setting('palace.graph_ids', true), '')::text[]))) AS ids
 )
 -- = ANY(array) rather than a join: the primary key fetches the ~200 rows, instead of a scan of the table.
 SELECT d.id, d.session_id, d.seq,
@@ -142,18 +153,11 @@ SELECT d.id, d.session_id, d.seq,
  WHERE d.workspace_id = %(ws)s AND d.id = ANY(c.ids) AND d.deleted_at IS NULL AND d.state <> 'merged'
 """
 
-async def candidates(
-    conn: AsyncConnection[Any], workspace_id: str, query: str, embedding: np.ndarray | None,
-    windows: list[tuple[datetime, datetime]], params: SearchParams, *, workspace_size: int | None = None,
-    vector_index: bool = False, graph: dict[str, float] | None = None,
-) -> tuple[list[str], list[Candidate], dict[str, tuple[Any, ...]]]:
-    """The query's lexemes, every candidate with the numbers ``rank`` needs, and each candidate's row
-    from ``content`` on, to show if it is picked (one round trip: fetching the top k afterwards cost
-    more than reading ~200 short texts now; metadata stays JSON text until a row is picked).
-    ``graph``: drawers the knowledge graph reached (``graph_candidates``), candidates too."""
-    graph = graph or {}
-    cur = await conn.execute(_SQL, {
-        "graph_ids": list(graph),
+def _candidate_params(workspace_id: str, query: str, embedding: np.ndarray | None,
+                      windows: list[tuple[datetime, datetime]], params: SearchParams, workspace_size: int | None,
+                      vector_index: bool, graph_ids: list[str] | None) -> dict[str, Any]:
+    return {
+        "graph_ids": graph_ids,
         "text": query, "emb": embedding, "use_ann": embedding is not None, "ws": workspace_id,
         "exact": workspace_size is not None and workspace_size <= params.exact_max,
         "hnsw": vector_index, "max_terms": params.max_terms,
@@ -161,8 +165,11 @@ async def candidates(
         "n_date": params.date_candidates if windows else 0,
         "lo": [w[0] for w in windows], "hi": [w[1] for w in windows],
         "lo_min": min((w[0] for w in windows), default=None), "hi_max": max((w[1] for w in windows), default=None),
-    }, prepare=False)  # planned with the workspace as a value: the partial vector index can match
-    fetched = await cur.fetchall()
+    }
+
+
+def _candidates(fetched: list[tuple[Any, ...]], graph: dict[str, float],
+                ) -> tuple[list[str], list[Candidate], dict[str, tuple[Any, ...]]]:
     lexemes: list[str] = next((list(r[3]) for r in fetched if r[3]), [])
     cands, rows = [], {}
     for row in fetched:
@@ -173,6 +180,22 @@ async def candidates(
                                row[17], graph=graph.get(did, 0.0)))
         rows[did] = row
     return lexemes, cands, rows
+
+
+async def candidates(
+    conn: AsyncConnection[Any], workspace_id: str, query: str, embedding: np.ndarray | None,
+    windows: list[tuple[datetime, datetime]], params: SearchParams, *, workspace_size: int | None = None,
+    vector_index: bool = False, graph: dict[str, float] | None = None,
+) -> tuple[list[str], list[Candidate], dict[str, tuple[Any, ...]]]:
+    """The query's lexemes, every candidate with the numbers ``rank`` needs, and each candidate's row
+    from ``content`` on, to show if it is picked (one round trip: fetching the top k afterwards cost
+    more than reading ~200 short texts now; metadata stays JSON text until a row is picked).
+    ``graph``: drawers the knowledge graph reached (``graph_candidates``), candidates too."""
+    graph = graph or {}
+    cur = await conn.execute(_SQL, _candidate_params(workspace_id, query, embedding, windows, params, workspace_size,
+                                                     vector_index, list(graph)),
+                             prepare=False)  # planned with the workspace as a value: the partial vector index can match
+    return _candidates(await cur.fetchall(), graph)
 
 
 def _hits(ranked: list[Ranked], rows: dict[str, tuple[Any, ...]]) -> list[SearchHit]:
@@ -194,10 +217,11 @@ async def hybrid_search(
     params: SearchParams = SearchParams(), *, workspace_size: int | None = None, now: datetime | None = None,
     vector_index: bool = False,
 ) -> list[SearchHit]:
-    """Top-k drawers of one workspace for a query.
+    """Top-k drawers of one workspace for a query, in one round trip (``_send``).
 
     Args:
-        conn: a connection with pgvector registered, inside the workspace's transaction.
+        conn: a connection with pgvector registered: idle (the search is its own transaction) or inside
+            the workspace's transaction (the search runs in a savepoint of it).
         workspace_id: the tenant; nothing outside it is ever read.
         query: the query text (full text, the speaker signal and time windows).
         embedding: the query's embedding, or None to search without it (embedder down).
@@ -207,15 +231,138 @@ async def hybrid_search(
         vector_index: the workspace's own HNSW index is ready (else an exact nearest-neighbour scan).
         now: the reference time of relative expressions ("yesterday"); default the current time.
     """
-    graph: dict[str, float] = {}
-    if params.rank.w_graph > 0:
+    windows = date_windows(query, now)
+    names = query_names(query, params.graph.max_words) if params.rank.w_graph > 0 else None
+    with_graph = bool(names) and params.graph.timeout_ms > 0
+    size = workspace_size
+    if with_graph and size is None:
         # The graph weighs an entity by its rarity among the workspace's drawers; a count capped at the
         # search's thresholds (what Recaller passes) only understates how rare it is.
-        size = workspace_size if workspace_size is not None else await _live_drawers(conn, workspace_id, 100_000)
-        graph = await graph_candidates(conn, workspace_id, query, size, params.graph)
-    lexemes, cands, rows = await candidates(conn, workspace_id, query, embedding, date_windows(query, now), params,
-                                            workspace_size=workspace_size, vector_index=vector_index, graph=graph)
+        size = await _live_drawers(conn, workspace_id, 100_000)
+    cand = _candidate_params(workspace_id, query, embedding, windows, params, workspace_size, vector_index, None)
+    graph_args = graph_params(workspace_id, names, size or 0, params.graph) if with_graph and names else None
+    t0 = time.perf_counter()
+    try:
+        found, fetched = await _send(conn, cand, graph_args, params.graph.timeout_ms)
+    except psycopg.errors.InvalidSqlStatementName:
+        if graph_args is None or conn.broken:
+            raise
+        # The prepared lookup is gone (psycopg sends DEALLOCATE ALL after a rollback that follows one of
+        # its own prepared statements): prepare it again, in the same round trip as the search.
+        _graph_prepared.discard(conn)
+        found, fetched = await _retry_without_graph_on_error(conn, cand, graph_args, params, t0)
+    except psycopg.Error as e:
+        if graph_args is None or conn.broken:
+            raise
+        # The graph lookup ran past its deadline or failed, and the round trip stopped there (or the
+        # candidate statement failed, which the retry will show): search again without the graph.
+        if isinstance(e, psycopg.errors.QueryCanceled):
+            log.info("graph_recall_deadline", timeout_ms=params.graph.timeout_ms)
+            SEARCH_SECONDS.labels("graph_timeout").observe(time.perf_counter() - t0)
+        else:
+            log.warning("graph_recall_failed", error=repr(e)[:300])
+        found, fetched = await _send(conn, cand, None, 0)
+    graph = graph_strengths(found, size or 0, params.graph) if found else {}
+    lexemes, cands, rows = _candidates(fetched, graph)
     return _hits(rank(cands, lexemes, params.rank, params.k), rows)
+
+
+async def _retry_without_graph_on_error(conn: AsyncConnection[Any], cand: dict[str, Any], graph_args: dict[str, Any],
+                                        params: SearchParams, t0: float,
+                                        ) -> tuple[list[tuple[str, str, int, int]], list[tuple[Any, ...]]]:
+    try:
+        return await _send(conn, cand, graph_args, params.graph.timeout_ms)
+    except psycopg.Error as e:
+        if conn.broken:
+            raise
+        if isinstance(e, psycopg.errors.QueryCanceled):
+            log.info("graph_recall_deadline", timeout_ms=params.graph.timeout_ms)
+            SEARCH_SECONDS.labels("graph_timeout").observe(time.perf_counter() - t0)
+        else:
+            log.warning("graph_recall_failed", error=repr(e)[:300])
+        return await _send(conn, cand, None, 0)
+
+
+# The first statement of a search: the workspace row-level security admits (transaction-local, as
+# shared/db/tenancy.py sets it), the timeout the graph lookup restores, and no graph drawers yet.
+_SCOPE = ("SELECT set_config('palace.workspace_id', %(ws)s, true),"
+          " set_config('palace.graph_restore', current_setting('statement_timeout'), true),"
+          " set_config('palace.graph_ids', '{}', true)")
+
+
+# Connections where the graph lookup is prepared, and where a failed round trip leaves that unknown.
+_graph_prepared: weakref.WeakSet[AsyncConnection[Any]] = weakref.WeakSet()
+_graph_unsure: weakref.WeakSet[AsyncConnection[Any]] = weakref.WeakSet()
+
+
+async def _send(conn: AsyncConnection[Any], cand: dict[str, Any], graph_args: dict[str, Any] | None,
+                timeout_ms: int) -> tuple[list[tuple[str, str, int, int]], list[tuple[Any, ...]]]:
+    """Run a search's statements in one round trip: (graph lookup rows, candidate rows).
+
+    Why one string: a search used to pay six round trips (BEGIN, the workspace setting, the graph
+    lookup's savepoint and deadline, the lookup, the candidates, COMMIT), a fixed cost that a bare
+    index lookup does not have. The statements go as one simple-protocol string with client-side
+    parameters (``ClientCursor``), which PostgreSQL runs in order and as one transaction:
+
+    * idle connection: an implicit transaction of its own (autocommit, so no BEGIN or COMMIT is sent);
+      an error anywhere rolls all of it back, including the settings;
+    * inside a transaction: the same statements in a savepoint, rolled back to on an error, so the
+      caller's transaction goes on.
+
+    Row-level security holds as before: the first statement scopes the transaction to the workspace.
+    The graph lookup keeps its own deadline: since PostgreSQL 13 each statement of a string has its
+    own ``statement_timeout``, armed with the value current when it starts, so the lookup runs under
+    ``SET LOCAL statement_timeout`` and puts the noted timeout back as its last act. It passes the drawers
+    it chose to the candidate statement in a transaction-local setting. Past the deadline the string
+    stops there with an error and the caller sends it again without the lookup.
+    """
+    prepare = graph_args is not None and conn not in _graph_prepared
+    probe = graph_args is None and conn in _graph_unsure
+    parts = [_SCOPE]
+    if probe:  # a failed string held the PREPARE: did it take effect before the failure?
+        parts.append("SELECT EXISTS (SELECT 1 FROM pg_prepared_statements WHERE name = %(prepared)s)")
+    args = {**cand, "prepared": PREPARED_NAME}
+    if graph_args is not None:
+        # PREPARE too runs under the deadline: it takes the lookup's table locks.
+        parts += [f"SET LOCAL statement_timeout = {int(timeout_ms)}", *([prepare_statement()] if prepare else []),
+                  GRAPH_EXECUTE]
+        args.update(graph_args)
+    parts.append(_SQL)
+    idle = conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+    if not idle:
+        parts = ["SAVEPOINT palace_search", *parts, "RELEASE SAVEPOINT palace_search"]
+    if cand["emb"] is not None:  # its text once, not once per mention in the statement
+        args["emb"] = "[" + ",".join(map(repr, np.asarray(cand["emb"], dtype=np.float32).tolist())) + "]"
+    cur = psycopg.AsyncClientCursor(conn)
+    try:
+        if idle:
+            await conn.set_autocommit(True)
+        try:
+            await cur.execute(";\n".join(parts), args)
+        except psycopg.Error:
+            if prepare:  # prepared statements outlive the transaction: it may exist now, or not
+                _graph_unsure.add(conn)
+            if not idle and conn.info.transaction_status == psycopg.pq.TransactionStatus.INERROR:
+                await conn.execute("ROLLBACK TO SAVEPOINT palace_search; RELEASE SAVEPOINT palace_search")
+            raise
+        results: list[list[tuple[Any, ...]]] = []
+        while True:
+            if cur.description is not None:
+                results.append(await cur.fetchall())
+            if not cur.nextset():
+                break
+    finally:
+        await cur.close()
+        if idle and conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE:
+            await conn.set_autocommit(False)
+    if prepare:
+        _graph_prepared.add(conn)
+    if probe:
+        _graph_unsure.discard(conn)
+        if results[1][0][0]:
+            _graph_prepared.add(conn)
+    # results: the scope's row, the probe's (when sent), the graph lookup's rows (when sent), the candidates.
+    return (graph_rows(results[1]) if graph_args is not None else []), results[-1]
 
 
 async def workspace_size(conn: AsyncConnection[Any], workspace_id: str, cap: int) -> int:

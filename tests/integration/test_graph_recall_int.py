@@ -5,15 +5,17 @@ from __future__ import annotations
 
 import asyncio
 import json
+import tempfile
 import threading
 from collections.abc import AsyncIterator
 
 import psycopg
 import pytest
+from psycopg import pq
 from psycopg_pool import AsyncConnectionPool
 
 from shared.adapters.hash_embedder import HashEmbedder
-from shared.db.graph_recall import _SQL, graph_candidates
+from shared.db.graph_recall import _SQL, graph_candidates, graph_params
 from shared.db.kg import add_triple, link_drawers
 from shared.db.pool import open_pool
 from shared.db.search import SearchParams, hybrid_search
@@ -125,8 +127,7 @@ def test_the_graph_lookup_is_index_backed(stack: Stack) -> None:
     for the planner to choose; the rows and their statistics are rolled back with the transaction."""
     w = ws()
     names = query_names("Who does Orvieto work for at Lumbago Labs?")
-    params = {"ws": w, "any": list(names.any_alias), "uncased": list(names.uncased_only),
-              "max_entities": 20, "max_hops": 50, "max_df": 200, "restore": "0"}
+    params = graph_params(w, names, 20_000, GraphParams())
     with psycopg.connect(stack.database_url) as conn:
         conn.execute("""INSERT INTO entities (workspace_id, id, name)
                         SELECT %(ws)s, 'e' || i, 'name ' || i FROM generate_series(1, 20000) i""", {"ws": w})
@@ -146,3 +147,69 @@ def test_the_graph_lookup_is_index_backed(stack: Stack) -> None:
     for index, key in (("entity_aliases_pkey", "alias_key"), ("entity_mentions_pkey", "entity_id"),
                        ("triples_subject_from", "subject_id"), ("triples_object_from", "object_id")):
         assert any(index in node and key in node for node in plan.split('"Node Type"')), (index, plan)
+
+
+async def test_a_search_is_one_round_trip_with_the_graph_under_its_deadline(stack: Stack,
+                                                                           pool: AsyncConnectionPool) -> None:
+    """On an idle connection the whole search (workspace setting, graph lookup, candidates) is one
+    message to the server, in a transaction of its own; the lookup still has its deadline there, and
+    a lookup past it leaves a search without the graph and a connection as the pool handed it out."""
+    w = await _seed(stack, pool)
+    q = "Where is Orvieto employed?"
+    vec = await HashEmbedder(stack.settings.embed_dim).embed_query(q)
+    params = SearchParams(k=5, graph=ROOMY)
+    async with workspace_tx(pool, w) as c:  # the same search inside a transaction, for comparison
+        in_tx = await hybrid_search(c, w, q, vec, params, workspace_size=33)
+    async with pool.connection() as c:
+        await hybrid_search(c, w, q, vec, params, workspace_size=33)  # the first prepares the lookup
+        with tempfile.TemporaryFile("w+") as trace:
+            c.pgconn.trace(trace.fileno())
+            c.pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS)
+            hits = await hybrid_search(c, w, q, vec, params, workspace_size=33)
+            c.pgconn.untrace()
+            trace.seek(0)
+            sent = [line.split("\t")[2] for line in trace.read().splitlines() if line.startswith("F\t")]
+        assert sent == ["Query"], sent
+        assert not c.autocommit and c.info.transaction_status == pq.TransactionStatus.IDLE
+    assert [h.id for h in hits] == [h.id for h in in_tx]  # (scores move with the drawers' age, by the second)
+    assert [h.score for h in hits] == pytest.approx([h.score for h in in_tx], abs=1e-6)
+    assert {h.id for h in hits if h.explanation.graph > 0} == {"d-direct", "d-hop"}
+    async with pool.connection() as c:  # psycopg deallocates everything after some rollbacks: the graph stays
+        await c.execute("DEALLOCATE ALL")
+        await c.commit()
+        again = await hybrid_search(c, w, q, vec, params, workspace_size=33)
+    assert {h.id for h in again if h.explanation.graph > 0} == {"d-direct", "d-hop"}
+    # Only the strongest max_drawers drawers are candidates, chosen in SQL as graph_strengths chooses.
+    async with pool.connection() as c:
+        one = await hybrid_search(c, w, q, vec, SearchParams(k=5, graph=GraphParams(timeout_ms=5000, max_drawers=1)),
+                                  workspace_size=33)
+    assert {h.id for h in one if h.explanation.graph > 0} == {"d-direct"}
+
+    locked, release = threading.Event(), threading.Event()
+
+    def hold_lock() -> None:
+        with psycopg.connect(stack.database_url) as conn:
+            conn.execute("LOCK TABLE entity_aliases IN ACCESS EXCLUSIVE MODE")
+            locked.set()
+            release.wait(10)
+
+    t = threading.Thread(target=hold_lock)
+    t.start()
+    try:
+        assert locked.wait(10)
+        for _ in range(2):  # a connection that has the lookup prepared, and a new one (PREPARE takes locks too)
+            async with pool.connection() as c:
+                loop = asyncio.get_running_loop()
+                t0 = loop.time()
+                hits = await hybrid_search(c, w, q, vec, SearchParams(k=3, graph=GraphParams(timeout_ms=50)),
+                                           workspace_size=33)
+                assert loop.time() - t0 < 2.0
+                assert hits and hits[0].id == "d-direct" and all(h.explanation.graph == 0 for h in hits)
+                assert not c.autocommit and c.info.transaction_status == pq.TransactionStatus.IDLE
+                await c.close()  # the next round takes a fresh connection
+    finally:
+        release.set()
+        t.join()
+    async with pool.connection() as c:  # once the lock is gone, the graph is back
+        hits = await hybrid_search(c, w, q, vec, params, workspace_size=33)
+    assert {h.id for h in hits if h.explanation.graph > 0} == {"d-direct", "d-hop"}
