@@ -38,7 +38,7 @@ class GraphParams:
     max_df: int = 200  # an entity mentioned in more drawers than this selects nothing
     hop_factor: float = 0.5  # a neighbour's share of its rarity
     max_drawers: int = 50  # drawers added as candidates (the strongest)
-    timeout_ms: int = 5  # the graph statement's deadline: past it, the search goes on without the graph
+    timeout_ms: int = 0  # the graph statement's deadline: past it, the search goes on without the graph; 0: off
 
 
 @dataclass(frozen=True)
