@@ -815,6 +815,7 @@ def bench_locomo(
     peer: Annotated[list[str] | None, typer.Option(help="Also run a peer system: mempalace.")] = None,
     reuse: Annotated[bool, typer.Option(help="Skip ingesting conversations already fully ingested.")] = False,
     limit: Annotated[int | None, typer.Option(help="Only the first N conversations.")] = None,
+    questions: Annotated[Path | None, typer.Option(help="Each question's ranked drawers and turns.")] = None,
 ) -> None:
     """Retrieval recall on LoCoMo through the real pipeline, beside baselines (and peers) in one run."""
     _require_dev("bench locomo")
@@ -826,7 +827,7 @@ def bench_locomo(
         console.print(f"[red]unknown peer(s): {sorted(unknown)}[/red]")
         raise typer.Exit(2)
     run_locomo(LocomoRun(data=data, json_out=json_out, peers=list(peer or []), reuse=reuse, limit=limit,
-                         console=console), s)
+                         questions_out=questions, console=console), s)
 
 
 def _register_lifecycle() -> None:

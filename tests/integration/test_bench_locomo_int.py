@@ -36,8 +36,10 @@ def test_bench_locomo_on_a_tiny_file(stack: Stack, tmp_path: Path) -> None:
     data.write_text(json.dumps(TINY))
     out = tmp_path / "out.json"
     env = {**os.environ, "PALACE_DATABASE_URL": stack.database_url, "PALACE_NATS_URL": stack.nats_url}
+    per_q = tmp_path / "questions.json"
     r = subprocess.run([sys.executable, "-m", "services.cli", "bench", "locomo", "--data", str(data),
-                        "--json", str(out)], env=env, capture_output=True, text=True, timeout=300)
+                        "--json", str(out), "--questions", str(per_q)], env=env, capture_output=True, text=True,
+                       timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "LoCoMo retrieval" in r.stdout and "dense only" in r.stdout
     result = json.loads(out.read_text())
@@ -53,3 +55,9 @@ def test_bench_locomo_on_a_tiny_file(stack: Stack, tmp_path: Path) -> None:
     assert len(systems) == 4 and any(name.startswith("plain fusion") for name in systems)
     palace = next(v for name, v in systems.items() if name.startswith("Palace"))
     assert palace["query_embedding_p50_ms"] > 0
+    assert palace["graph_deadlines_hit"] >= 0 and "graph lookups cut off" in r.stdout
+    # Every question's ranked turns, so two runs can be compared question by question.
+    rows = json.loads(per_q.read_text())
+    assert [(q["sample_id"], q["qi"]) for q in rows] == [("tiny-1", 0), ("tiny-1", 1), ("tiny-1", 2)]
+    assert rows[0]["evidence"] == ["D1:3"] and "D1:3" in rows[0]["ranked"][:10]
+    assert all(len(h) == 2 and isinstance(h[1], float) for q in rows for h in q["hits"])

@@ -40,6 +40,7 @@ from shared.db.tenancy import workspace_tx
 from shared.events import SessionCompleted
 from shared.memory.filing import plan_session
 from shared.memory.ranking import plain_fusion
+from shared.metrics import SEARCH_SECONDS
 from shared.recall import Recaller
 
 __all__ = ["LocomoRun", "run_locomo"]
@@ -54,6 +55,7 @@ class LocomoRun:
     peers: list[str] = field(default_factory=list)
     reuse: bool = False
     limit: int | None = None
+    questions_out: Path | None = None
     console: Console = field(default_factory=Console)
 
 
@@ -136,7 +138,8 @@ def _dia_map(db_url: str, ws: str) -> dict[str, list[str]]:
 async def _run_queries(
     settings: Settings, db_url: str, convs: list[Conversation], workspaces: dict[str, str],
     progress: Progress,
-) -> tuple[list[QuestionResult], list[QuestionResult], list[QuestionResult], list[QuestionResult], list[float]]:
+) -> tuple[list[QuestionResult], list[QuestionResult], list[QuestionResult], list[QuestionResult], list[float],
+           list[dict[str, Any]]]:
     """Palace hybrid, dense-only (exact kNN), full-text-only and plain-fusion rankings for every question,
     in one pass, and how long each question's embedding took alone (the model's share of search latency).
 
@@ -147,12 +150,15 @@ async def _run_queries(
     if warm:
         await warm()
     pool = await open_pool(db_url, name="bench", max_size=2, role=settings.db_role)
-    recaller = Recaller(pool, embedder, touch=False)
+    # The settings the api searches with (PALACE_RECALL_*: the cosine band, the graph deadline, 0 = graph off),
+    # so a run with a setting changed measures what that setting does.
+    recaller = Recaller(pool, embedder, SearchParams.from_settings(settings), touch=False)
     hybrid: list[QuestionResult] = []
     dense: list[QuestionResult] = []
     text: list[QuestionResult] = []
     plain: list[QuestionResult] = []
     embed_ms: list[float] = []
+    rows: list[dict[str, Any]] = []
     task = progress.add_task("questions", total=sum(len(c.questions) for c in convs))
     try:
         for conv in convs:
@@ -164,6 +170,9 @@ async def _run_queries(
                 ms = (time.perf_counter() - t0) * 1000
                 ranked = flatten_units(dmap.get(h.id, []) for h in hits)
                 hybrid.append(QuestionResult(conv.sample_id, q.category, q.evidence, tuple(ranked), ms))
+                rows.append({"sample_id": conv.sample_id, "qi": q.index, "category": q.category,
+                             "question": q.question, "evidence": list(q.evidence), "ranked": ranked,
+                             "hits": [[h.id, round(h.score, 4)] for h in hits]})
                 t1 = time.perf_counter()
                 qv = await embedder.embed_query(q.question)
                 embed_ms.append((time.perf_counter() - t1) * 1000)
@@ -191,7 +200,7 @@ async def _run_queries(
     finally:
         await pool.close()
         await embedder.aclose()
-    return hybrid, dense, text, plain, embed_ms
+    return hybrid, dense, text, plain, embed_ms, rows
 
 
 def _peer_mempalace(run: LocomoRun, console: Console) -> tuple[list[QuestionResult], float] | None:
@@ -220,6 +229,15 @@ def _peer_mempalace(run: LocomoRun, console: Console) -> tuple[list[QuestionResu
         results.append(QuestionResult(q["sample_id"], qq.category, qq.evidence, tuple(q["ranked_dia_ids"]),
                                       float(q["latency_ms"])))
     return results, float(data.get("ingest_s", 0.0))
+
+
+def _graph_deadlines() -> int:
+    """Graph lookups of this process that hit their deadline (shared/db/graph_recall.py observes each)."""
+    for metric in SEARCH_SECONDS.collect():
+        for sample in metric.samples:
+            if sample.name.endswith("_count") and sample.labels.get("stage") == "graph_timeout":
+                return int(sample.value)
+    return 0
 
 
 def _table(rows: list[tuple[str, Summary, str]], title: str) -> Table:
@@ -289,7 +307,7 @@ def run_locomo(run: LocomoRun, settings: Settings, on_stack: Callable[[Superviso
                 time.sleep(0.5)
             ingest_s = time.perf_counter() - t0
             _wait_enriched(sup, progress, [workspaces[c.sample_id] for c in convs])
-            hybrid, dense, text, plain, embed_ms = asyncio.run(
+            hybrid, dense, text, plain, embed_ms, per_question = asyncio.run(
                 _run_queries(settings, sup.database_url, convs, workspaces, progress))
     finally:
         with console.status("stopping ..."):
@@ -311,12 +329,21 @@ def run_locomo(run: LocomoRun, settings: Settings, on_stack: Callable[[Superviso
     embed_p50 = statistics.median(embed_ms) if embed_ms else 0.0
     console.print(f"Palace search p50 {palace.p50_ms:.1f} ms, of which the query embedding alone is "
                   f"p50 {embed_p50:.1f} ms (same questions, same run)")
+    cut = _graph_deadlines()
+    console.print(f"graph lookups cut off by their {settings.recall_graph_timeout_ms} ms deadline: {cut} of "
+                  f"{len(hybrid)} questions (those searched without the graph signal; the count grows with "
+                  "machine load, and so the figures move with it)")
     if run.json_out:
         run.json_out.parent.mkdir(parents=True, exist_ok=True)
         run.json_out.write_text(json.dumps(palace.as_json(), indent=2))
         side = run.json_out.with_suffix(".systems.json")
         systems = {name: {**s.as_json(), "ingest": ing} for name, s, ing in rows}
         systems[rows[0][0]]["query_embedding_p50_ms"] = embed_p50
+        systems[rows[0][0]]["graph_deadlines_hit"] = cut
         side.write_text(json.dumps(systems, indent=2))
         console.print(f"wrote {run.json_out} (and every system's figures to {side})")
+    if run.questions_out:
+        run.questions_out.parent.mkdir(parents=True, exist_ok=True)
+        run.questions_out.write_text(json.dumps(per_question, indent=1))
+        console.print(f"wrote every question's ranked drawers and turns to {run.questions_out}")
     return palace
