@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from nats.aio.msg import Msg
+from psycopg import AsyncConnection
 
 from services._runtime import Deps
 from shared.adapters.llm import LlmClient, Usage
@@ -10,7 +13,7 @@ from shared.bus import decode_event, publish_event
 from shared.db.centroids import load_centroids
 from shared.db.curation import LLM_FAILURE_PREFIX, record_llm_failures, record_usage, save_llm_labels
 from shared.db.drawers import DrawerRow, drawers_by_id, save_classifications
-from shared.db.tenancy import workspace_tx
+from shared.db.tenancy import workspace_tx, workspace_write
 from shared.events import DrawerClassified, DrawerEmbedded
 from shared.ids import event_id_for
 from shared.logging import get_logger
@@ -93,13 +96,17 @@ async def _cold_path(
         did: (why, {k: getattr(decisions[did], k) for k in ("memory_type", "confidence", "importance")})
         for did, why in result.errors.items()
     }
-    async with workspace_tx(deps.pool, ws) as conn:
+    async def write(conn: AsyncConnection[Any]) -> tuple[list[str], list[str], list[str]]:
         changed = await save_llm_labels(
             conn, ws, {d: (lab, decisions[d].importance) for d, lab in result.labels.items()}, event_id=ev.event_id
         )
         gave_up, again = await record_llm_failures(conn, ws, failures, max_failures=s.llm_max_failures,
                                                    event_id=ev.event_id)
         await record_usage(conn, ws, s.llm_model, usage)
+        return changed, gave_up, again
+
+    # A deadlock with another service's writes runs this transaction again, not the model's calls.
+    changed, gave_up, again = await workspace_write(deps.pool, ws, write)
     DRAWERS.labels(deps.service, "processed").inc(len(changed))
     DRAWERS.labels(deps.service, "failed").inc(len(gave_up))
     # The new labels reach the centroids at maintain's next `centroids` run (shared/lifecycle.py).

@@ -33,7 +33,7 @@ from shared.db.extraction_queue import due_drawers, due_turns, mark_extracted
 from shared.db.forget import forgotten
 from shared.db.kg import ExtractionStored, record_extraction, refresh_entities
 from shared.db.maintenance import take_lease
-from shared.db.tenancy import maintenance_tx, workspace_tx
+from shared.db.tenancy import maintenance_tx, workspace_tx, workspace_write
 from shared.events import DrawerEmbedded, EntityUpserted, EpisodicCreated, SessionStored
 from shared.ids import event_id_for, stable_id
 from shared.logging import get_logger
@@ -112,13 +112,16 @@ async def _summarise_episode(deps: Deps, workspace_id: str, session_id: str, ste
             draft = replace(draft, summary=parse_summary(answer))
         except (LlmError, LlmParseError) as e:
             log.warning("episode_llm_failed", episode_id=episode_id, error=str(e)[:300])
-    async with workspace_tx(deps.pool, workspace_id) as conn:
+    async def write(conn: AsyncConnection[Any]) -> _EpisodeStep:
         if usage:
             await record_usage(conn, workspace_id, s.llm_model, usage)
         if await forgotten(conn, workspace_id, session_id=session_id):
             return _EpisodeStep("forgotten")  # forgotten while it was summarised: nothing may be written back
         await _save_episode(conn, deps, workspace_id, episode_id, step.source_hash, draft, turns)
         return _EpisodeStep("built", await unannounced_episode(conn, workspace_id, episode_id))
+
+    # A deadlock with another service's writes runs this transaction again, not the model's call.
+    return await workspace_write(deps.pool, workspace_id, write)
 
 
 async def complete_episode(deps: Deps, workspace_id: str, session_id: str, *,
@@ -262,8 +265,8 @@ async def extract_episode(deps: Deps, llm: LlmClient | None, ev: EpisodicCreated
         if not turns:
             return None
         sightings, tier, warnings, usage = await _read_graph(llm, turns, ev.session_id, what=ev.episode_id)
-        async with workspace_tx(deps.pool, ev.workspace_id) as conn:
-            stored = await _store_extraction(conn, deps, ev, turns, sightings, tier, warnings, usage)
+        stored = await workspace_write(deps.pool, ev.workspace_id, lambda conn: _store_extraction(
+            conn, deps, ev, turns, sightings, tier, warnings, usage))
     if stored is None or not stored.entities:
         return stored
     ids = sorted(stored.entities)

@@ -7,14 +7,23 @@ local (``set_config(..., true)``): a pooled connection never carries a workspace
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, TypeVar
 
+import psycopg
 from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
+from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential_jitter
 
-__all__ = ["act_as_maintenance", "key_lookup_tx", "maintenance_tx", "scope_to_workspace", "workspace_tx"]
+__all__ = ["WRITE_CONFLICTS", "act_as_maintenance", "key_lookup_tx", "maintenance_tx", "scope_to_workspace",
+           "workspace_tx", "workspace_write"]
+
+T = TypeVar("T")
+
+# What PostgreSQL answers when it rolls a transaction back for a conflict with another one: running the
+# same transaction again is the remedy.
+WRITE_CONFLICTS = (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure)
 
 
 async def scope_to_workspace(conn: AsyncConnection[Any], workspace_id: str) -> None:
@@ -30,6 +39,22 @@ async def workspace_tx(pool: AsyncConnectionPool, workspace_id: str) -> AsyncIte
     async with pool.connection() as conn, conn.transaction():
         await scope_to_workspace(conn, workspace_id)
         yield conn
+
+
+async def workspace_write(pool: AsyncConnectionPool, workspace_id: str,
+                          write: Callable[[AsyncConnection[Any]], Awaitable[T]]) -> T:
+    """``write`` in a workspace transaction, run again when PostgreSQL picks that transaction as a
+    deadlock's victim (another service locked the same rows in another order) or fails it for
+    serialization. For writes that follow work too costly or too visible to repeat, such as an LLM's
+    answer: a handler's own retry would ask the model again."""
+    async for attempt in AsyncRetrying(
+        retry=retry_if_exception_type(WRITE_CONFLICTS), stop=stop_after_attempt(8),
+        wait=wait_exponential_jitter(multiplier=0.05, max=2.0), reraise=True,
+    ):
+        with attempt:
+            async with workspace_tx(pool, workspace_id) as conn:
+                return await write(conn)
+    raise AssertionError("unreachable")  # pragma: no cover
 
 
 async def act_as_maintenance(conn: AsyncConnection[Any]) -> None:
