@@ -46,13 +46,6 @@ async def _configure(conn: psycopg.AsyncConnection[Any], *, role: str | None) ->
     await conn.commit()
 
 
-async def _reset(conn: psycopg.AsyncConnection[Any]) -> None:
-    # Search turns autocommit on for its one-round-trip transaction (shared/db/search.py) and off again;
-    # should that be cut short, the connection still goes back to the pool as every other one is.
-    if conn.autocommit:
-        await conn.set_autocommit(False)
-
-
 async def ping(conn: psycopg.AsyncConnection[Any]) -> None:
     """One round trip: raises when the database does not answer (readiness checks)."""
     await conn.execute("SELECT 1")
@@ -100,7 +93,7 @@ async def open_pool(
     pool = AsyncConnectionPool(
         database_url, min_size=min_size, max_size=max_size, open=False, configure=partial(_configure, role=role),
         kwargs={"application_name": f"palace-{name}"}, reconnect_timeout=300, timeout=60,
-        check=_check, reset=_reset,
+        check=_check,
     )
     await pool.open(wait=True, timeout=60)
     return pool

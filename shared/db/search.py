@@ -353,6 +353,9 @@ async def _send(conn: AsyncConnection[Any], cand: dict[str, Any], graph_args: di
                 break
     finally:
         await cur.close()
+        # Cut short mid-statement (cancelled), the connection is not idle and the pool discards it on
+        # return; otherwise it goes back as every other one is. (A pool ``reset`` callback for this hung
+        # the event loop's shutdown after a failed start.)
         if idle and conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE:
             await conn.set_autocommit(False)
     if prepare:
