@@ -8,6 +8,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, TypeVar
 
 import httpx
@@ -79,15 +80,28 @@ def api_key_for(stack: Stack, workspace: str, name: str = "test") -> str:
     return asyncio.run(go())
 
 
-def wait_for(pred: Callable[[], T], timeout: float = 30, what: str = "condition") -> T:
+def wait_for(pred: Callable[[], T], timeout: float = 30, what: str = "condition",
+             explain: Callable[[], str] | None = None) -> T:
+    """Poll ``pred`` until it is truthy; on timeout, fail with ``explain()``'s text (logs, state) appended."""
     deadline = time.monotonic() + timeout
     while True:
         v = pred()
         if v:
             return v
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+            detail = f"\n{explain()}" if explain is not None else ""
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}{detail}")
         time.sleep(0.2)
+
+
+def stack_logs(devstack: Path, tail: int = 2_000) -> str:
+    """The last characters of what `palace up` printed and of every service log under ``devstack``: what a
+    failed start-up test shows, since the run that failed is usually gone by the time anyone looks."""
+    parts = []
+    for p in [devstack / "up.out", *sorted((devstack / "logs").glob("*.log"))]:
+        if p.exists():
+            parts.append(f"--- {p.name} ---\n{p.read_text(errors='replace')[-tail:]}")
+    return "\n".join(parts) or f"(nothing logged under {devstack})"
 
 
 def ws() -> str:

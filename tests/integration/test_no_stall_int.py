@@ -24,7 +24,7 @@ import httpx
 import nats
 import pytest
 
-from tests.integration.helpers import wait_for
+from tests.integration.helpers import stack_logs, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -94,8 +94,10 @@ def test_sessions_from_a_plain_client_never_stall(tmp_path: Path) -> None:
     env.pop("PALACE_DATABASE_URL", None)
     env.pop("PALACE_NATS_URL", None)
     env.pop("PALACE_ACK_WAIT_S", None)  # the shipped 60 s: a lost message would show as a 60 s wait
+    devstack.mkdir(parents=True)
+    out = open(devstack / "up.out", "ab")  # noqa: SIM115 - owned by the child
     up = subprocess.Popen([sys.executable, "-m", "services.cli", "up", "--log-dir", str(devstack / "logs")],
-                          env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                          env=env, stdout=out, stderr=subprocess.STDOUT)
     try:
         def ready() -> dict[str, dict[str, str]] | None:
             state_file = devstack / "stack.json"
@@ -112,7 +114,7 @@ def test_sessions_from_a_plain_client_never_stall(tmp_path: Path) -> None:
                     return None
             return services  # type: ignore[no-any-return]
 
-        services = wait_for(ready, 180, "palace up ready")
+        services = wait_for(ready, 180, "palace up ready", lambda: stack_logs(devstack))
         nats_url = json.loads((devstack / "stack.json").read_text())["nats_url"]
         metrics_urls = [ep["metrics"] for name, ep in services.items() if name in ("ingest", "embed", "classify")]
         published, classified, worst_age = asyncio.run(_produce_and_watch(nats_url, metrics_urls))

@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import psutil
 
-from tests.integration.helpers import wait_for
+from tests.integration.helpers import stack_logs, wait_for
 
 
 def _free_port() -> int:
@@ -56,7 +56,7 @@ def test_up_ctrl_c_then_crash_recovery(tmp_path: Path) -> None:
     port = _free_port()
     up = _up(devstack, port)
     try:
-        wait_for(lambda: _healthy(port), 120, "palace up healthy")
+        wait_for(lambda: _healthy(port), 180, "palace up healthy", lambda: stack_logs(devstack))
         pids = _service_pids(devstack)
         assert len(pids) == 4
         # Once everything is ready, `palace up` says so, with every service's URLs and the api's and NATS's.
@@ -87,14 +87,14 @@ def test_up_ctrl_c_then_crash_recovery(tmp_path: Path) -> None:
 
         # Crash: SIGKILL the supervisor. Its services die with it (PDEATHSIG); servers are left running.
         up = _up(devstack, port)
-        wait_for(lambda: _healthy(port), 120, "palace up healthy again")
+        wait_for(lambda: _healthy(port), 180, "palace up healthy again", lambda: stack_logs(devstack))
         pids = _service_pids(devstack)
         up.kill()
         up.wait(10)
         wait_for(lambda: not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
                                  for p in pids), 30, "services to follow the supervisor")
         up = _up(devstack, port)
-        wait_for(lambda: _healthy(port), 120, "palace up after a crash")
+        wait_for(lambda: _healthy(port), 180, "palace up after a crash", lambda: stack_logs(devstack))
         up.send_signal(signal.SIGTERM)
         assert up.wait(60) == 0
     finally:
