@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install tools demo test unit up stop fault audit audit-full bench-ingest bench-search bench-scale bench-pipeline bench-classify bench-enrich bench-entity-dedup soak schemas lint clean
+.PHONY: install tools demo test test-long unit up stop fault audit audit-full bench-ingest bench-search bench-scale bench-pipeline bench-classify bench-enrich bench-entity-dedup soak schemas lint clean
 
 $(STAMP): pyproject.toml dev/pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -46,6 +46,11 @@ test: install tools
 	$(BIN)/palace schemas --check
 	$(BIN)/python tools/audit_deps.py
 	$(BIN)/pytest -ra
+
+## The tests whose length is their point, at full length: a producer publishing for ten minutes from the
+## moment `palace up` is ready (one minute in `make test`), never a session classified later than 5 s.
+test-long: install
+	PALACE_STALL_TEST_S=600 $(BIN)/pytest -ra --timeout 900 tests/integration/test_no_stall_int.py
 
 ## Unit tests only (no servers).
 unit: install tools

@@ -10,6 +10,7 @@ is back; only failures that could be the message's own go through NAK, backoff a
 from __future__ import annotations
 
 import asyncio
+import sys
 
 import psycopg
 
@@ -33,13 +34,17 @@ def _optional_types() -> tuple[type[BaseException], ...]:
         types.append(httpx.TransportError)
     except ImportError:  # pragma: no cover
         pass
-    try:
-        import openai
-
-        types += [openai.APIConnectionError, openai.InternalServerError, openai.RateLimitError]
-    except ImportError:  # pragma: no cover
-        pass
     return tuple(types)
+
+
+def _openai_types() -> tuple[type[BaseException], ...]:
+    """The OpenAI client's transient errors, only once something has imported the client: no process
+    without an LLM or remote embedder can raise them, and importing the package costs every service's
+    start-up about as much as all of its other imports together."""
+    openai = sys.modules.get("openai")
+    if openai is None:
+        return ()
+    return (openai.APIConnectionError, openai.InternalServerError, openai.RateLimitError)
 
 
 _TRANSIENT: tuple[type[BaseException], ...] = (
@@ -55,9 +60,10 @@ _TRANSIENT: tuple[type[BaseException], ...] = (
 def is_transient(exc: BaseException) -> bool:
     """True when ``exc`` (or what caused it) says a dependency is unreachable or overloaded."""
     seen = 0
+    transient = _TRANSIENT + _openai_types()
     e: BaseException | None = exc
     while e is not None and seen < 5:
-        if isinstance(e, _TRANSIENT):
+        if isinstance(e, transient):
             return True
         e = e.__cause__  # an explicit `raise ... from`, not whatever happened to be handled nearby
         seen += 1

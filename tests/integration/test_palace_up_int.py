@@ -1,4 +1,4 @@
-"""`palace up` runs until Ctrl-C and stops cleanly; after a SIGKILL of it, the next `palace up` recovers."""
+"""After a SIGKILL of `palace up`, the next `palace up` recovers; it runs until Ctrl-C and stops cleanly."""
 
 from __future__ import annotations
 
@@ -51,7 +51,7 @@ def _service_pids(devstack: Path) -> list[int]:
     return list((state.get("service_pids") or {}).values())
 
 
-def test_up_ctrl_c_then_crash_recovery(tmp_path: Path) -> None:
+def test_up_crash_recovery_then_ctrl_c(tmp_path: Path) -> None:
     devstack = tmp_path / "stack"
     port = _free_port()
     up = _up(devstack, port)
@@ -79,24 +79,23 @@ def test_up_ctrl_c_then_crash_recovery(tmp_path: Path) -> None:
         human = subprocess.run([sys.executable, "-m", "services.cli", "stack", "status"],
                                env=_env(devstack, port), capture_output=True, text=True, timeout=60).stdout
         assert "running" in human and "not running" not in human and "ingest" in human
-        up.send_signal(signal.SIGINT)
-        assert up.wait(60) == 0
-        assert not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in pids)
-        state = json.loads((devstack / "stack.json").read_text())
-        assert not state.get("database_url") and not state.get("nats_pid")
 
-        # Crash: SIGKILL the supervisor. Its services die with it (PDEATHSIG); servers are left running.
-        up = _up(devstack, port)
-        wait_for(lambda: _healthy(port), 180, "palace up healthy again", lambda: stack_logs(devstack))
-        pids = _service_pids(devstack)
+        # Crash: SIGKILL the supervisor. Its services die with it (PDEATHSIG); servers are left running,
+        # and the next `palace up` takes them over.
         up.kill()
         up.wait(10)
         wait_for(lambda: not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
                                  for p in pids), 30, "services to follow the supervisor")
         up = _up(devstack, port)
         wait_for(lambda: _healthy(port), 180, "palace up after a crash", lambda: stack_logs(devstack))
-        up.send_signal(signal.SIGTERM)
+        pids = _service_pids(devstack)
+
+        # Ctrl-C: services drain and exit, servers stop, the state file forgets them.
+        up.send_signal(signal.SIGINT)
         assert up.wait(60) == 0
+        assert not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in pids)
+        state = json.loads((devstack / "stack.json").read_text())
+        assert not state.get("database_url") and not state.get("nats_pid")
     finally:
         if up.poll() is None:
             up.kill()
