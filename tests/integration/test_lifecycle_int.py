@@ -207,6 +207,52 @@ def test_a_held_lease_keeps_a_second_runner_out(stack: Stack) -> None:
     assert blocked is None and freed is not None
 
 
+def test_a_long_job_never_holds_back_the_others(stack: Stack) -> None:
+    """maintain runs each job as a task of its own: while one is stuck (a dreaming run waiting on a slow
+    LLM, decay over a large palace), another on a short schedule keeps running, and the stuck one is not
+    started twice. Real leases in the real database; the two jobs' bodies are the test's."""
+    from services._runtime import Deps
+    from services.maintain.app import Jobs
+    from shared.lifecycle import Job, JobRun
+
+    s = stack.settings
+    tag = ws()
+    slow_runs, quick_runs = [], []
+
+    async def go() -> tuple[list[str], list[str]]:
+        release = asyncio.Event()
+
+        async def slow(run: JobRun) -> dict[str, int]:
+            slow_runs.append(run.holder)
+            await release.wait()
+            return {"slow": 1}
+
+        async def quick(run: JobRun) -> dict[str, int]:
+            quick_runs.append(run.holder)
+            return {"quick": 1}
+
+        registry = {j.name: j for j in (Job(f"{tag}-slow", "stuck", lambda _: 0.0, slow),
+                                        Job(f"{tag}-quick", "due every round", lambda _: 0.0, quick))}
+        pool = await open_pool(stack.database_url, name="test-jobs", max_size=4, role=s.db_role)
+        jobs = Jobs(Deps(s, "maintain", pool, None), "replica-1", registry=registry)  # type: ignore[arg-type]
+        try:
+            for _ in range(5):
+                jobs.start_due()
+                await asyncio.sleep(0.3)
+            running = jobs.running()
+            release.set()
+            await asyncio.sleep(0.3)
+            return running, jobs.running()
+        finally:
+            await jobs.cancel()
+            await pool.close()
+
+    running, after = asyncio.run(go())
+    assert running == [f"{tag}-slow"] and after == []
+    assert len(slow_runs) == 1, "a job still running is never started again"
+    assert len(quick_runs) >= 4, f"the quick job ran {len(quick_runs)} times while the slow one was stuck"
+
+
 @pytest.fixture(scope="module")
 def big_workspace(stack: Stack) -> str:
     """20k drawers, analysed: at this size a sequential scan is what the planner picks without an index."""
