@@ -18,6 +18,7 @@ from contextlib import asynccontextmanager
 
 import uvicorn
 from fastapi import APIRouter, FastAPI
+from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from psycopg_pool import AsyncConnectionPool
 
 from services._runtime import QuietServer
@@ -90,10 +91,35 @@ async def _connect(app: FastAPI, settings: Settings, closers: Closers) -> None:
     palace_ops = PalaceOps(settings=settings, pool=pool, recaller=recaller, broker=broker, graph=PalaceGraph(pool))
     mcp = app.state.mcp_endpoint.attach(palace_ops)
     app.state.ops = dataclasses.replace(palace_ops, actor="api")  # REST writes are audited as the api's
-    mcp_run = mcp.session_manager.run()
-    await mcp_run.__aenter__()
-    closers.append(("mcp", lambda: mcp_run.__aexit__(None, None, None)))
+    closers.append(("mcp", await _serve_mcp(mcp.session_manager)))
     log.info("api_ready", host=settings.api_host, port=settings.api_port)
+
+
+async def _serve_mcp(manager: StreamableHTTPSessionManager) -> Callable[[], Awaitable[object]]:
+    """Run the MCP session manager in a task of its own; returns what stops it.
+
+    Its ``run()`` is an anyio task group, which must be left by the task that entered it: entered in
+    the background start-up task and left by the lifespan at shutdown, it raised instead of closing the
+    open sessions."""
+    started, stop = asyncio.Event(), asyncio.Event()
+
+    async def serve() -> None:
+        async with manager.run():
+            started.set()
+            await stop.wait()
+
+    task = asyncio.create_task(serve(), name="mcp-sessions")
+    waiter = asyncio.create_task(started.wait())
+    await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
+    if not started.is_set():
+        waiter.cancel()
+        await task  # it ended before it started: raise its error here, where start-up reports it
+
+    async def close() -> None:
+        stop.set()
+        await task
+
+    return close
 
 
 def create_app(settings: Settings, *,

@@ -96,6 +96,9 @@ def test_up_crash_recovery_then_ctrl_c(tmp_path: Path) -> None:
         assert not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in pids)
         state = json.loads((devstack / "stack.json").read_text())
         assert not state.get("database_url") and not state.get("nats_pid")
+        # Every step of the api's shutdown closed what it opened (the MCP sessions' task group included).
+        api_log = (devstack / "logs" / "api.log").read_text()
+        assert "api_ready" in api_log and "api_shutdown_step_failed" not in api_log, api_log[-2000:]
     finally:
         if up.poll() is None:
             up.kill()
