@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import signal
+import socket
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,15 +28,17 @@ from shared import metrics
 from shared.bus import build_broker, dead_letter, ensure_streams, stream_usage
 from shared.config import Settings
 from shared.consumers import Consumer, PullConsumer, consumer_for, consumers_of, oldest_unacked_age_s
+from shared.db.maintenance import take_lease
 from shared.db.migrate import apply_migrations
 from shared.db.pool import open_pool, ping, wait_for_database
+from shared.db.tenancy import maintenance_tx
 from shared.endpoints import resolve_urls
 from shared.events import Event
 from shared.logging import configure_logging, get_logger
 from shared.ports import Embedder
 from shared.tracing import setup_tracing
 
-__all__ = ["Deps", "QuietServer", "WorkerSpec", "run_worker", "serve_worker"]
+__all__ = ["Deps", "QuietServer", "WorkerSpec", "holder_name", "leased_rounds", "run_worker", "serve_worker"]
 
 
 @dataclass
@@ -218,3 +222,28 @@ def run_worker(spec: WorkerSpec, settings: Settings | None = None) -> None:
         await serve_worker(spec, settings, stop)
 
     asyncio.run(main())
+
+
+def holder_name() -> str:
+    """Who holds a lease: host and process, so an operator can tell replicas apart in ``job_leases``."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+async def leased_rounds(deps: Deps, stop: asyncio.Event, lease: str, body: Callable[[], Awaitable[object]], *,
+                        failed_event: str) -> None:
+    """Run ``body`` once every ``maintain_interval_s`` on the one replica that wins ``lease`` for the round,
+    until ``stop``. A failed round is logged as ``failed_event`` and tried again next round: a sweep never
+    kills its service."""
+    every = deps.settings.maintain_interval_s
+    holder = holder_name()
+    log = get_logger(f"palace.{deps.service}")
+    while not stop.is_set():
+        try:
+            async with maintenance_tx(deps.pool) as conn:
+                won = await take_lease(conn, lease, holder, ttl_s=every, every_s=every / 2)
+            if won:
+                await body()
+        except Exception as e:
+            log.warning(failed_event, error=repr(e)[:300])
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), every)

@@ -3,16 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import os
-import socket
 from dataclasses import dataclass, replace
 from typing import Any
 
 from nats.aio.msg import Msg
 from psycopg import AsyncConnection
 
-from services._runtime import Deps
+from services._runtime import Deps, leased_rounds
 from shared.adapters.llm import LlmClient, LlmError, Usage
 from shared.bus import Poison, decode_event, publish_event
 from shared.db.curation import record_usage
@@ -32,7 +29,6 @@ from shared.db.episodes import (
 from shared.db.extraction_queue import due_drawers, due_turns, mark_extracted
 from shared.db.forget import forgotten
 from shared.db.kg import ExtractionStored, record_extraction, refresh_entities
-from shared.db.maintenance import take_lease
 from shared.db.tenancy import maintenance_tx, workspace_tx, workspace_write
 from shared.events import DrawerEmbedded, EntityUpserted, EpisodicCreated, SessionStored
 from shared.ids import event_id_for, stable_id
@@ -159,24 +155,16 @@ async def complete_episode(deps: Deps, workspace_id: str, session_id: str, *,
 async def episode_sweeper(deps: Deps, stop: asyncio.Event) -> None:
     """Build the episodes that waited ``episode_wait_s`` for drawers that were never all embedded
     (an embedding that keeps failing): one replica at a time, under a lease."""
-    s = deps.settings
-    holder = f"{socket.gethostname()}:{os.getpid()}"
-    while not stop.is_set():
-        try:
-            async with maintenance_tx(deps.pool) as conn:
-                won = await take_lease(conn, "episodes", holder, ttl_s=s.maintain_interval_s,
-                                       every_s=s.maintain_interval_s / 2)
-            if won:
-                async with maintenance_tx(deps.pool) as conn:
-                    due = await overdue_episodes(conn, s.episode_wait_s)
-                for ws, session_id in due:
-                    await complete_episode(deps, ws, session_id)
-                if due:
-                    log.info("episodes_overdue_built", count=len(due))
-        except Exception as e:  # retried next round; never kill the service
-            log.warning("episode_sweep_failed", error=repr(e)[:300])
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), s.maintain_interval_s)
+
+    async def build_overdue() -> None:
+        async with maintenance_tx(deps.pool) as conn:
+            due = await overdue_episodes(conn, deps.settings.episode_wait_s)
+        for ws, session_id in due:
+            await complete_episode(deps, ws, session_id)
+        if due:
+            log.info("episodes_overdue_built", count=len(due))
+
+    await leased_rounds(deps, stop, "episodes", build_overdue, failed_event="episode_sweep_failed")
 
 
 def register(deps: Deps) -> None:
@@ -374,20 +362,9 @@ async def extract_due_drawers(
 async def kg_sweeper(deps: Deps, stop: asyncio.Event) -> None:
     """Extract the drawers queued for extraction (processed, importance >= 3) that no extractor read
     within ``kg_sweep_grace_s``: one replica at a time, under a lease; a workspace's drawers together."""
-    s = deps.settings
     llm: LlmClient | None = deps.extra.get("llm")  # register's client
-    holder = f"{socket.gethostname()}:{os.getpid()}"
-    while not stop.is_set():
-        try:
-            async with maintenance_tx(deps.pool) as conn:
-                won = await take_lease(conn, "kg-drawers", holder, ttl_s=s.maintain_interval_s,
-                                       every_s=s.maintain_interval_s / 2)
-            if won:
-                await sweep_due_drawers(deps, llm)
-        except Exception as e:  # retried next round; never kill the service
-            log.warning("kg_sweep_failed", error=repr(e)[:300])
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), s.maintain_interval_s)
+    await leased_rounds(deps, stop, "kg-drawers", lambda: sweep_due_drawers(deps, llm),
+                        failed_event="kg_sweep_failed")
 
 
 async def sweep_due_drawers(deps: Deps, llm: LlmClient | None, *, batch: int = 50) -> int:

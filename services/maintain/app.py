@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-import socket
 
 from psycopg_pool import AsyncConnectionPool
 
-from services._runtime import Deps, WorkerSpec, run_worker
+from services._runtime import Deps, WorkerSpec, holder_name, run_worker
 from services.maintain.indexes import vector_index_loop
 from shared.config import Settings
 from shared.db.curation import llm_cost_today
@@ -97,7 +95,7 @@ async def export_llm_cost(pool: AsyncConnectionPool, settings: Settings) -> int:
 
 
 async def maintenance_loop(deps: Deps, stop: asyncio.Event) -> None:
-    jobs = Jobs(deps, f"{socket.gethostname()}:{os.getpid()}")
+    jobs = Jobs(deps, holder_name())
     try:
         while not stop.is_set():
             jobs.start_due()

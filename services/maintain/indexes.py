@@ -6,10 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-import socket
 
-from services._runtime import Deps
+from services._runtime import Deps, holder_name
 from shared.db.lexicon import refresh_lexicon, stale_lexicons
 from shared.db.lifecycle import release_lease
 from shared.db.maintenance import take_lease
@@ -68,7 +66,7 @@ async def refresh_lexicons(deps: Deps, holder: str) -> int:
 
 
 async def vector_index_loop(deps: Deps, stop: asyncio.Event) -> None:
-    holder = f"{socket.gethostname()}:{os.getpid()}"
+    holder = holder_name()
     while not stop.is_set():
         with contextlib.suppress(Exception):  # retried next round; never kills the service
             await build_wanted(deps, holder)
