@@ -28,6 +28,7 @@ from shared import metrics
 from shared.bus import build_broker, dead_letter, ensure_streams, stream_usage
 from shared.config import Settings
 from shared.consumers import Consumer, PullConsumer, consumer_for, consumers_of, oldest_unacked_age_s
+from shared.db.lifecycle import renew_lease
 from shared.db.maintenance import take_lease
 from shared.db.migrate import apply_migrations
 from shared.db.pool import open_pool, ping, wait_for_database
@@ -232,17 +233,32 @@ def holder_name() -> str:
 async def leased_rounds(deps: Deps, stop: asyncio.Event, lease: str, body: Callable[[], Awaitable[object]], *,
                         failed_event: str) -> None:
     """Run ``body`` once every ``maintain_interval_s`` on the one replica that wins ``lease`` for the round,
-    until ``stop``. A failed round is logged as ``failed_event`` and tried again next round: a sweep never
-    kills its service."""
+    until ``stop``. The lease is renewed while ``body`` runs, so a round that outlasts it (a slow LLM) is
+    not run a second time by another replica meanwhile. A failed round is logged as ``failed_event`` and
+    tried again next round: a sweep never kills its service."""
     every = deps.settings.maintain_interval_s
     holder = holder_name()
     log = get_logger(f"palace.{deps.service}")
+
+    async def keep() -> None:
+        while True:
+            await asyncio.sleep(every / 3)
+            async with maintenance_tx(deps.pool) as conn:
+                if not await renew_lease(conn, lease, holder, every):
+                    log.warning("lease_lost", lease=lease, holder=holder)
+                    return
+
     while not stop.is_set():
         try:
             async with maintenance_tx(deps.pool) as conn:
                 won = await take_lease(conn, lease, holder, ttl_s=every, every_s=every / 2)
             if won:
-                await body()
+                keeper = asyncio.create_task(keep(), name=f"lease-{lease}")
+                try:
+                    await body()
+                finally:
+                    keeper.cancel()
+                    await asyncio.gather(keeper, return_exceptions=True)
         except Exception as e:
             log.warning(failed_event, error=repr(e)[:300])
         with contextlib.suppress(TimeoutError):

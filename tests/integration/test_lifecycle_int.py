@@ -337,3 +337,45 @@ def test_operators_run_each_job_restore_and_forget_from_the_cli(stack: Stack) ->
     assert stack.sql("SELECT requested_by FROM forget_audit WHERE workspace_id = %s", (w,)) == [("ops",)]
     r = runner.invoke(app, ["forget", "--workspace", w, "--user", "u1", "--all"], env=env)
     assert r.exit_code != 0
+
+
+def test_a_sweep_round_keeps_its_lease_while_it_runs(stack: Stack) -> None:
+    """A sweep round that outlasts its lease's TTL (a slow LLM) renews it, so no other replica starts
+    the same round meanwhile; without renewal the lease would lapse after one interval."""
+    from services._runtime import Deps, leased_rounds
+    from shared.db.maintenance import take_lease
+    from shared.db.tenancy import maintenance_tx
+
+    s = stack.settings
+    every = s.maintain_interval_s
+    lease = f"{ws()}-sweep"
+
+    async def go() -> tuple[bool, bool]:
+        pool = await open_pool(stack.database_url, name="test-sweep-lease", max_size=3, role=s.db_role)
+        stop, inside = asyncio.Event(), asyncio.Event()
+
+        async def slow_round() -> None:
+            inside.set()
+            await asyncio.sleep(3 * every)
+            stop.set()
+
+        async def other_replica() -> bool:
+            async with maintenance_tx(pool) as conn:
+                return await take_lease(conn, lease, "other-replica", ttl_s=every, every_s=0)
+
+        try:
+            loop = asyncio.create_task(leased_rounds(Deps(s, "enrich", pool, None), stop, lease,  # type: ignore[arg-type]
+                                                     slow_round, failed_event="test_sweep_failed"))
+            await asyncio.wait_for(inside.wait(), 30)
+            await asyncio.sleep(2 * every)  # past the TTL the round took its lease with
+            during = await other_replica()
+            await asyncio.wait_for(loop, 30)
+            await asyncio.sleep(every + 0.5)  # no renewal after the round: the lease lapses
+            after = await other_replica()
+            return during, after
+        finally:
+            await pool.close()
+
+    during, after = asyncio.run(go())
+    assert not during, "another replica took the lease while the round still ran"
+    assert after
