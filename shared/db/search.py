@@ -46,7 +46,7 @@ from shared.db.graph_recall import PREPARED_NAME, graph_params, graph_rows, prep
 from shared.logging import get_logger
 from shared.memory.citations import cite
 from shared.memory.graph_signal import GraphParams, graph_strengths, query_names
-from shared.memory.ranking import Candidate, Explanation, Ranked, RankParams, rank, tsvector_terms
+from shared.memory.ranking import Candidate, Explanation, Ranked, RankParams, rank, term_keys, terms_of
 from shared.memory.timeexpr import date_windows
 from shared.metrics import SEARCH_SECONDS
 
@@ -150,7 +150,7 @@ SELECT d.id, d.session_id, d.seq,
        CASE WHEN row_number() OVER () = 1 THEN (SELECT array_agg(l) FROM lex) END AS lexemes,
        CASE WHEN %(use_ann)s AND d.embedding IS NOT NULL THEN 1 - (d.embedding <=> %(emb)s::vector) END AS cos,
        d.tsv::text AS tsv, d.importance,
-       extract(epoch FROM now() - coalesce(d.last_accessed_at, d.filed_at)) / 86400.0 AS age_days,
+       (extract(epoch FROM now() - coalesce(d.last_accessed_at, d.filed_at)) / 86400.0)::float8 AS age_days,
        {dated} AS dated,
        d.content, d.memory_type, d.wing, d.room, d.speaker, d.role, d.occurred_at, d.metadata::text,
        d.superseded_by
@@ -213,10 +213,11 @@ def _statement_for(cand: dict[str, Any], *, lookup_sent: bool) -> str:
 def _candidates(fetched: list[tuple[Any, ...]], graph: dict[str, float],
                 ) -> tuple[list[str], list[Candidate], dict[str, tuple[Any, ...]]]:
     lexemes: list[str] = next((list(r[3]) for r in fetched if r[3]), [])
+    keys = term_keys(lexemes)
     cands, rows = [], {}
     for row in fetched:
         did, session_id, seq, _, cos, tsv, importance, age_days, dated = row[:9]
-        content_tf, content_len, speaker_lexemes = tsvector_terms(tsv or "", lexemes)
+        content_tf, content_len, speaker_lexemes = terms_of(tsv or "", keys)
         cands.append(Candidate(did, session_id, seq, None if cos is None else float(cos), content_tf,
                                content_len, speaker_lexemes, bool(dated), float(importance), float(age_days or 0.0),
                                row[17], graph=graph.get(did, 0.0)))
