@@ -14,7 +14,9 @@
    that index knows the workspace (migration 0036). Nearest neighbours come from the workspace's own
    HNSW index once it has one (``shared/db/vector_indexes.py``, migration 0019: pgvector 0.6 filters a
    shared index only after its walk, so a tenant in a big table would get a handful of its own
-   neighbours), else from an exact scan of the workspace (``+ 0`` keeps the planner off any index). The
+   neighbours), else from an exact scan of the workspace (``+ 0`` keeps the planner off any index); a
+   workspace of at most ``fts_scan_max`` drawers finds its full-text matches in that same pass over its
+   rows (``_SCAN``) instead of through the function. The
    statement runs unprepared, so it is planned with the workspace as a value and the partial index's
    predicate matches. The exact scan is cheap only because embeddings stay inline in the heap
    (migration 0004): TOASTed, each distance paid a TOAST fetch and 679 of them took 3.8 ms, 0.8 inline.
@@ -107,7 +109,8 @@ WITH lex AS (
 ), q AS (
     -- Which lexemes the full-text candidates need (migration 0037): any, the workspace's rare ones, or pairs.
     SELECT palace_text_query(%(ws)s, ARRAY(SELECT l FROM lex), %(exact)s) AS tsq
-), fts AS (
+)"""
+_FTS = """, fts AS (
     SELECT t.id FROM q, palace_text_candidates(%(ws)s, q.tsq, ARRAY(SELECT l FROM lex), %(fts_scan)s, %(n_fts)s) t
 )"""
 _W = """, w AS (
@@ -128,6 +131,21 @@ _ANN_HNSW = """, ann_hnsw AS (
        AND d.deleted_at IS NULL AND d.state <> 'merged'
      ORDER BY d.embedding <=> %(emb)s::vector
      LIMIT %(n_ann)s
+)"""
+# A workspace of at most ``fts_scan_max`` drawers searched exactly: both candidate lists from one pass over
+# its rows. The exact nearest-neighbour scan reads every row anyway, so the full-text match is tested on
+# the same rows instead of a GIN lookup and a second visit to each match; every match is ranked, as the
+# function does when the workspace holds fewer than ``fts_scan_max`` of them, in the same order.
+_SCAN = """, ws_rows AS MATERIALIZED (
+    SELECT d.id, d.embedding <=> %(emb)s::vector AS dist, length(d.tsv) AS len,
+           CASE WHEN d.tsv @@ (SELECT tsq FROM q)
+                THEN length(d.tsv) - length(ts_delete(d.tsv, ARRAY(SELECT l FROM lex))) END AS matched
+      FROM drawers d
+     WHERE %(use_ann)s AND NOT %(hnsw)s AND d.workspace_id = %(ws)s AND d.deleted_at IS NULL AND d.state <> 'merged'
+), ann_exact AS (
+    SELECT id FROM ws_rows WHERE dist IS NOT NULL ORDER BY dist LIMIT %(n_ann)s
+), fts AS (
+    SELECT id FROM ws_rows WHERE matched IS NOT NULL ORDER BY matched DESC, len, id LIMIT %(n_fts)s
 )"""
 _DATED = """, dated AS (
     SELECT x.id
@@ -161,13 +179,14 @@ SELECT d.id, d.session_id, d.seq,
 
 @functools.cache
 def statement(ann: str = "both", dated: bool = True, graph: bool = True) -> str:
-    """The candidate statement with only the branches a search uses: ``ann`` "exact", "hnsw", "both" or
-    "none"; the time-window branch when the query names a window; the graph's drawers when a lookup
+    """The candidate statement with only the branches a search uses: ``ann`` "exact", "hnsw", "both",
+    "none", or "scan" (exact, with the full-text candidates found in the same pass, ``_SCAN``); the
+    time-window branch when the query names a window; the graph's drawers when a lookup
     gives or left some. Why: the statement is planned on every search (it runs unprepared, so that the
     partial vector index matches), and a branch whose guard is false is still planned, with every index
     of the drawers table considered for it. Each branch keeps its guard, so the full statement
     (``_SQL``) returns the same rows as any variant given the parameters that variant is chosen for."""
-    parts = [_LEX]
+    parts = [_LEX, _SCAN if ann == "scan" else _FTS]
     if dated:
         parts.append(_W)
     if ann in ("exact", "both"):
@@ -176,7 +195,7 @@ def statement(ann: str = "both", dated: bool = True, graph: bool = True) -> str:
         parts.append(_ANN_HNSW)
     if dated:
         parts.append(_DATED)
-    sources = ([_FROM["ann_exact"]] if ann in ("exact", "both") else []) + (
+    sources = ([_FROM["ann_exact"]] if ann in ("exact", "both", "scan") else []) + (
         [_FROM["ann_hnsw"]] if ann in ("hnsw", "both") else [])
     sources += [_FROM["fts"], *([_FROM["dated"]] if dated else [])]
     union = " UNION ".join(sources) + (_GRAPH if graph else "")
@@ -196,6 +215,8 @@ def _candidate_params(workspace_id: str, query: str, embedding: np.ndarray | Non
         "graph_ids": graph_ids,
         "text": query, "emb": embedding, "use_ann": embedding is not None, "ws": workspace_id,
         "exact": workspace_size is not None and workspace_size <= params.exact_max,
+        # Exact search over few enough rows that every full-text match is ranked: one pass (``_SCAN``).
+        "scan": workspace_size is not None and workspace_size <= min(params.fts_scan_max, params.exact_max),
         "hnsw": vector_index, "max_terms": params.max_terms,
         "n_ann": params.ann_candidates, "n_fts": params.fts_candidates, "fts_scan": params.fts_scan_max,
         "n_date": params.date_candidates if windows else 0,
@@ -206,7 +227,7 @@ def _candidate_params(workspace_id: str, query: str, embedding: np.ndarray | Non
 
 def _statement_for(cand: dict[str, Any], *, lookup_sent: bool) -> str:
     """The variant of the candidate statement these parameters need (``statement``)."""
-    ann = "none" if not cand["use_ann"] else "hnsw" if cand["hnsw"] else "exact"
+    ann = "none" if not cand["use_ann"] else "hnsw" if cand["hnsw"] else "scan" if cand["scan"] else "exact"
     return statement(ann, cand["n_date"] > 0, lookup_sent or bool(cand["graph_ids"]))
 
 
