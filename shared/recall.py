@@ -162,8 +162,10 @@ class Recaller:
             self._sizes[workspace_id] = cached
         # The search scopes its own transaction to the workspace, all in one round trip (hybrid_search).
         async with self.pool.connection() as conn:
+            # The workspace's own index only past the size that asks for one: below it an exact scan costs
+            # less than the walk and is exact (an index can outlive a workspace that shrank, or be made early).
             hits = await hybrid_search(conn, workspace_id, query, vec, params, workspace_size=cached[0],
-                                       vector_index=cached[1])
+                                       vector_index=cached[1] and cached[0] > self.vector_index_min)
         found: list[RecalledEpisode] = []
         if episodes > 0 and vec is not None:
             # Only when asked for: a transaction of its own, after the drawers' round trip.

@@ -14,7 +14,9 @@
    that index knows the workspace (migration 0036). Nearest neighbours come from the workspace's own
    HNSW index once it has one (``shared/db/vector_indexes.py``, migration 0019: pgvector 0.6 filters a
    shared index only after its walk, so a tenant in a big table would get a handful of its own
-   neighbours), else from an exact scan of the workspace (``+ 0`` keeps the planner off any index). The
+   neighbours), else from an exact scan of the workspace (``+ 0`` keeps the planner off any index); a
+   workspace of at most ``fts_scan_max`` drawers finds its full-text matches in that same pass over its
+   rows (``_SCAN``) instead of through the function. The
    statement runs unprepared, so it is planned with the workspace as a value and the partial index's
    predicate matches. The exact scan is cheap only because embeddings stay inline in the heap
    (migration 0004): TOASTed, each distance paid a TOAST fetch and 679 of them took 3.8 ms, 0.8 inline.
@@ -28,6 +30,7 @@ Everything is scoped to one workspace; merged or deleted drawers never return.
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 import weakref
@@ -45,7 +48,7 @@ from shared.db.graph_recall import PREPARED_NAME, graph_params, graph_rows, prep
 from shared.logging import get_logger
 from shared.memory.citations import cite
 from shared.memory.graph_signal import GraphParams, graph_strengths, query_names
-from shared.memory.ranking import Candidate, Explanation, Ranked, RankParams, rank, tsvector_terms
+from shared.memory.ranking import Candidate, Explanation, Ranked, RankParams, rank, term_keys, terms_of
 from shared.memory.timeexpr import date_windows
 from shared.metrics import SEARCH_SECONDS
 
@@ -98,7 +101,7 @@ class SearchHit:
     metadata: dict[str, Any]
 
 
-_SQL = """
+_LEX = """
 WITH lex AS (
     -- The query's first max_terms distinct lexemes: a long query must not become an OR over every pair
     -- of its words (a cost any caller could otherwise choose).
@@ -106,25 +109,45 @@ WITH lex AS (
 ), q AS (
     -- Which lexemes the full-text candidates need (migration 0037): any, the workspace's rare ones, or pairs.
     SELECT palace_text_query(%(ws)s, ARRAY(SELECT l FROM lex), %(exact)s) AS tsq
-), fts AS (
+)"""
+_FTS = """, fts AS (
     SELECT t.id FROM q, palace_text_candidates(%(ws)s, q.tsq, ARRAY(SELECT l FROM lex), %(fts_scan)s, %(n_fts)s) t
-), w AS (
+)"""
+_W = """, w AS (
     SELECT unnest(%(lo)s::timestamptz[]) AS lo, unnest(%(hi)s::timestamptz[]) AS hi
-), ann_exact AS (
+)"""
+_ANN_EXACT = """, ann_exact AS (
     SELECT d.id
       FROM drawers d
      WHERE %(use_ann)s AND NOT %(hnsw)s AND d.workspace_id = %(ws)s AND d.embedding IS NOT NULL
        AND d.deleted_at IS NULL AND d.state <> 'merged'
      ORDER BY (d.embedding <=> %(emb)s::vector) + 0
      LIMIT %(n_ann)s
-), ann_hnsw AS (
+)"""
+_ANN_HNSW = """, ann_hnsw AS (
     SELECT d.id
       FROM drawers d
      WHERE %(use_ann)s AND %(hnsw)s AND d.workspace_id = %(ws)s AND d.embedding IS NOT NULL
        AND d.deleted_at IS NULL AND d.state <> 'merged'
      ORDER BY d.embedding <=> %(emb)s::vector
      LIMIT %(n_ann)s
-), dated AS (
+)"""
+# A workspace of at most ``fts_scan_max`` drawers searched exactly: both candidate lists from one pass over
+# its rows. The exact nearest-neighbour scan reads every row anyway, so the full-text match is tested on
+# the same rows instead of a GIN lookup and a second visit to each match; every match is ranked, as the
+# function does when the workspace holds fewer than ``fts_scan_max`` of them, in the same order.
+_SCAN = """, ws_rows AS MATERIALIZED (
+    SELECT d.id, d.embedding <=> %(emb)s::vector AS dist, length(d.tsv) AS len,
+           CASE WHEN d.tsv @@ (SELECT tsq FROM q)
+                THEN length(d.tsv) - length(ts_delete(d.tsv, ARRAY(SELECT l FROM lex))) END AS matched
+      FROM drawers d
+     WHERE %(use_ann)s AND NOT %(hnsw)s AND d.workspace_id = %(ws)s AND d.deleted_at IS NULL AND d.state <> 'merged'
+), ann_exact AS (
+    SELECT id FROM ws_rows WHERE dist IS NOT NULL ORDER BY dist LIMIT %(n_ann)s
+), fts AS (
+    SELECT id FROM ws_rows WHERE matched IS NOT NULL ORDER BY matched DESC, len, id LIMIT %(n_fts)s
+)"""
+_DATED = """, dated AS (
     SELECT x.id
       FROM (SELECT d.id, d.embedding FROM drawers d
              WHERE %(n_date)s > 0 AND d.workspace_id = %(ws)s AND d.deleted_at IS NULL AND d.state <> 'merged'
@@ -133,25 +156,57 @@ WITH lex AS (
              LIMIT %(fts_scan)s) x
      ORDER BY CASE WHEN %(use_ann)s THEN x.embedding <=> %(emb)s::vector END, x.id
      LIMIT %(n_date)s
-), c AS (
-    SELECT array(SELECT id FROM ann_exact UNION SELECT id FROM ann_hnsw UNION SELECT id FROM fts
-                 UNION SELECT id FROM dated
-                 -- the graph lookup's drawers: given, or left by the lookup sent before this statement
+)"""
+_FROM = {x: "SELECT id FROM " + x for x in ("ann_exact", "ann_hnsw", "fts", "dated")}  # noqa: S608 (fixed names)
+# the graph lookup's drawers: given, or left by the lookup sent before this statement
+_GRAPH = """
                  UNION SELECT unnest(coalesce(%(graph_ids)s::text[],
-                                              nullif(current_setting('palace.graph_ids', true), '')::text[]))) AS ids
-)
--- = ANY(array) rather than a join: the primary key fetches the ~200 rows, instead of a scan of the table.
+                                              nullif(current_setting('palace.graph_ids', true), '')::text[]))"""
+# = ANY(array) rather than a join: the primary key fetches the ~200 rows, instead of a scan of the table.
+_FETCH = """
 SELECT d.id, d.session_id, d.seq,
        CASE WHEN row_number() OVER () = 1 THEN (SELECT array_agg(l) FROM lex) END AS lexemes,
        CASE WHEN %(use_ann)s AND d.embedding IS NOT NULL THEN 1 - (d.embedding <=> %(emb)s::vector) END AS cos,
        d.tsv::text AS tsv, d.importance,
-       extract(epoch FROM now() - coalesce(d.last_accessed_at, d.filed_at)) / 86400.0 AS age_days,
-       EXISTS (SELECT 1 FROM w WHERE d.occurred_at >= w.lo AND d.occurred_at < w.hi) AS dated,
+       (extract(epoch FROM now() - coalesce(d.last_accessed_at, d.filed_at)) / 86400.0)::float8 AS age_days,
+       {dated} AS dated,
        d.content, d.memory_type, d.wing, d.room, d.speaker, d.role, d.occurred_at, d.metadata::text,
        d.superseded_by
   FROM c, drawers d
  WHERE d.workspace_id = %(ws)s AND d.id = ANY(c.ids) AND d.deleted_at IS NULL AND d.state <> 'merged'
 """
+
+
+@functools.cache
+def statement(ann: str = "both", dated: bool = True, graph: bool = True) -> str:
+    """The candidate statement with only the branches a search uses: ``ann`` "exact", "hnsw", "both",
+    "none", or "scan" (exact, with the full-text candidates found in the same pass, ``_SCAN``); the
+    time-window branch when the query names a window; the graph's drawers when a lookup
+    gives or left some. Why: the statement is planned on every search (it runs unprepared, so that the
+    partial vector index matches), and a branch whose guard is false is still planned, with every index
+    of the drawers table considered for it. Each branch keeps its guard, so the full statement
+    (``_SQL``) returns the same rows as any variant given the parameters that variant is chosen for."""
+    parts = [_LEX, _SCAN if ann == "scan" else _FTS]
+    if dated:
+        parts.append(_W)
+    if ann in ("exact", "both"):
+        parts.append(_ANN_EXACT)
+    if ann in ("hnsw", "both"):
+        parts.append(_ANN_HNSW)
+    if dated:
+        parts.append(_DATED)
+    sources = ([_FROM["ann_exact"]] if ann in ("exact", "both", "scan") else []) + (
+        [_FROM["ann_hnsw"]] if ann in ("hnsw", "both") else [])
+    sources += [_FROM["fts"], *([_FROM["dated"]] if dated else [])]
+    union = " UNION ".join(sources) + (_GRAPH if graph else "")
+    parts.append(", c AS (\n    SELECT array(" + union + ") AS ids\n)")
+    in_window = "EXISTS (SELECT 1 FROM w WHERE d.occurred_at >= w.lo AND d.occurred_at < w.hi)"
+    parts.append(_FETCH.replace("{dated}", in_window if dated else "false"))
+    return "".join(parts)
+
+
+_SQL = statement()  # every branch, each under its guard
+
 
 def _candidate_params(workspace_id: str, query: str, embedding: np.ndarray | None,
                       windows: list[tuple[datetime, datetime]], params: SearchParams, workspace_size: int | None,
@@ -160,6 +215,8 @@ def _candidate_params(workspace_id: str, query: str, embedding: np.ndarray | Non
         "graph_ids": graph_ids,
         "text": query, "emb": embedding, "use_ann": embedding is not None, "ws": workspace_id,
         "exact": workspace_size is not None and workspace_size <= params.exact_max,
+        # Exact search over few enough rows that every full-text match is ranked: one pass (``_SCAN``).
+        "scan": workspace_size is not None and workspace_size <= min(params.fts_scan_max, params.exact_max),
         "hnsw": vector_index, "max_terms": params.max_terms,
         "n_ann": params.ann_candidates, "n_fts": params.fts_candidates, "fts_scan": params.fts_scan_max,
         "n_date": params.date_candidates if windows else 0,
@@ -168,13 +225,20 @@ def _candidate_params(workspace_id: str, query: str, embedding: np.ndarray | Non
     }
 
 
+def _statement_for(cand: dict[str, Any], *, lookup_sent: bool) -> str:
+    """The variant of the candidate statement these parameters need (``statement``)."""
+    ann = "none" if not cand["use_ann"] else "hnsw" if cand["hnsw"] else "scan" if cand["scan"] else "exact"
+    return statement(ann, cand["n_date"] > 0, lookup_sent or bool(cand["graph_ids"]))
+
+
 def _candidates(fetched: list[tuple[Any, ...]], graph: dict[str, float],
                 ) -> tuple[list[str], list[Candidate], dict[str, tuple[Any, ...]]]:
     lexemes: list[str] = next((list(r[3]) for r in fetched if r[3]), [])
+    keys = term_keys(lexemes)
     cands, rows = [], {}
     for row in fetched:
         did, session_id, seq, _, cos, tsv, importance, age_days, dated = row[:9]
-        content_tf, content_len, speaker_lexemes = tsvector_terms(tsv or "", lexemes)
+        content_tf, content_len, speaker_lexemes = terms_of(tsv or "", keys)
         cands.append(Candidate(did, session_id, seq, None if cos is None else float(cos), content_tf,
                                content_len, speaker_lexemes, bool(dated), float(importance), float(age_days or 0.0),
                                row[17], graph=graph.get(did, 0.0)))
@@ -192,8 +256,8 @@ async def candidates(
     more than reading ~200 short texts now; metadata stays JSON text until a row is picked).
     ``graph``: drawers the knowledge graph reached (``graph_candidates``), candidates too."""
     graph = graph or {}
-    cur = await conn.execute(_SQL, _candidate_params(workspace_id, query, embedding, windows, params, workspace_size,
-                                                     vector_index, list(graph)),
+    cand = _candidate_params(workspace_id, query, embedding, windows, params, workspace_size, vector_index, list(graph))
+    cur = await conn.execute(_statement_for(cand, lookup_sent=False), cand,
                              prepare=False)  # planned with the workspace as a value: the partial vector index can match
     return _candidates(await cur.fetchall(), graph)
 
@@ -232,8 +296,10 @@ async def hybrid_search(
         now: the reference time of relative expressions ("yesterday"); default the current time.
     """
     windows = date_windows(query, now)
-    names = query_names(query, params.graph.max_words) if params.rank.w_graph > 0 else None
-    with_graph = bool(names) and params.graph.timeout_ms > 0
+    # The entity names only when the lookup can run (it is off by default): finding them costs per search.
+    names = (query_names(query, params.graph.max_words)
+             if params.rank.w_graph > 0 and params.graph.timeout_ms > 0 else None)
+    with_graph = bool(names)
     size = workspace_size
     if with_graph and size is None:
         # The graph weighs an entity by its rarity among the workspace's drawers; a count capped at the
@@ -327,7 +393,7 @@ async def _send(conn: AsyncConnection[Any], cand: dict[str, Any], graph_args: di
         parts += [f"SET LOCAL statement_timeout = {int(timeout_ms)}", *([prepare_statement()] if prepare else []),
                   GRAPH_EXECUTE]
         args.update(graph_args)
-    parts.append(_SQL)
+    parts.append(_statement_for(cand, lookup_sent=graph_args is not None))
     idle = conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
     if not idle:
         parts = ["SAVEPOINT palace_search", *parts, "RELEASE SAVEPOINT palace_search"]

@@ -43,7 +43,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["Candidate", "Explanation", "RankParams", "Ranked", "bm25", "plain_fusion", "rank", "tsvector_terms"]
+__all__ = ["Candidate", "Explanation", "RankParams", "Ranked", "bm25", "plain_fusion", "rank", "term_keys", "terms_of",
+           "tsvector_terms"]
 
 
 @dataclass(frozen=True)
@@ -87,11 +88,12 @@ class RankParams:
     w_episode: float = 0.0  # the session's episode as a document (measured, not shipped: ranking_lab.py --enrich)
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Candidate:
     """What ranking needs of one drawer. ``content_tf`` counts the content's lexemes (stemmed; at least
     the query's), ``content_len`` all lexeme occurrences of the content, ``speaker_lexemes`` the
-    speaker's (at least those the query holds)."""
+    speaker's (at least those the query holds). Not frozen: a search builds a couple of hundred per query,
+    and a frozen dataclass sets each field through ``object.__setattr__``, several times the cost."""
 
     id: str
     session_id: str | None
@@ -151,10 +153,20 @@ def tsvector_terms(text: str, lexemes: Sequence[str]) -> tuple[dict[str, int], i
     The length counts weight letters: every content position prints as ``nA``, and to_tsvector
     lower-cases every lexeme, so no "A" comes from a lexeme itself.
     """
+    return terms_of(text, term_keys(lexemes))
+
+
+def term_keys(lexemes: Sequence[str]) -> list[tuple[str, str]]:
+    """Each query lexeme with the text that opens its entry in a printed ``tsv`` (``terms_of``): built once
+    per query rather than once per candidate and lexeme."""
+    return [(lex, "'" + lex.replace("'", "''") + "':") for lex in lexemes]
+
+
+def terms_of(text: str, keys: Sequence[tuple[str, str]]) -> tuple[dict[str, int], int, frozenset[str]]:
+    """``tsvector_terms`` with the keys of ``term_keys``."""
     content: dict[str, int] = {}
     speaker: set[str] = set()
-    for lex in lexemes:
-        key = "'" + lex.replace("'", "''") + "':"
+    for lex, key in keys:
         at = text.find(key)
         while at > 0 and text[at - 1] != " ":  # inside another lexeme ("'sm''art':" holds "'art':")
             at = text.find(key, at + 1)
@@ -186,9 +198,12 @@ def bm25(cands: Sequence[Candidate], lexemes: Sequence[str], k1: float = 1.2, b:
     return _bm25_idf(cands, lexemes, k1, b)[0]
 
 
-def _bm25_idf(cands: Sequence[Candidate], lexemes: Sequence[str], k1: float, b: float) -> tuple[np.ndarray, np.ndarray]:
-    """BM25 per candidate and the idf of each distinct query lexeme."""
-    dl = np.fromiter((c.content_len for c in cands), dtype=float, count=len(cands))
+def _bm25_idf(cands: Sequence[Candidate], lexemes: Sequence[str], k1: float, b: float,
+              dl: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """BM25 per candidate and the idf of each distinct query lexeme (``dl``: the content lengths, when
+    the caller has them already)."""
+    if dl is None:
+        dl = np.fromiter((c.content_len for c in cands), dtype=float, count=len(cands))
     counted = dl > 0
     n = int(counted.sum())
     if not n or not lexemes:
@@ -196,9 +211,15 @@ def _bm25_idf(cands: Sequence[Candidate], lexemes: Sequence[str], k1: float, b: 
     norm = k1 * (1 - b + b * dl / dl[counted].mean())
     terms = {t: j for j, t in enumerate(dict.fromkeys(lexemes))}
     tf = np.zeros((len(cands), len(terms)))
+    rows, cols, counts = [], [], []
     for i, c in enumerate(cands):
-        for t in terms.keys() & c.content_tf.keys():  # a few of a drawer's lexemes are the query's
-            tf[i, terms[t]] = c.content_tf[t]
+        for t, count in c.content_tf.items():  # a few of a drawer's lexemes are the query's
+            j = terms.get(t)
+            if j is not None:
+                rows.append(i)
+                cols.append(j)
+                counts.append(count)
+    tf[rows, cols] = counts
     df = np.count_nonzero(tf, axis=0)
     idf = np.log(1 + (n - df + 0.5) / (df + 0.5))
     return (idf * tf * (k1 + 1) / (tf + norm[:, None])).sum(axis=1), idf
@@ -233,13 +254,14 @@ def _session_strength(cands: Sequence[Candidate], sm: np.ndarray, top: int) -> n
     return np.where(sess >= 0, mean[np.maximum(sess, 0)], 0.0)
 
 
-def _text_signal(cands: Sequence[Candidate], lexemes: Sequence[str], p: RankParams) -> tuple[np.ndarray, np.ndarray]:
+def _text_signal(cands: Sequence[Candidate], lexemes: Sequence[str], p: RankParams,
+                 dl: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Raw BM25 and the full-text signal on 0–1: BM25 over the larger of the best BM25 among the
     candidates and ``text_floor`` × an ideal match (what a drawer of average length holding the query's
     ``ideal_terms`` rarest lexemes once each scores: the sum of their idf). A strong best match sets the
     scale, as plain BM25-over-the-best does; a weak one stays weak instead of counting as a full match,
     so the signal means the same in a workspace where nothing matches well."""
-    raw, idf = _bm25_idf(cands, lexemes, p.bm25_k1, p.bm25_b)
+    raw, idf = _bm25_idf(cands, lexemes, p.bm25_k1, p.bm25_b, dl)
     if not raw.any():
         return raw, np.zeros(len(cands))
     ideal = float(np.sort(idf)[::-1][: p.ideal_terms].sum())
@@ -256,7 +278,8 @@ def _diversify(cands: Sequence[Candidate], rel: np.ndarray, p: RankParams) -> tu
     everything outside the pool); all others keep their relevance. Returns the scores and the order
     (scores never increase along it; of equal scores, the one that was not held back comes first)."""
     out = rel.copy()
-    order = sorted(range(len(cands)), key=lambda i: (-rel[i], cands[i].id))
+    r = rel.tolist()  # Python floats: indexing an array per comparison key costs more than the sort
+    order = sorted(range(len(cands)), key=lambda i: (-r[i], cands[i].id))
     if not p.session_cap or not p.capped_top:
         return out, order
     pool = order[: p.capped_pool] if p.capped_pool else order
@@ -293,15 +316,14 @@ def rank(cands: Sequence[Candidate], query_lexemes: Sequence[str], p: RankParams
     if not cands:
         return []
     n = len(cands)
-    cos = np.fromiter((np.nan if c.cos is None else c.cos for c in cands), dtype=float, count=n)
+    qset = frozenset(query_lexemes)
+    # Every per-candidate number in one pass (one array), not one generator per signal.
+    cols = np.array([(np.nan if c.cos is None else c.cos, c.content_len, not qset.isdisjoint(c.speaker_lexemes),
+                      c.dated, c.graph, c.episode, c.importance, c.age_days) for c in cands], dtype=float)
+    cos, dl, named, dated, graph, episode, imp, age = cols.T
     band = max(p.cos_ceiling - p.cos_floor, 1e-9)
     dense = np.clip((np.nan_to_num(cos, nan=p.cos_floor) - p.cos_floor) / band, 0.0, 1.0)
-    raw_text, text = _text_signal(cands, query_lexemes, p)
-    qset = frozenset(query_lexemes)
-    named = np.fromiter((not qset.isdisjoint(c.speaker_lexemes) for c in cands), dtype=float, count=n)
-    dated = np.fromiter((c.dated for c in cands), dtype=float, count=n)
-    graph = np.fromiter((c.graph for c in cands), dtype=float, count=n)
-    episode = np.fromiter((c.episode for c in cands), dtype=float, count=n)
+    raw_text, text = _text_signal(cands, query_lexemes, p, dl)
     parts = {"vector": p.w_dense * dense, "full_text": p.w_text * text, "speaker": p.w_speaker * named,
              "time_window": p.w_date * dated, "graph": p.w_graph * graph}
     s = sum(parts.values())
@@ -309,8 +331,7 @@ def rank(cands: Sequence[Candidate], query_lexemes: Sequence[str], p: RankParams
     sm = s + parts["neighbours"]
     parts["session"] = p.session_boost * _session_strength(cands, sm, p.session_top) + p.w_episode * episode
     base = sm + parts["session"]
-    imp = np.fromiter((c.importance for c in cands), dtype=float, count=n)
-    age = np.fromiter((max(c.age_days, 0.0) for c in cands), dtype=float, count=n)
+    age = np.maximum(age, 0.0)
     imp_f = 1 + p.w_importance * (imp - 3)
     rec_f = 1 + p.w_recency / (1 + age / p.recency_days)
     parts["importance"] = base * (imp_f - 1)

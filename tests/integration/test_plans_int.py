@@ -214,3 +214,42 @@ def test_cluster_exact_neighbours_read_the_workspace_once_per_event(stack: Stack
     # The one read of the workspace (no embeddings here, so it keeps no row, but it ran: once). Here the
     # workspace is nearly the whole table, so reading it may well be a sequential scan.
     assert len(scans) == 1 and scans[0]["Actual Loops"] == 1, json.dumps(plan)
+
+
+def test_a_small_exact_workspace_finds_both_candidate_lists_in_one_pass(stack: Stack, big_workspace: str) -> None:
+    """At most ``fts_scan_max`` drawers and no index of its own: search reads the workspace's rows once,
+    through an index on the workspace (the big workspace shares the table), for both the nearest
+    neighbours and the full-text matches, and finds exactly the candidates that the separate exact scan
+    and full-text function find."""
+    import numpy as np
+
+    from shared.db.search import SearchParams, _candidate_params, statement
+
+    w = ws()
+    rng = np.random.default_rng(7)
+    words = ["river", "garden", "violin", "tennis", "bakery", "museum", "camping", "painting", "guitar", "puppy"]
+    n = 600
+    vecs = rng.normal(size=(n, 384)).astype(np.float32)
+    with psycopg.connect(stack.database_url, autocommit=True) as conn, conn.cursor() as cur:
+        cur.executemany(
+            """INSERT INTO drawers (workspace_id, id, content, content_hash, state, embedding)
+               VALUES (%s, md5(%s), %s, md5(%s), 'processed', %s::vector)""",
+            [(w, f"{w}{i}", text, text, "[" + ",".join(f"{x:.5f}" for x in vecs[i]) + "]")
+             for i in range(n) for text in [f"note {i}: " + " ".join(words[j] for j in range(10) if (i >> j) & 1)]])
+        cur.execute("ANALYZE drawers")
+    with psycopg.connect(stack.database_url) as conn:
+        conn.execute("SET ROLE palace_app")
+        conn.execute("SELECT set_config('palace.workspace_id', %s, false)", (w,))
+        for i, query in enumerate(["river garden violin", "a puppy at the museum", "tennis", "zebra"]):
+            p = _candidate_params(w, query, vecs[i * 7], [], SearchParams(), n, False, None)
+            assert p["scan"]
+            p["emb"] = "[" + ",".join(map(repr, vecs[i * 7].tolist())) + "]"
+            cur = psycopg.ClientCursor(conn)
+            one_pass = sorted(r[:7] + r[8:] for r in cur.execute(statement("scan", False, False), p).fetchall())
+            separate = sorted(r[:7] + r[8:] for r in cur.execute(statement("exact", False, False), p).fetchall())
+            assert one_pass == separate, query
+            assert len(one_pass) >= 100
+        plan = conn.execute("EXPLAIN (FORMAT JSON) " + cur.mogrify(statement("scan", False, False), p)).fetchall()[0][0]
+        conn.rollback()
+    text = json.dumps(plan)
+    assert '"Seq Scan"' not in text and "palace_text_candidates" not in text, text
