@@ -244,6 +244,10 @@ def test_episode_search_plan_is_bounded_by_its_index(stack: Stack) -> None:
     dim = stack.settings.embed_dim
     emb = "[" + ",".join(["0.05"] * dim) + "]"
     everyone = [target, *others]
+    # More built episodes than the scan's cap in the workspace searched: where the bound matters, and
+    # where reading the index in order beats sorting the workspace's rows by a margin the planner never
+    # misses (with fewer than the cap, the two plans cost about the same and either may be picked).
+    big = EPISODE_SCAN_MAX + 1_000
     with psycopg.connect(stack.database_url, autocommit=True) as admin:
         try:
             # promoted: dreaming leaves them alone; announced: the enrich sweep too.
@@ -253,8 +257,9 @@ def test_episode_search_plan_is_bounded_by_its_index(stack: Stack) -> None:
                    SELECT w, md5(w || g), 'plan-' || g, 'summary', 'abstract',
                           CASE WHEN g %% 10 = 0 THEN 'pending' ELSE 'ready' END, %s::vector,
                           now() - g * interval '1 minute', now(), now()
-                     FROM unnest(%s::text[]) w, generate_series(1, 1500) g""",
-                (emb, everyone))
+                     FROM unnest(%s::text[]) w,
+                          generate_series(1, CASE WHEN w = %s THEN %s ELSE 1500 END) g""",
+                (emb, everyone, target, big))
             admin.execute("ANALYZE episodes")
             with psycopg.connect(stack.database_url) as conn:
                 conn.execute("SET ROLE palace_app")
@@ -263,6 +268,6 @@ def test_episode_search_plan_is_bounded_by_its_index(stack: Stack) -> None:
                 plan = json.dumps(conn.execute("EXPLAIN (FORMAT JSON) " + _SEARCH_SQL, params).fetchall()[0][0])
                 rows = conn.execute(_SEARCH_SQL, params).fetchall()
             assert "episodes_searchable" in plan and '"Seq Scan"' not in plan, plan
-            assert len(rows) == 5 and {r[1] for r in rows} <= {f"plan-{g}" for g in range(1, 1501) if g % 10}
+            assert len(rows) == 5 and {r[1] for r in rows} <= {f"plan-{g}" for g in range(1, big + 1) if g % 10}
         finally:
             admin.execute("DELETE FROM episodes WHERE workspace_id = ANY(%s)", (everyone,))
