@@ -542,7 +542,10 @@ async def record_extraction(
 async def refresh_entities(conn: AsyncConnection[Any], workspace_id: str, ids: list[str]) -> int:
     """Recompute mention_count and confidence (the mean of the extracted mentions) of these entities
     from their mention rows; returns how many changed. Rows that already agree are not touched, and
-    those that change are locked in id order, so two refreshes side by side cannot deadlock."""
+    those that change are locked in id order, so two refreshes side by side cannot deadlock. The lock
+    is FOR NO KEY UPDATE, what the UPDATE takes anyway: FOR UPDATE also blocked every insert of a
+    mention of these entities (the foreign key's FOR KEY SHARE check), in ingest's linker and in
+    other extractions, until this transaction ended."""
     if not ids:
         return 0
     cur = await conn.execute(
@@ -551,7 +554,7 @@ async def refresh_entities(conn: AsyncConnection[Any], workspace_id: str, ids: l
                 l AS (SELECT e.id FROM entities e JOIN m ON m.entity_id = e.id
                        WHERE e.workspace_id = %(ws)s AND e.id = ANY(%(ids)s)
                          AND (e.mention_count, e.confidence) IS DISTINCT FROM (m.n, m.c)
-                       ORDER BY e.id FOR UPDATE OF e)
+                       ORDER BY e.id FOR NO KEY UPDATE OF e)
            UPDATE entities e SET mention_count = m.n, confidence = m.c, updated_at = now()
              FROM l JOIN m ON m.entity_id = l.id
             WHERE e.workspace_id = %(ws)s AND e.id = l.id""",
