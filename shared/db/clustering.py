@@ -22,15 +22,13 @@ because it runs unprepared, with the workspace as a value.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 from psycopg import AsyncConnection
-from psycopg.types.json import Jsonb
 
-from shared.ids import stable_id
+from shared.db.drawers import insert_history
 
 __all__ = ["CANDIDATES_SQL", "INDEXED_CANDIDATES_SQL", "TWINS_SQL", "Neighbours", "cluster_candidates", "merge_into",
            "record_history_many", "supersede"]
@@ -136,22 +134,9 @@ async def cluster_candidates(
 
 
 async def record_history_many(conn: AsyncConnection[Any], workspace_id: str, rows: list[dict[str, Any]]) -> None:
-    """Append audit rows (keys as ``shared.db.drawers.record_history``'s arguments) in one round trip; each
+    """Append audit rows (keys as ``shared.db.drawers.record_history``'s arguments) in one statement; each
     id derives from (event, drawer, action), so a replay adds nothing."""
-    if not rows:
-        return
-    def js(v: Any) -> Any:
-        return None if v is None else Jsonb(json.loads(json.dumps(v, default=str)))
-
-    async with conn.cursor() as cur:
-        await cur.executemany(
-            "INSERT INTO memory_history (workspace_id, id, drawer_id, action, actor, reason, old_value, new_value,"
-            " event_id) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
-            [(workspace_id, stable_id("history", workspace_id, r.get("event_id") or "", r.get("drawer_id") or "",
-                                      r["action"]),
-              r.get("drawer_id"), r["action"], r["actor"], r.get("reason"), js(r.get("old_value")),
-              js(r.get("new_value")), r.get("event_id")) for r in rows],
-        )
+    await insert_history(conn, workspace_id, rows)
 
 
 async def merge_into(conn: AsyncConnection[Any], workspace_id: str, drawer_id: str, target: str) -> bool:
