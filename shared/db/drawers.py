@@ -60,12 +60,13 @@ class DrawerRow:
 async def drawers_by_id(
     conn: AsyncConnection[Any], workspace_id: str, ids: list[str], *, with_embedding: bool = False
 ) -> list[DrawerRow]:
-    """The live (not deleted) drawers among ``ids``."""
+    """The live (not deleted) drawers among ``ids``. Read in binary: a vector in text is hundreds of
+    decimal numbers for the client to parse, in binary one copy of its floats."""
     cur = await conn.execute(
         """SELECT id, content, content_hash, state, room, embedding IS NOT NULL,
                   CASE WHEN %s THEN embedding END, speaker, context, failure_reason
              FROM drawers WHERE workspace_id = %s AND id = ANY(%s) AND deleted_at IS NULL""",
-        (with_embedding, workspace_id, ids),
+        (with_embedding, workspace_id, ids), binary=True,
     )
     return [DrawerRow(*r) for r in await cur.fetchall()]
 
