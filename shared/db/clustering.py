@@ -41,7 +41,7 @@ _EVENT = """
 WITH q AS MATERIALIZED (
     SELECT u.id, u.emb, u.i, me.filed_at,
            (%(bands)s::bigint[])[(u.i - 1) * %(nb)s + 1 : u.i * %(nb)s] AS bands
-      FROM unnest(%(ids)s::text[], %(embs)s::vector[]) WITH ORDINALITY AS u(id, emb, i)
+      FROM unnest(%(ids)s::text[], %(embs)b::vector[]) WITH ORDINALITY AS u(id, emb, i)
       JOIN drawers me ON me.workspace_id = %(ws)s AND me.id = u.id
 )
 """
@@ -88,6 +88,8 @@ SELECT q.i, false, n.id, 1 - n.dist, d.content
         ORDER BY r.dist LIMIT %(n)s) n
   JOIN drawers d ON d.workspace_id = %(ws)s AND d.id = n.id
 """
+# The vectors travel in binary (``%(embs)b``): an array of vectors goes as text otherwise, hundreds of
+# decimal numbers per vector for the client to format and the server to parse.
 # The twins alone (the plan test checks they never scan the workspace), and the whole statement: the
 # exact one, and the one for a workspace with its own HNSW index.
 TWINS_SQL = _EVENT + _TWINS

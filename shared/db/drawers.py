@@ -100,11 +100,12 @@ async def save_embeddings(
     if not rows:
         return 0
     # One statement each for the drawers and the cache, with the vectors as arrays: a statement per
-    # drawer (``executemany``) cost the client a message and the server an execution per row.
+    # drawer (``executemany``) cost the client a message and the server an execution per row. The arrays
+    # go in binary (``%b``): as text each vector is hundreds of decimal numbers to format and parse.
     cur = await conn.execute(
         """UPDATE drawers d SET embedding = x.vec, embedding_model = %s, failure_reason = NULL,
                   state = CASE WHEN d.state = 'failed' THEN 'raw' ELSE d.state END, updated_at = now()
-             FROM unnest(%s::text[], %s::vector[], %s::text[], %s::text[]) AS x(id, vec, chash, ctx)
+             FROM unnest(%s::text[], %b::vector[], %s::text[], %s::text[]) AS x(id, vec, chash, ctx)
             WHERE d.workspace_id = %s AND d.id = x.id AND d.embedding IS NULL
               AND d.content_hash = x.chash AND d.context IS NOT DISTINCT FROM x.ctx
         RETURNING d.id""",
@@ -117,7 +118,7 @@ async def save_embeddings(
     if cache_new and cacheable:
         await conn.execute(
             """INSERT INTO embedding_cache (workspace_id, model, content_hash, embedding)
-               SELECT %s, %s, h, v FROM unnest(%s::text[], %s::vector[]) AS c(h, v)
+               SELECT %s, %s, h, v FROM unnest(%s::text[], %b::vector[]) AS c(h, v)
                ON CONFLICT DO NOTHING""",
             (workspace_id, model, [h for h, _ in cacheable], [v for _, v in cacheable]),
         )
