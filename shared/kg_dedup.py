@@ -37,8 +37,12 @@ async def dedup_entities(pool: AsyncConnectionPool, workspace_id: str, entity_id
     ids = sorted(set(entity_ids))
     merges: list[Decision] = []
     flagged = 0
+    # The recount commits on its own: inside the dedup transaction below, its row locks on the entities
+    # (a speaker's is in every session) were held through the candidate search, and every extraction
+    # refreshing the same entities queued behind it.
     async with workspace_tx(pool, workspace_id) as conn:
         await sql.refresh_mention_counts(conn, workspace_id, ids)
+    async with workspace_tx(pool, workspace_id) as conn:
         followups = await sql.absorb_followups(conn, workspace_id, ids)
         live = [r for r in await sql.live_entities(conn, workspace_id, ids) if r.merged_into is None]
         await sql.index_entity_keys(conn, workspace_id, live)

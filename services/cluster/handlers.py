@@ -142,7 +142,7 @@ def register(deps: Deps) -> None:
                 decisions = [(did, d) for did, d in decisions if did not in gone and d.target not in gone]
                 proposals = [(r, p, cands) for r, p, cands in proposals
                              if r.id not in gone and not {c for c, _ in cands} & gone]
-            history = []
+            history: list[dict[str, Any]] = []
             for old, new, sim, reason in supersede_:
                 if await supersede(conn, ws, old, new):
                     history.append({"drawer_id": old, "action": "SUPERSEDE", "actor": "cluster",
@@ -154,14 +154,15 @@ def register(deps: Deps) -> None:
                     history.append({"drawer_id": did, "action": "MERGE", "actor": "cluster", "event_id": ev.event_id,
                                     "reason": d.reason, "new_value": {"cluster_id": d.target}})
                     DRAWERS.labels(deps.service, "merged").inc()
-            await record_history_many(conn, ws, history)
             # Pipelined: an audit-only decision (ADD, NONE) waits for no answer, so the event's decisions
-            # travel in one round trip instead of one each.
+            # travel in one round trip instead of one each; their audit rows are collected, and written with
+            # the merges' and supersessions' in one statement.
             async with conn.pipeline():
                 for r, p, cands in proposals:
                     why = writes.validate(p, {c for c, _ in cands}, gate=s.decisions_gate)
                     await apply_proposal(conn, ws, p, source_drawer=r.id, source_embedding=r.embedding,
-                                         mode=s.decisions_mode, event_id=ev.event_id, dropped=why)
+                                         mode=s.decisions_mode, event_id=ev.event_id, dropped=why, audit=history)
+            await record_history_many(conn, ws, history)
             if usage:
                 await record_usage(conn, ws, s.llm_model, usage)
 

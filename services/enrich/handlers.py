@@ -242,14 +242,14 @@ async def extract_episode(deps: Deps, llm: LlmClient | None, ev: EpisodicCreated
     s = deps.settings
     if llm is None:
         async with workspace_tx(deps.pool, ev.workspace_id) as conn:
-            turns = _turns(await session_turns(conn, ev.workspace_id, ev.session_id))
+            turns = _turns(await session_turns(conn, ev.workspace_id, ev.session_id, with_embedding=False))
             if not turns:
                 return None
             stored = await _store_extraction(conn, deps, ev, turns, pattern_sightings(turns, ev.session_id),
                                              "patterns", [], [])
     else:
         async with workspace_tx(deps.pool, ev.workspace_id) as conn:
-            turns = _turns(await session_turns(conn, ev.workspace_id, ev.session_id))
+            turns = _turns(await session_turns(conn, ev.workspace_id, ev.session_id, with_embedding=False))
         if not turns:
             return None
         sightings, tier, warnings, usage = await _read_graph(llm, turns, ev.session_id, what=ev.episode_id)
@@ -307,7 +307,7 @@ async def extract_due_drawers(
     s = deps.settings
     async with workspace_tx(deps.pool, workspace_id) as conn:
         due = await due_turns(conn, workspace_id, drawer_ids)
-        contexts = {sid: _turns(await session_turns(conn, workspace_id, sid))
+        contexts = {sid: _turns(await session_turns(conn, workspace_id, sid, with_embedding=False))
                     for sid in sorted({str(r["session_id"]) for r in due if r["session_id"]})}
     wanted = {str(r["id"]) for r in due}
     found: list[Sighting] = []

@@ -22,15 +22,13 @@ because it runs unprepared, with the workspace as a value.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 from psycopg import AsyncConnection
-from psycopg.types.json import Jsonb
 
-from shared.ids import stable_id
+from shared.db.drawers import insert_history
 
 __all__ = ["CANDIDATES_SQL", "INDEXED_CANDIDATES_SQL", "TWINS_SQL", "Neighbours", "cluster_candidates", "merge_into",
            "record_history_many", "supersede"]
@@ -43,7 +41,7 @@ _EVENT = """
 WITH q AS MATERIALIZED (
     SELECT u.id, u.emb, u.i, me.filed_at,
            (%(bands)s::bigint[])[(u.i - 1) * %(nb)s + 1 : u.i * %(nb)s] AS bands
-      FROM unnest(%(ids)s::text[], %(embs)s::vector[]) WITH ORDINALITY AS u(id, emb, i)
+      FROM unnest(%(ids)s::text[], %(embs)b::vector[]) WITH ORDINALITY AS u(id, emb, i)
       JOIN drawers me ON me.workspace_id = %(ws)s AND me.id = u.id
 )
 """
@@ -77,14 +75,21 @@ _SCANNED = """
        AND d.filed_at <= (SELECT max(q.filed_at) FROM q)
 )
 """
+# Each (drawer, candidate) distance is computed once: written as the sort key and again inside the
+# similarity, the planner evaluated the cosine twice per pair, and the cosine is most of a pair's cost.
+# OFFSET 0 keeps the inner query from being flattened into the outer one, which would bring the
+# second evaluation back.
 _SCANNED_NEIGHBOURS = """
-SELECT q.i, false, n.id, n.sim, d.content
+SELECT q.i, false, n.id, 1 - n.dist, d.content
   FROM q CROSS JOIN LATERAL (
-       SELECT w.id, 1 - (w.embedding <=> q.emb) AS sim FROM w
-        WHERE w.id <> q.id AND (w.filed_at, w.id) < (q.filed_at, q.id)
-        ORDER BY w.embedding <=> q.emb LIMIT %(n)s) n
+       SELECT r.id, r.dist FROM (
+              SELECT w.id, w.embedding <=> q.emb AS dist FROM w
+               WHERE w.id <> q.id AND (w.filed_at, w.id) < (q.filed_at, q.id) OFFSET 0) r
+        ORDER BY r.dist LIMIT %(n)s) n
   JOIN drawers d ON d.workspace_id = %(ws)s AND d.id = n.id
 """
+# The vectors travel in binary (``%(embs)b``): an array of vectors goes as text otherwise, hundreds of
+# decimal numbers per vector for the client to format and the server to parse.
 # The twins alone (the plan test checks they never scan the workspace), and the whole statement: the
 # exact one, and the one for a workspace with its own HNSW index.
 TWINS_SQL = _EVENT + _TWINS
@@ -131,22 +136,9 @@ async def cluster_candidates(
 
 
 async def record_history_many(conn: AsyncConnection[Any], workspace_id: str, rows: list[dict[str, Any]]) -> None:
-    """Append audit rows (keys as ``shared.db.drawers.record_history``'s arguments) in one round trip; each
+    """Append audit rows (keys as ``shared.db.drawers.record_history``'s arguments) in one statement; each
     id derives from (event, drawer, action), so a replay adds nothing."""
-    if not rows:
-        return
-    def js(v: Any) -> Any:
-        return None if v is None else Jsonb(json.loads(json.dumps(v, default=str)))
-
-    async with conn.cursor() as cur:
-        await cur.executemany(
-            "INSERT INTO memory_history (workspace_id, id, drawer_id, action, actor, reason, old_value, new_value,"
-            " event_id) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
-            [(workspace_id, stable_id("history", workspace_id, r.get("event_id") or "", r.get("drawer_id") or "",
-                                      r["action"]),
-              r.get("drawer_id"), r["action"], r["actor"], r.get("reason"), js(r.get("old_value")),
-              js(r.get("new_value")), r.get("event_id")) for r in rows],
-        )
+    await insert_history(conn, workspace_id, rows)
 
 
 async def merge_into(conn: AsyncConnection[Any], workspace_id: str, drawer_id: str, target: str) -> bool:

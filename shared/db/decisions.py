@@ -61,10 +61,14 @@ async def restore_columns(conn: AsyncConnection[Any], workspace_id: str, drawer_
 async def apply_proposal(
     conn: AsyncConnection[Any], workspace_id: str, p: Proposal, *, source_drawer: str,
     source_embedding: np.ndarray | None, mode: str, event_id: str, dropped: str | None = None,
-    actor: str = "cluster", extra: dict[str, Any] | None = None,
+    actor: str = "cluster", extra: dict[str, Any] | None = None, audit: list[dict[str, Any]] | None = None,
 ) -> str:
     """Audit a proposal and apply it as far as ``mode`` allows. Returns the outcome:
     applied | held | shadow | dropped.
+
+    ``audit``: where the caller collects the audit rows of many proposals, to write them in one
+    statement later in the same transaction (``shared.db.drawers.insert_history``); without it the
+    row is written here.
 
     A held proposal records the target's content hash as it was, so approving it later can tell
     whether the memory it was judged against has changed since (shared/db/proposals.py)."""
@@ -92,14 +96,18 @@ async def apply_proposal(
         else:
             await conn.execute("UPDATE drawers SET deleted_at = now(), updated_at = now()"
                                " WHERE workspace_id = %s AND id = %s", (workspace_id, p.target))
-    await record_history(
-        conn, workspace_id, drawer_id=p.target if p.action in ("UPDATE", "DELETE") and p.target else source_drawer,
-        action=p.action if p.action in ("ADD", "UPDATE", "DELETE", "NONE") else "INVALID", actor=actor,
-        event_id=f"{event_id}:{source_drawer}", reason=f"{outcome}: {reason}"[:1000], old_value=old_value,
-        new_value={"outcome": outcome, "mode": mode, "source_drawer": source_drawer, "target": p.target,
-                   "confidence": p.confidence, "content": p.content, "by": p.source,
-                   **({"target_hash": target_hash} if target_hash else {}), **(extra or {})},
-    )
+    row = {
+        "drawer_id": p.target if p.action in ("UPDATE", "DELETE") and p.target else source_drawer,
+        "action": p.action if p.action in ("ADD", "UPDATE", "DELETE", "NONE") else "INVALID", "actor": actor,
+        "event_id": f"{event_id}:{source_drawer}", "reason": f"{outcome}: {reason}"[:1000], "old_value": old_value,
+        "new_value": {"outcome": outcome, "mode": mode, "source_drawer": source_drawer, "target": p.target,
+                      "confidence": p.confidence, "content": p.content, "by": p.source,
+                      **({"target_hash": target_hash} if target_hash else {}), **(extra or {})},
+    }
+    if audit is not None:
+        audit.append(row)
+    else:
+        await record_history(conn, workspace_id, **row)
     return outcome
 
 

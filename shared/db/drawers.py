@@ -60,12 +60,13 @@ class DrawerRow:
 async def drawers_by_id(
     conn: AsyncConnection[Any], workspace_id: str, ids: list[str], *, with_embedding: bool = False
 ) -> list[DrawerRow]:
-    """The live (not deleted) drawers among ``ids``."""
+    """The live (not deleted) drawers among ``ids``. Read in binary: a vector in text is hundreds of
+    decimal numbers for the client to parse, in binary one copy of its floats."""
     cur = await conn.execute(
         """SELECT id, content, content_hash, state, room, embedding IS NOT NULL,
                   CASE WHEN %s THEN embedding END, speaker, context, failure_reason
              FROM drawers WHERE workspace_id = %s AND id = ANY(%s) AND deleted_at IS NULL""",
-        (with_embedding, workspace_id, ids),
+        (with_embedding, workspace_id, ids), binary=True,
     )
     return [DrawerRow(*r) for r in await cur.fetchall()]
 
@@ -98,31 +99,29 @@ async def save_embeddings(
     """
     if not rows:
         return 0
-    updated: set[str] = set()
-    async with conn.cursor() as cur:
-        await cur.executemany(
-            "UPDATE drawers SET embedding = %s, embedding_model = %s, failure_reason = NULL,"
-            " state = CASE WHEN state = 'failed' THEN 'raw' ELSE state END, updated_at = now()"
-            " WHERE workspace_id = %s AND id = %s AND embedding IS NULL"
-            " AND content_hash = %s AND context IS NOT DISTINCT FROM %s RETURNING id",
-            [(vec, model, workspace_id, did, chash, ctx) for did, _, vec, chash, ctx in rows],
-            returning=True,
+    # One statement each for the drawers and the cache, with the vectors as arrays: a statement per
+    # drawer (``executemany``) cost the client a message and the server an execution per row. The arrays
+    # go in binary (``%b``): as text each vector is hundreds of decimal numbers to format and parse.
+    cur = await conn.execute(
+        """UPDATE drawers d SET embedding = x.vec, embedding_model = %s, failure_reason = NULL,
+                  state = CASE WHEN d.state = 'failed' THEN 'raw' ELSE d.state END, updated_at = now()
+             FROM unnest(%s::text[], %b::vector[], %s::text[], %s::text[]) AS x(id, vec, chash, ctx)
+            WHERE d.workspace_id = %s AND d.id = x.id AND d.embedding IS NULL
+              AND d.content_hash = x.chash AND d.context IS NOT DISTINCT FROM x.ctx
+        RETURNING d.id""",
+        (model, [r[0] for r in rows], [r[2] for r in rows], [r[3] for r in rows], [r[4] for r in rows], workspace_id),
+    )
+    updated = {str(r[0]) for r in await cur.fetchall()}
+    # Only texts of drawers that still exist are cached: a drawer forgotten while its embedding
+    # was computed leaves no cache entry behind.
+    cacheable = [(h, vec) for did, h, vec, _, _ in rows if did in updated]
+    if cache_new and cacheable:
+        await conn.execute(
+            """INSERT INTO embedding_cache (workspace_id, model, content_hash, embedding)
+               SELECT %s, %s, h, v FROM unnest(%s::text[], %b::vector[]) AS c(h, v)
+               ON CONFLICT DO NOTHING""",
+            (workspace_id, model, [h for h, _ in cacheable], [v for _, v in cacheable]),
         )
-        while True:
-            row = await cur.fetchone()
-            if row:
-                updated.add(row[0])
-            if not cur.nextset():
-                break
-        # Only texts of drawers that still exist are cached: a drawer forgotten while its embedding
-        # was computed leaves no cache entry behind.
-        cacheable = [(workspace_id, model, h, vec) for did, h, vec, _, _ in rows if did in updated]
-        if cache_new and cacheable:
-            await cur.executemany(
-                "INSERT INTO embedding_cache (workspace_id, model, content_hash, embedding) VALUES (%s, %s, %s, %s)"
-                " ON CONFLICT DO NOTHING",
-                cacheable,
-            )
     return len(rows)
 
 
@@ -176,19 +175,40 @@ async def save_classifications(
          "tiers": [r["tier"] for r in rows]},
     )
     changed = {r[0] for r in await cur.fetchall()}
-    audit = [r for r in rows if r["id"] in changed]
-    if audit:
-        async with conn.cursor() as cur:
-            await cur.executemany(
-                "INSERT INTO memory_history (workspace_id, id, drawer_id, action, actor, reason, new_value, event_id)"
-                " VALUES (%s, %s, %s, 'CLASSIFY', %s, %s, %s, %s) ON CONFLICT DO NOTHING",
-                [(workspace_id, stable_id("history", workspace_id, event_id or "", r["id"], "CLASSIFY"), r["id"], actor,
-                  f"{r['tier']} confidence {r['confidence']}",
-                  Jsonb(json.loads(json.dumps({k: r[k] for k in ("memory_type", "confidence", "importance", "tier")},
-                                              default=str))), event_id)
-                 for r in audit],
-            )
+    await insert_history(conn, workspace_id, [
+        {"drawer_id": r["id"], "action": "CLASSIFY", "actor": actor, "event_id": event_id,
+         "reason": f"{r['tier']} confidence {r['confidence']}",
+         "new_value": {k: r[k] for k in ("memory_type", "confidence", "importance", "tier")}}
+        for r in rows if r["id"] in changed])
     return len(changed)
+
+
+async def insert_history(conn: AsyncConnection[Any], workspace_id: str, rows: list[dict[str, Any]]) -> None:
+    """Append audit rows (keys as ``record_history``'s arguments) in one statement; each id derives from
+    (event, drawer, action), so a replay adds nothing. One INSERT of arrays: a row per statement
+    (``executemany``) cost the client a message per row and the server an execution per row."""
+    if not rows:
+        return
+
+    def js(v: Any) -> Any:
+        return None if v is None else Jsonb(json.loads(json.dumps(v, default=str)))
+
+    cols: list[list[Any]] = [[], [], [], [], [], [], [], []]
+    for r in rows:
+        for col, v in zip(cols, (
+            history_id_for(workspace_id, r.get("event_id"), r.get("drawer_id"), r["action"]), r.get("drawer_id"),
+            r["action"], r["actor"], r.get("reason"), js(r.get("old_value")), js(r.get("new_value")),
+            r.get("event_id"),
+        ), strict=True):
+            col.append(v)
+    await conn.execute(
+        """INSERT INTO memory_history (workspace_id, id, drawer_id, action, actor, reason, old_value, new_value,
+                                       event_id)
+           SELECT %s, i, d, a, w, r, o, n, e
+             FROM unnest(%s::text[], %s::text[], %s::text[], %s::text[], %s::text[], %s::jsonb[], %s::jsonb[],
+                         %s::text[]) AS h(i, d, a, w, r, o, n, e)
+           ON CONFLICT DO NOTHING""",
+        (workspace_id, *cols))
 
 
 def history_id_for(workspace_id: str, event_id: str | None, drawer_id: str | None, action: str) -> str:

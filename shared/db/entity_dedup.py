@@ -63,13 +63,20 @@ class EntityRow:
 
 
 async def refresh_mention_counts(conn: AsyncConnection[Any], workspace_id: str, ids: list[str]) -> None:
-    """Mention counts of these entities from their mention rows (the linker does not bump them)."""
+    """Mention counts of these entities from their mention rows (the linker does not bump them). Rows
+    that change are locked in id order and FOR NO KEY UPDATE, like ``shared.db.kg.refresh_entities``:
+    two recounts side by side cannot deadlock, and inserts of mentions (the foreign key's FOR KEY
+    SHARE) do not wait on them."""
     await conn.execute(
-        """UPDATE entities e SET mention_count = m.n, updated_at = now()
-             FROM (SELECT entity_id, count(*) AS n FROM entity_mentions
-                    WHERE workspace_id = %(ws)s AND entity_id = ANY(%(ids)s) GROUP BY entity_id) m
-            WHERE e.workspace_id = %(ws)s AND e.id = m.entity_id AND e.mention_count <> m.n""",
-        {"ws": workspace_id, "ids": ids},
+        """WITH m AS (SELECT entity_id, count(*)::integer AS n FROM entity_mentions
+                       WHERE workspace_id = %(ws)s AND entity_id = ANY(%(ids)s) GROUP BY entity_id),
+                l AS (SELECT e.id FROM entities e JOIN m ON m.entity_id = e.id
+                       WHERE e.workspace_id = %(ws)s AND e.id = ANY(%(ids)s) AND e.mention_count <> m.n
+                       ORDER BY e.id FOR NO KEY UPDATE OF e)
+           UPDATE entities e SET mention_count = m.n, updated_at = now()
+             FROM l JOIN m ON m.entity_id = l.id
+            WHERE e.workspace_id = %(ws)s AND e.id = l.id""",
+        {"ws": workspace_id, "ids": sorted(ids)},
     )
 
 

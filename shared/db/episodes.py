@@ -30,11 +30,14 @@ __all__ = [
 ]
 
 
-async def session_turns(conn: AsyncConnection[Any], workspace_id: str, session_id: str) -> list[dict[str, Any]]:
-    """The session's drawers in conversation order, with their embeddings when present, the
-    message each came from (seq) and when it was said (the message's time, else the drawer's)."""
+async def session_turns(conn: AsyncConnection[Any], workspace_id: str, session_id: str, *,
+                        with_embedding: bool = True) -> list[dict[str, Any]]:
+    """The session's drawers in conversation order, with their embeddings when present (and asked
+    for: an extraction reads only the text), the message each came from (seq) and when it was said
+    (the message's time, else the drawer's). Read in binary, which spares parsing vectors as text."""
     cur = await conn.execute(
-        """SELECT d.id, d.speaker, d.content, d.embedding, s.agent_id, s.started_at, s.completed_at, ds.seq,
+        """SELECT d.id, d.speaker, d.content, CASE WHEN %s THEN d.embedding END, s.agent_id, s.started_at,
+                  s.completed_at, ds.seq,
                   COALESCE(m.created_at, d.occurred_at, s.started_at)
              FROM drawer_sources ds
              JOIN drawers d ON d.workspace_id = ds.workspace_id AND d.id = ds.drawer_id
@@ -43,7 +46,7 @@ async def session_turns(conn: AsyncConnection[Any], workspace_id: str, session_i
                                  AND m.seq = ds.seq
             WHERE ds.workspace_id = %s AND ds.session_id = %s AND d.deleted_at IS NULL
             ORDER BY ds.seq, ds.chunk_index""",
-        (workspace_id, session_id),
+        (with_embedding, workspace_id, session_id), binary=True,
     )
     cols = ["id", "speaker", "content", "embedding", "agent_id", "started_at", "completed_at", "seq", "said_at"]
     rows = [dict(zip(cols, r, strict=True)) for r in await cur.fetchall()]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Mapping
 from datetime import date, datetime
 from typing import Any, NamedTuple
 
@@ -156,20 +157,21 @@ async def ensure_entities(
 async def add_aliases(conn: AsyncConnection[Any], workspace_id: str, eid: str, aliases: list[str]) -> int:
     """Let the linker and name lookups find entity ``eid`` under each of ``aliases``; returns how
     many were new. Aliases without a word in them are skipped."""
-    rows = [(workspace_id, k, anchor_word(k), eid, a, any(c.isupper() for c in a))
-            for a in aliases if (k := match_key(a))]
+    return await _add_aliases_of(conn, workspace_id, [(eid, a) for a in aliases])
+
+
+async def _add_aliases_of(conn: AsyncConnection[Any], workspace_id: str, pairs: list[tuple[str, str]]) -> int:
+    """``add_aliases`` for (entity id, alias) pairs of any number of entities, in one statement."""
+    rows = [(k, anchor_word(k), eid, a, any(c.isupper() for c in a)) for eid, a in pairs if (k := match_key(a))]
     if not rows:
         return 0
-    added = 0
-    async with conn.cursor() as cur:
-        await cur.executemany(
-            "INSERT INTO entity_aliases (workspace_id, alias_key, anchor, entity_id, alias, cased)"
-            " VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING RETURNING 1", rows, returning=True)
-        while True:
-            added += len(await cur.fetchall())
-            if not cur.nextset():
-                break
-    return added
+    cur = await conn.execute(
+        """INSERT INTO entity_aliases (workspace_id, alias_key, anchor, entity_id, alias, cased)
+           SELECT %s, k, n, e, a, c FROM unnest(%s::text[], %s::text[], %s::text[], %s::text[], %s::boolean[])
+                                         AS x(k, n, e, a, c)
+           ON CONFLICT DO NOTHING""",
+        (workspace_id, *([r[i] for r in rows] for i in range(5))))
+    return cur.rowcount
 
 
 class LinkResult(NamedTuple):
@@ -246,8 +248,14 @@ async def add_triple(
     subject_type: str = "unknown", object_type: str = "unknown",
     source_drawer: str | None = None, source_episode: str | None = None,
     source_session: str | None = None, source_seq: int | None = None,
+    known: Mapping[str, str] | None = None,
 ) -> TripleAdded:
     """Record ``subject --predicate--> obj``, creating either entity when it does not exist.
+
+    ``known``: entity id → the id it answers for (itself, or its merge survivor), for entities the
+    caller has already created in this transaction (``record_extraction`` does so for a whole
+    session in one statement); when both ends are there, they are neither inserted nor looked up
+    again, which were three statements of each fact.
 
     ``valid_from`` defaults to when the statement was said: the source message's time (named by
     ``source_session``/``source_seq``, or the first sighting of ``source_drawer``), else the drawer's
@@ -278,9 +286,13 @@ async def add_triple(
     if vt is not None and vt < vf:
         raise KgError(f"valid_to {vt.isoformat()} is before valid_from {vf.isoformat()}")
 
-    created_entities = await ensure_entities(conn, workspace_id, [(s_name, subject_type), (o_name, object_type)])
     s0, o0 = entity_id(workspace_id, s_name), entity_id(workspace_id, o_name)
-    sid, oid = await _survivors(conn, workspace_id, s0, o0)
+    if known is not None and s0 in known and o0 in known and (subject_type, object_type) == ("unknown", "unknown"):
+        created_entities: dict[str, bool] = {s0: False, o0: False}
+        sid, oid = known[s0], known[o0]
+    else:
+        created_entities = await ensure_entities(conn, workspace_id, [(s_name, subject_type), (o_name, object_type)])
+        sid, oid = await _survivors(conn, workspace_id, s0, o0)
     key = {"ws": workspace_id, "s": sid, "p": pred, "o": oid, "vf": vf}
 
     # Already true at that time (said before, or replayed): the fact stands as it is.
@@ -452,8 +464,7 @@ async def record_extraction(
                SELECT %s, i, n, t FROM unnest(%s::text[], %s::text[], %s::text[]) AS e(i, n, t)
                ON CONFLICT (workspace_id, id) DO NOTHING RETURNING id""",
             (workspace_id, ids, [valid[i][0] for i in ids], types))
-        for (eid,) in await cur.fetchall():
-            await add_aliases(conn, workspace_id, eid, [valid[eid][0]])
+        await _add_aliases_of(conn, workspace_id, [(eid, valid[eid][0]) for (eid,) in await cur.fetchall()])
         # A plain UPDATE locks only the rows it changes (an upsert's DO UPDATE would lock every
         # existing one, and a speaker's entity is in every session of the workspace).
         await conn.execute(
@@ -465,6 +476,7 @@ async def record_extraction(
     # An entity merged by entity dedup answers for its survivor (a replayed extraction must not bring the
     # merged one's mentions back).
     survivor = await survivor_map(conn, workspace_id, sorted(valid))
+    known = {eid: survivor.get(eid, eid) for eid in valid}  # every valid entity exists now (inserted above)
     mentioned = {entity_id(workspace_id, n) for sg in sightings for n, _, _ in sg.entities} & set(valid)
     best: dict[tuple[str, str], float] = {}
     for sg in sightings:
@@ -496,7 +508,7 @@ async def record_extraction(
                 added = await add_triple(
                     conn, workspace_id, subj, pred, obj, valid_from=sg.said_at, confidence=conf,
                     source_drawer=sg.drawer_id, source_episode=episode_id, source_session=sg.session_id,
-                    source_seq=sg.seq)
+                    source_seq=sg.seq, known=known)
             except KgError as e:
                 skipped.append(f"triple ({subj[:40]!r}, {pred[:40]!r}, {obj[:40]!r}): {e}")
                 continue
@@ -542,7 +554,10 @@ async def record_extraction(
 async def refresh_entities(conn: AsyncConnection[Any], workspace_id: str, ids: list[str]) -> int:
     """Recompute mention_count and confidence (the mean of the extracted mentions) of these entities
     from their mention rows; returns how many changed. Rows that already agree are not touched, and
-    those that change are locked in id order, so two refreshes side by side cannot deadlock."""
+    those that change are locked in id order, so two refreshes side by side cannot deadlock. The lock
+    is FOR NO KEY UPDATE, what the UPDATE takes anyway: FOR UPDATE also blocked every insert of a
+    mention of these entities (the foreign key's FOR KEY SHARE check), in ingest's linker and in
+    other extractions, until this transaction ended."""
     if not ids:
         return 0
     cur = await conn.execute(
@@ -551,7 +566,7 @@ async def refresh_entities(conn: AsyncConnection[Any], workspace_id: str, ids: l
                 l AS (SELECT e.id FROM entities e JOIN m ON m.entity_id = e.id
                        WHERE e.workspace_id = %(ws)s AND e.id = ANY(%(ids)s)
                          AND (e.mention_count, e.confidence) IS DISTINCT FROM (m.n, m.c)
-                       ORDER BY e.id FOR UPDATE OF e)
+                       ORDER BY e.id FOR NO KEY UPDATE OF e)
            UPDATE entities e SET mention_count = m.n, confidence = m.c, updated_at = now()
              FROM l JOIN m ON m.entity_id = l.id
             WHERE e.workspace_id = %(ws)s AND e.id = l.id""",

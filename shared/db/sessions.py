@@ -7,7 +7,7 @@ from typing import Any
 from psycopg import AsyncConnection
 from psycopg.types.json import Jsonb
 
-from shared.memory.dedup import wording_bands
+from shared.memory.dedup import BANDS, wording_bands
 from shared.memory.filing import SessionPlan
 
 __all__ = ["store_session", "unembedded_drawer_ids"]
@@ -17,6 +17,8 @@ async def store_session(conn: AsyncConnection[Any], plan: SessionPlan) -> list[s
     """Upsert the raw session, its messages, its drawers (state raw) and their provenance.
 
     Idempotent: replaying the same plan changes nothing. Returns the ids of drawers newly created.
+    Each table gets one INSERT of arrays for the whole session: a statement per row (``executemany``)
+    cost the client a message per row and the server an execution per row.
     """
     e = plan.event
     ws = e.workspace_id
@@ -35,51 +37,66 @@ async def store_session(conn: AsyncConnection[Any], plan: SessionPlan) -> list[s
         (ws, e.session_id, e.event_id, e.agent_id, e.user_id, e.started_at, e.completed_at,
          Jsonb(e.metadata), len(plan.messages), plan.session_hash),
     )
-    async with conn.cursor() as cur:
+    if plan.messages:
+        ms = plan.messages
         # First write of a (session, seq) wins: a message, once stored, is never overwritten.
-        await cur.executemany(
+        await conn.execute(
             """
             INSERT INTO messages (workspace_id, session_id, seq, role, name, content, content_hash, created_at,
                                   metadata, is_noise)
-            VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
+            SELECT %s, %s, m.seq, m.role, m.name, m.content, m.content_hash, m.created_at, m.metadata, m.is_noise
+              FROM unnest(%s::integer[], %s::text[], %s::text[], %s::text[], %s::text[], %s::timestamptz[],
+                          %s::jsonb[], %s::boolean[])
+                   AS m(seq, role, name, content, content_hash, created_at, metadata, is_noise)
             ON CONFLICT (workspace_id, session_id, seq) DO NOTHING
             """,
-            [(ws, e.session_id, m.seq, m.role, m.name, m.content, m.content_hash, m.created_at,
-              Jsonb(m.metadata), m.is_noise) for m in plan.messages],
+            (ws, e.session_id, [m.seq for m in ms], [m.role for m in ms], [m.name for m in ms],
+             [m.content for m in ms], [m.content_hash for m in ms], [m.created_at for m in ms],
+             [Jsonb(m.metadata) for m in ms], [m.is_noise for m in ms]),
         )
-        created: list[str] = []
-        if plan.drawers:
-            await cur.executemany(
-                """
-                INSERT INTO drawers (workspace_id, id, content, content_hash, wing, room, hall, session_id,
-                                     seq, context, agent_id, user_id, role, speaker, occurred_at, metadata, dedup_bands)
-                VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
-                ON CONFLICT (workspace_id, id) DO NOTHING
-                RETURNING id
-                """,
-                [(ws, d.id, d.content, d.content_hash, d.wing, d.room or "general", d.hall, e.session_id,
-                  d.seq, d.context, e.agent_id, e.user_id, d.role, d.speaker, d.occurred_at, Jsonb(d.metadata),
-                  # Wording bands now, with the row: a later UPDATE of an indexed column would re-insert the
-                  # row into every index (the vector one included).
-                  wording_bands(ws, d.content))
-                 for d in plan.drawers],
-                returning=True,
-            )
-            while True:
-                row = await cur.fetchone()
-                if row:
-                    created.append(row[0])
-                if not cur.nextset():
-                    break
-            await cur.executemany(
-                """
-                INSERT INTO drawer_sources (workspace_id, drawer_id, session_id, seq, chunk_index, char_start, char_end)
-                VALUES (%s, %s, %s, %s, %s, %s, %s)
-                ON CONFLICT DO NOTHING
-                """,
-                [(ws, s.drawer_id, e.session_id, s.seq, s.chunk_index, s.char_start, s.char_end)
-                 for s in plan.sources],
-            )
+    if not plan.drawers:
+        return []
+    ds = plan.drawers
+    # Wording bands now, with the row: a later UPDATE of an indexed column would re-insert the row into
+    # every index (the vector one included). Drawer i's bands are the i-th run of BANDS values in one flat
+    # bigint[] (a 2-D array cannot hold them per row through unnest).
+    bands = [wording_bands(ws, d.content) for d in ds]
+    cur = await conn.execute(
+        """
+        INSERT INTO drawers (workspace_id, id, content, content_hash, wing, room, hall, session_id,
+                             seq, context, agent_id, user_id, role, speaker, occurred_at, metadata, dedup_bands)
+        SELECT %(ws)s, d.id, d.content, d.content_hash, d.wing, d.room, d.hall, %(session)s, d.seq, d.context,
+               %(agent)s, %(user)s, d.role, d.speaker, d.occurred_at, d.metadata,
+               (%(bands)s::bigint[])[(d.i - 1) * %(nb)s + 1 : d.i * %(nb)s]
+          FROM unnest(%(ids)s::text[], %(contents)s::text[], %(hashes)s::text[], %(wings)s::text[], %(rooms)s::text[],
+                      %(halls)s::text[], %(seqs)s::integer[], %(contexts)s::text[], %(roles)s::text[],
+                      %(speakers)s::text[], %(occurred)s::timestamptz[], %(metadata)s::jsonb[]) WITH ORDINALITY
+               AS d(id, content, content_hash, wing, room, hall, seq, context, role, speaker, occurred_at, metadata, i)
+        ON CONFLICT (workspace_id, id) DO NOTHING
+        RETURNING id
+        """,
+        {"ws": ws, "session": e.session_id, "agent": e.agent_id, "user": e.user_id,
+         "bands": [b for bs in bands for b in bs], "nb": BANDS,
+         "ids": [d.id for d in ds], "contents": [d.content for d in ds], "hashes": [d.content_hash for d in ds],
+         "wings": [d.wing for d in ds], "rooms": [d.room or "general" for d in ds], "halls": [d.hall for d in ds],
+         "seqs": [d.seq for d in ds], "contexts": [d.context for d in ds], "roles": [d.role for d in ds],
+         "speakers": [d.speaker for d in ds], "occurred": [d.occurred_at for d in ds],
+         "metadata": [Jsonb(d.metadata) for d in ds]},
+    )
+    created = [str(r[0]) for r in await cur.fetchall()]
+    if plan.sources:
+        ss = plan.sources
+        await conn.execute(
+            """
+            INSERT INTO drawer_sources (workspace_id, drawer_id, session_id, seq, chunk_index, char_start, char_end)
+            SELECT %s, s.drawer_id, %s, s.seq, s.chunk_index, s.char_start, s.char_end
+              FROM unnest(%s::text[], %s::integer[], %s::integer[], %s::integer[], %s::integer[])
+                   AS s(drawer_id, seq, chunk_index, char_start, char_end)
+            ON CONFLICT DO NOTHING
+            """,
+            (ws, e.session_id, [s.drawer_id for s in ss], [s.seq for s in ss], [s.chunk_index for s in ss],
+             [s.char_start for s in ss], [s.char_end for s in ss]),
+        )
     return created
 
 

@@ -32,6 +32,9 @@ class HeuristicConfig:
     """The compiled contents of a marker configuration."""
 
     markers: dict[str, list[re.Pattern[str]]]
+    # Each type's markers as one alternation: it matches somewhere exactly when one of them does, so a
+    # type none of whose markers occur costs one pass over the text instead of one per marker.
+    any_marker: dict[str, re.Pattern[str]]
     positive: re.Pattern[str]
     negative: re.Pattern[str]
     resolution: re.Pattern[str]
@@ -47,6 +50,7 @@ class HeuristicConfig:
             raise ValueError(f"markers must name exactly {MEMORY_TYPES}, got {sorted(markers)}")
         return cls(
             markers={t: [re.compile(p, re.IGNORECASE) for p in markers[t]] for t in MEMORY_TYPES},
+            any_marker={t: _rx(markers[t]) for t in MEMORY_TYPES},
             positive=_rx(raw["positive"]), negative=_rx(raw["negative"]),
             resolution=_rx(raw["resolution"]), emphasis=_rx(raw["emphasis"]),
             base_importance={t: float(raw["base_importance"][t]) for t in MEMORY_TYPES},
@@ -83,7 +87,8 @@ def classify(text: str, config: HeuristicConfig | None = None) -> Classification
         in [0, 5].
     """
     cfg = config or load_config()
-    scores = {t: float(sum(1 for rx in rxs if rx.search(text))) for t, rxs in cfg.markers.items()}
+    scores = {t: float(sum(1 for rx in rxs if rx.search(text))) if cfg.any_marker[t].search(text) else 0.0
+              for t, rxs in cfg.markers.items()}
     length_bonus = next((b for n, b in cfg.length_bonus if len(text) > n), 0.0)
     pos = len(cfg.positive.findall(text))
     neg = len(cfg.negative.findall(text))

@@ -179,7 +179,7 @@ def test_cluster_twins_come_from_the_wording_index_by_primary_key(stack: Stack, 
         conn.execute("SELECT set_config('palace.workspace_id', %s, false)", (big_workspace,))
         params = {"ws": big_workspace, "ids": ids, "embs": [emb] * len(ids), "bands": bands,
                   "nb": len(bands) // len(ids), "n": 5}
-        sql_ = TWINS_SQL.replace("%(embs)s::vector[]", "%(embs)s::text[]::vector[]")
+        sql_ = TWINS_SQL.replace("%(embs)b::vector[]", "%(embs)s::text[]::vector[]")
         plan = json.dumps(conn.execute("EXPLAIN (FORMAT JSON) " + sql_, params, prepare=False).fetchall()[0][0])
         assert conn.execute(sql_, params, prepare=False).fetchall() == []  # no embeddings here: runs, matches none
         conn.rollback()
@@ -202,7 +202,7 @@ def test_cluster_exact_neighbours_read_the_workspace_once_per_event(stack: Stack
         conn.execute("SELECT set_config('palace.workspace_id', %s, false)", (big_workspace,))
         params = {"ws": big_workspace, "ids": ids, "embs": [emb] * len(ids), "bands": bands,
                   "nb": len(bands) // len(ids), "n": 5}
-        sql_ = CANDIDATES_SQL.replace("%(embs)s::vector[]", "%(embs)s::text[]::vector[]")
+        sql_ = CANDIDATES_SQL.replace("%(embs)b::vector[]", "%(embs)s::text[]::vector[]")
         plan = conn.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + sql_, params, prepare=False).fetchall()[0][0]
         conn.rollback()
 
