@@ -6,20 +6,23 @@
    a short deadline-bounded statement before this one).
    Full text matches an OR of the query's lexemes, since ``plainto_tsquery``'s AND misses most
    paraphrases, and keeps the matches holding most of them (migration 0006: ``ts_rank_cd`` chose no
-   better and cost more a row); in workspaces over ``exact_max`` drawers a plain OR matches a large
-   share of the workspace, so it asks for the query's lexemes that are rare there (the workspace
-   lexicon that maintain keeps, migration 0037), or, when the query holds none, for two of its
-   lexemes together; and at most ``fts_scan_max`` matching rows are ranked, which bounds the tail. It
-   goes through a security-definer function, so the GIN index serves it under row-level security, and
-   that index knows the workspace (migration 0036). Nearest neighbours come from the workspace's own
-   HNSW index once it has one (``shared/db/vector_indexes.py``, migration 0019: pgvector 0.6 filters a
-   shared index only after its walk, so a tenant in a big table would get a handful of its own
-   neighbours), else from an exact scan of the workspace (``+ 0`` keeps the planner off any index); a
-   workspace of at most ``fts_scan_max`` drawers finds its full-text matches in that same pass over its
-   rows (``_SCAN``) instead of through the function. The
-   statement runs unprepared, so it is planned with the workspace as a value and the partial index's
-   predicate matches. The exact scan is cheap only because embeddings stay inline in the heap
-   (migration 0004): TOASTed, each distance paid a TOAST fetch and 679 of them took 3.8 ms, 0.8 inline.
+   better and cost more a row). A workspace searched exactly (at most ``exact_max`` drawers and no index
+   of its own) finds its full-text matches in the same pass over its rows that finds its nearest
+   neighbours (``_SCAN``), and ranks every match. Otherwise the matches come through a
+   security-definer function, so the GIN index serves them under row-level security, and that index
+   knows the workspace (migration 0036); at most ``fts_scan_max`` matching rows are ranked, which
+   bounds the tail, and the rows past that bound are whichever the scan met last, not the worst. So
+   once a workspace holds more than ``fts_scan_max`` drawers the function asks for the query's
+   lexemes that are rare there (the workspace lexicon that maintain keeps, migration 0037), or, when
+   the query holds none, for two of its lexemes together: a plain OR of common words would match most
+   of the workspace, and the one drawer holding the query's rare word could be cut. Nearest
+   neighbours come from the workspace's own HNSW index once it has one
+   (``shared/db/vector_indexes.py``, migration 0019: pgvector 0.6 filters a shared index only after
+   its walk, so a tenant in a big table would get a handful of its own neighbours), else from an
+   exact scan of the workspace (``+ 0`` keeps the planner off any index). The statement runs
+   unprepared, so it is planned with the workspace as a value and the partial index's predicate
+   matches. The exact scan is cheap only because embeddings stay inline in the heap (migration 0004):
+   TOASTed, each distance paid a TOAST fetch and 679 of them took 3.8 ms, 0.8 inline.
 2. Features: per candidate its cosine, its ``tsv`` (content and speaker lexemes), session position,
    importance, age, whether it lies in a window, and the columns a hit shows, all in the same round
    trip; shared/memory/ranking.py scores them (~1 ms for ~200 candidates, where the same arithmetic
@@ -132,18 +135,18 @@ _ANN_HNSW = """, ann_hnsw AS (
      ORDER BY d.embedding <=> %(emb)s::vector
      LIMIT %(n_ann)s
 )"""
-# A workspace of at most ``fts_scan_max`` drawers searched exactly: both candidate lists from one pass over
-# its rows. The exact nearest-neighbour scan reads every row anyway, so the full-text match is tested on
-# the same rows instead of a GIN lookup and a second visit to each match; every match is ranked, as the
-# function does when the workspace holds fewer than ``fts_scan_max`` of them, in the same order.
+# A workspace searched exactly (``scan``): both candidate lists from one pass over its rows. The exact
+# nearest-neighbour scan reads every row anyway, so the full-text match is tested on the same rows
+# instead of a GIN lookup and a second visit to each match; every match is ranked, in the function's
+# order (the function stops after ``fts_scan_max`` matches, in whatever order the scan met them).
 _SCAN = """, ws_rows AS MATERIALIZED (
     SELECT d.id, d.embedding <=> %(emb)s::vector AS dist, length(d.tsv) AS len,
            CASE WHEN d.tsv @@ (SELECT tsq FROM q)
                 THEN length(d.tsv) - length(ts_delete(d.tsv, ARRAY(SELECT l FROM lex))) END AS matched
       FROM drawers d
-     WHERE %(use_ann)s AND NOT %(hnsw)s AND d.workspace_id = %(ws)s AND d.deleted_at IS NULL AND d.state <> 'merged'
+     WHERE %(scan)s AND d.workspace_id = %(ws)s AND d.deleted_at IS NULL AND d.state <> 'merged'
 ), ann_exact AS (
-    SELECT id FROM ws_rows WHERE dist IS NOT NULL ORDER BY dist LIMIT %(n_ann)s
+    SELECT id FROM ws_rows WHERE %(use_ann)s AND dist IS NOT NULL ORDER BY dist LIMIT %(n_ann)s
 ), fts AS (
     SELECT id FROM ws_rows WHERE matched IS NOT NULL ORDER BY matched DESC, len, id LIMIT %(n_fts)s
 )"""
@@ -185,7 +188,8 @@ def statement(ann: str = "both", dated: bool = True, graph: bool = True) -> str:
     gives or left some. Why: the statement is planned on every search (it runs unprepared, so that the
     partial vector index matches), and a branch whose guard is false is still planned, with every index
     of the drawers table considered for it. Each branch keeps its guard, so the full statement
-    (``_SQL``) returns the same rows as any variant given the parameters that variant is chosen for."""
+    (``_SQL``) returns the same rows as any variant given the parameters that variant is chosen for, except
+    that "scan" ranks every full-text match where the function ranks the first ``fts_scan_max``."""
     parts = [_LEX, _SCAN if ann == "scan" else _FTS]
     if dated:
         parts.append(_W)
@@ -214,9 +218,10 @@ def _candidate_params(workspace_id: str, query: str, embedding: np.ndarray | Non
     return {
         "graph_ids": graph_ids,
         "text": query, "emb": embedding, "use_ann": embedding is not None, "ws": workspace_id,
-        "exact": workspace_size is not None and workspace_size <= params.exact_max,
-        # Exact search over few enough rows that every full-text match is ranked: one pass (``_SCAN``).
-        "scan": workspace_size is not None and workspace_size <= min(params.fts_scan_max, params.exact_max),
+        # A plain OR of the query's lexemes: its matches cannot outnumber what the function ranks.
+        "exact": workspace_size is not None and workspace_size <= params.fts_scan_max,
+        # Searched exactly: one pass over the workspace finds both candidate lists (``_SCAN``).
+        "scan": not vector_index and workspace_size is not None and workspace_size <= params.exact_max,
         "hnsw": vector_index, "max_terms": params.max_terms,
         "n_ann": params.ann_candidates, "n_fts": params.fts_candidates, "fts_scan": params.fts_scan_max,
         "n_date": params.date_candidates if windows else 0,
@@ -227,7 +232,7 @@ def _candidate_params(workspace_id: str, query: str, embedding: np.ndarray | Non
 
 def _statement_for(cand: dict[str, Any], *, lookup_sent: bool) -> str:
     """The variant of the candidate statement these parameters need (``statement``)."""
-    ann = "none" if not cand["use_ann"] else "hnsw" if cand["hnsw"] else "scan" if cand["scan"] else "exact"
+    ann = "scan" if cand["scan"] else "none" if not cand["use_ann"] else "hnsw" if cand["hnsw"] else "exact"
     return statement(ann, cand["n_date"] > 0, lookup_sent or bool(cand["graph_ids"]))
 
 
@@ -290,8 +295,9 @@ async def hybrid_search(
         query: the query text (full text, the speaker signal and time windows).
         embedding: the query's embedding, or None to search without it (embedder down).
         params: candidate counts and fusion weights.
-        workspace_size: live drawers in the workspace, if known: over ``params.exact_max`` the full-text
-            candidates need two of the query's lexemes together.
+        workspace_size: live drawers in the workspace, if known: at most ``params.exact_max`` and no
+            ``vector_index``, one pass over the workspace finds every candidate; over ``params.fts_scan_max``
+            the full-text candidates need the query's rare lexemes, or two of its lexemes together.
         vector_index: the workspace's own HNSW index is ready (else an exact nearest-neighbour scan).
         now: the reference time of relative expressions ("yesterday"); default the current time.
     """
