@@ -20,7 +20,7 @@ from shared.adapters.space_embedder import pinned
 from shared.db.episodes import search_episodes, session_drawers
 from shared.db.search import SearchHit, SearchParams, hybrid_search, workspace_size
 from shared.db.tenancy import workspace_tx
-from shared.db.vector_indexes import request_vector_index, vector_index_ready
+from shared.db.vector_indexes import vector_index_for
 from shared.logging import get_logger
 from shared.memory.citations import cite
 from shared.memory.ranking import RankParams
@@ -154,10 +154,8 @@ class Recaller:
         if cached is None or time.monotonic() - cached[2] > self.size_ttl_s:
             async with workspace_tx(self.pool, workspace_id) as conn:
                 size = await workspace_size(conn, workspace_id, max(self.params.exact_max, self.vector_index_min) + 1)
-                ready = await vector_index_ready(conn, workspace_id)
-                if not ready and size > self.vector_index_min:
-                    # Exact scans until maintain has built the workspace's own index.
-                    await request_vector_index(conn, workspace_id, size)
+                # Exact scans until maintain has built the workspace's own index.
+                ready = await vector_index_for(conn, workspace_id, size, self.vector_index_min)
             cached = (size, ready, time.monotonic())
             self._sizes[workspace_id] = cached
         # The search scopes its own transaction to the workspace, all in one round trip (hybrid_search).

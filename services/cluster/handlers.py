@@ -23,8 +23,9 @@ from shared.db.drawers import (
 from shared.db.entity_dedup import key_entities_span
 from shared.db.episodes import existing_drawers
 from shared.db.forget import lock_for_write
+from shared.db.search import workspace_size
 from shared.db.tenancy import maintenance_tx, workspace_tx
-from shared.db.vector_indexes import vector_index_ready
+from shared.db.vector_indexes import vector_index_for
 from shared.events import DrawerClassified, EntityUpserted
 from shared.kg_dedup import dedup_entities
 from shared.logging import get_logger
@@ -47,13 +48,15 @@ def register(deps: Deps) -> None:
     indexed_at: dict[str, tuple[float, bool]] = {}
 
     async def has_index(conn: Any, ws: str) -> bool:
-        """Whether the workspace's own HNSW index is ready (asked at most once a minute per workspace)."""
+        """Whether the workspace's own HNSW index is ready, asking maintain for one once the workspace
+        outgrows exact scans (at most once a minute per workspace)."""
         now = time.monotonic()
         hit = indexed_at.get(ws)
         if hit is None or now - hit[0] > _INDEX_CHECK_S:
             if len(indexed_at) > 10_000:
                 indexed_at.clear()
-            hit = indexed_at[ws] = (now, await vector_index_ready(conn, ws))
+            size = await workspace_size(conn, ws, s.vector_index_min_drawers + 1)
+            hit = indexed_at[ws] = (now, await vector_index_for(conn, ws, size, s.vector_index_min_drawers))
         return hit[1]
 
     async def verdict(older: str, newer: str, usage: list[Usage]) -> contradiction.Verdict:

@@ -1,5 +1,6 @@
-"""Per-workspace HNSW indexes (migration 0019): requested by search when a workspace outgrows exact
-scans, built concurrently by maintain, used by search once ready.
+"""Per-workspace HNSW indexes (migration 0019): requested by the stages that rank a workspace's nearest
+neighbours (search and cluster) when it outgrows exact scans, built concurrently by maintain, used by
+both once ready.
 
 Why per workspace: pgvector 0.6 applies the ``workspace_id`` filter after its graph walk, so a shared
 index returns mostly other tenants' neighbours. A partial index (``WHERE workspace_id = '…'``) walks one
@@ -15,7 +16,7 @@ from typing import Any
 import psycopg
 from psycopg import AsyncConnection, sql
 
-__all__ = ["build_vector_index", "drop_vector_index", "index_name_for", "request_vector_index",
+__all__ = ["build_vector_index", "drop_vector_index", "index_name_for", "request_vector_index", "vector_index_for",
            "vector_index_left", "vector_index_ready", "wanted_vector_indexes"]
 
 
@@ -28,6 +29,17 @@ async def vector_index_ready(conn: AsyncConnection[Any], workspace_id: str) -> b
     cur = await conn.execute("SELECT state = 'ready' FROM vector_indexes WHERE workspace_id = %s", (workspace_id,))
     row = await cur.fetchone()
     return bool(row and row[0])
+
+
+async def vector_index_for(conn: AsyncConnection[Any], workspace_id: str, drawers: int, min_drawers: int) -> bool:
+    """Whether the workspace's own index is ready; when it is not and the workspace holds more than
+    ``min_drawers`` live drawers (``drawers``, counted up to past that), asks maintain for one. Every
+    stage that ranks neighbours asks, not search alone: a workspace written to but never searched
+    would otherwise be scanned exactly by cluster for every event, at a cost growing with it."""
+    ready = await vector_index_ready(conn, workspace_id)
+    if not ready and drawers > min_drawers:
+        await request_vector_index(conn, workspace_id, drawers)
+    return ready
 
 
 async def request_vector_index(conn: AsyncConnection[Any], workspace_id: str, drawers: int) -> None:

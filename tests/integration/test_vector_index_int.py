@@ -16,7 +16,7 @@ from shared.db.pool import open_pool
 from shared.db.search import _SQL, SearchParams, hybrid_search
 from shared.db.vector_indexes import index_name_for
 from shared.recall import Recaller
-from tests.integration.helpers import Stack, wait_for, ws
+from tests.integration.helpers import Stack, session, wait_for, ws
 
 pytestmark = pytest.mark.integration
 
@@ -103,3 +103,24 @@ def test_a_growing_workspace_gets_its_own_index_and_search_uses_it(stack: Stack)
     # The same best hit, scored the same. Past it the drawers tie on score here, and the candidate sets
     # differ (the walk's neighbours, the rare word's drawers), so which of them show may differ.
     assert indexed[0] == exact[0]
+
+
+def test_a_workspace_written_but_never_searched_gets_its_index_from_cluster(stack: Stack) -> None:
+    """cluster ranks every new drawer's neighbours in its workspace: exactly, with one scan of it per event,
+    until the workspace has an index. Search was the only stage asking for one, so a workspace nobody
+    searched was scanned per event for ever. Now cluster asks too, once the workspace is past
+    PALACE_VECTOR_INDEX_MIN_DRAWERS."""
+    w = ws()
+    past = stack.settings.vector_index_min_drawers + 1
+    # Drawers without embeddings: they count towards the size, and the index maintain then builds over
+    # them is empty (cheap, beside the other tests).
+    with psycopg.connect(stack.database_url, autocommit=True) as conn:
+        conn.execute("""INSERT INTO drawers (workspace_id, id, content, content_hash, state, dedup_bands)
+                        SELECT %s, md5(%s || g), 'old note ' || g, md5(%s || g), 'processed', '{}'
+                          FROM generate_series(1, %s) g""", (w, w, w, past))
+    stack.publish(session(w, "s1", ["The deploy pipeline now runs the database migrations before the canary."]))
+    stack.wait_processed(w, past + 1)
+    wait_for(lambda: stack.sql("SELECT state FROM vector_indexes WHERE workspace_id = %s", (w,)) != [], 60,
+             "cluster to ask for the workspace's index")
+    assert stack.sql("SELECT drawers > %s FROM vector_indexes WHERE workspace_id = %s",
+                     (stack.settings.vector_index_min_drawers, w))[0][0]
