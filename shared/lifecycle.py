@@ -14,8 +14,8 @@ import time
 from collections import defaultdict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from faststream.nats import NatsBroker
 from nats.js.errors import NotFoundError
 from psycopg_pool import AsyncConnectionPool
 
@@ -24,6 +24,9 @@ from shared.db import lifecycle as sql
 from shared.db.maintenance import fail_exhausted, stuck_drawers, take_lease
 from shared.db.tenancy import maintenance_tx
 from shared.logging import get_logger
+
+if TYPE_CHECKING:  # the CLI imports this module for its job names; faststream is most of its import time
+    from faststream.nats import NatsBroker
 
 __all__ = ["JOBS", "Job", "JobRun", "LeaseLost", "restore", "run_job"]
 
