@@ -114,8 +114,8 @@ class Settings(BaseSettings):
     heuristic_high: float = Field(0.8, description="Classifier confidence trusted without further tiers.")
     heuristic_low: float = Field(0.5, description="Below high and above this, the centroid tier may decide.")
     vector_index_min_drawers: int = Field(
-        5_000, description="A workspace with more live drawers than this gets an HNSW index of its own (built by "
-        "maintain, used by search once ready); smaller ones are searched exactly.",
+        5_000, description="A workspace with more live drawers than this gets an HNSW index of its own (asked for by "
+        "search or cluster, built by maintain, used by both once ready); smaller ones are searched exactly.",
     )
     lexicon_common_share: float = Field(
         0.01, gt=0, lt=1, description="In a workspace past exact search, a word found in at least this share of its "

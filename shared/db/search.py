@@ -74,10 +74,11 @@ class SearchParams:
 
     @classmethod
     def from_settings(cls, settings: Settings) -> SearchParams:
-        """The defaults, with the embedding model's cosine band and the graph signal's deadline from the
-        settings."""
+        """The defaults, with the embedding model's cosine band, the graph signal's deadline and the size
+        searched exactly (the one past which a workspace gets its own vector index) from the settings."""
         return cls(rank=RankParams(cos_floor=settings.recall_cos_floor, cos_ceiling=settings.recall_cos_ceiling),
-                   graph=GraphParams(timeout_ms=settings.recall_graph_timeout_ms))
+                   graph=GraphParams(timeout_ms=settings.recall_graph_timeout_ms),
+                   exact_max=settings.vector_index_min_drawers)
 
 
 @dataclass(frozen=True)
