@@ -25,7 +25,9 @@ import numpy as np
 from rich.console import Console
 
 REPO = Path(__file__).resolve().parents[1]
-BENCH_STACK = REPO / ".devstack-bench"
+# The benches' embedded stack; PALACE_BENCH_STACK (relative to the repository) gives one bench a directory of
+# its own, as bench/pipeline.py does.
+BENCH_STACK = REPO / os.environ.get("PALACE_BENCH_STACK", ".devstack-bench")
 RESULTS = REPO / "bench" / "results"
 CACHE = RESULTS / ".cache"
 LOCOMO_DEV = Path(os.environ.get("PALACE_BENCH_LOCOMO", REPO.parent / "shared" / "bench" / "locomo-dev.json"))

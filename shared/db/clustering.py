@@ -98,6 +98,9 @@ INDEXED_CANDIDATES_SQL = _EVENT + _TWINS + "UNION ALL" + _NEIGHBOURS
 # The work table holds a row per drawer of the workspace (its vector is most of it): room for it in
 # memory, for this transaction only, instead of a temporary file written and read back every event.
 _SCAN_WORK_MEM = "64MB"
+# How wide each neighbour walk searches. The pool's connections search at 200 for search's 100
+# candidates; the walk here needs ``limit`` (5), and its cost grows with the width: pgvector's default.
+_WALK_EF = 40
 
 
 @dataclass
@@ -121,7 +124,10 @@ async def cluster_candidates(
     nb = len(drawers[0][2])
     if any(len(b) != nb for _, _, b in drawers):
         raise ValueError("every drawer needs the same number of wording bands")
-    if not indexed:
+    # Both settings for this transaction only.
+    if indexed:
+        await conn.execute("SELECT set_config('hnsw.ef_search', %s, true)", (str(max(_WALK_EF, 8 * limit)),))
+    else:
         await conn.execute("SELECT set_config('work_mem', %s, true)", (_SCAN_WORK_MEM,))
     cur = await conn.execute(INDEXED_CANDIDATES_SQL if indexed else CANDIDATES_SQL, {
         "ws": workspace_id, "ids": [d for d, _, _ in drawers], "embs": [e for _, e, _ in drawers],
