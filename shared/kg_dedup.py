@@ -50,14 +50,20 @@ async def dedup_entities(pool: AsyncConnectionPool, workspace_id: str, entity_id
                    for a, b in await sql.candidates_of(conn, workspace_id, live)]
         apart = await sql.kept_apart_pairs(conn, workspace_id,
                                            [(a.id, b.id) for a, b, d in decided if d.action != "none"])
+        flags = []
         for a, b, d in decided:
-            if d.action != "none" and tuple(sorted((a.id, b.id))) in apart:
+            pair = tuple(sorted((a.id, b.id)))
+            if d.action != "none" and pair in apart:
                 continue  # an operator (or a revert) said these are different
             if d.action == "flag":
-                await sql.flag_pair(conn, workspace_id, a.id, b.id, d)
-                flagged += 1
+                flags.append((pair, d))
             elif d.action == "merge":
                 merges.append(d)
+        # In one order, the pairs': two events naming the same look-alikes (extractions running side by
+        # side) otherwise upserted the same flags in different orders and deadlocked on them.
+        for (lo, hi), d in sorted(flags, key=lambda f: f[0]):
+            await sql.flag_pair(conn, workspace_id, lo, hi, d)
+            flagged += 1
     done = []
     for d in merges:
         async with workspace_tx(pool, workspace_id) as conn:
