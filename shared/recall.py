@@ -17,8 +17,9 @@ from psycopg_pool import AsyncConnectionPool
 
 from shared.access import access_log
 from shared.adapters.space_embedder import pinned
+from shared.db.drawers import workspace_size
 from shared.db.episodes import search_episodes, session_drawers
-from shared.db.search import SearchHit, SearchParams, hybrid_search, workspace_size
+from shared.db.search import SearchHit, SearchParams, hybrid_search
 from shared.db.tenancy import workspace_tx
 from shared.db.vector_indexes import vector_index_for
 from shared.logging import get_logger

@@ -19,11 +19,11 @@ from shared.db.drawers import (
     drawers_by_id,
     drawers_missing_bands,
     set_dedup_bands,
+    workspace_size,
 )
 from shared.db.entity_dedup import key_entities_span
 from shared.db.episodes import existing_drawers
 from shared.db.forget import lock_for_write
-from shared.db.search import workspace_size
 from shared.db.tenancy import maintenance_tx, workspace_tx
 from shared.db.vector_indexes import vector_index_for
 from shared.events import DrawerClassified, EntityUpserted

@@ -29,6 +29,7 @@ __all__ = [
     "save_classifications",
     "save_embeddings",
     "set_dedup_bands",
+    "workspace_size",
 ]
 
 
@@ -299,3 +300,14 @@ async def drawers_missing_bands(conn: AsyncConnection[Any], limit: int) -> list[
         (limit,),
     )
     return [(r[0], r[1], r[2]) for r in await cur.fetchall()]
+
+
+async def workspace_size(conn: AsyncConnection[Any], workspace_id: str, cap: int) -> int:
+    """Live drawers in a workspace, counted up to ``cap`` (an index-only scan of at most ``cap`` rows):
+    search and cluster only ask whether the workspace is past a threshold, so the count must not grow
+    with it."""
+    cur = await conn.execute(
+        "SELECT count(*) FROM (SELECT 1 FROM drawers WHERE workspace_id = %s AND deleted_at IS NULL LIMIT %s) x",
+        (workspace_id, cap))
+    row = await cur.fetchone()
+    return int(row[0]) if row else 0

@@ -46,6 +46,7 @@ import psycopg
 from psycopg import AsyncConnection
 
 from shared.config import Settings
+from shared.db.drawers import workspace_size as live_drawers  # the name of an argument below
 from shared.db.graph_recall import EXECUTE as GRAPH_EXECUTE
 from shared.db.graph_recall import PREPARED_NAME, graph_params, graph_rows, prepare_statement
 from shared.logging import get_logger
@@ -55,7 +56,7 @@ from shared.memory.ranking import Candidate, Explanation, Ranked, RankParams, ra
 from shared.memory.timeexpr import date_windows
 from shared.metrics import SEARCH_SECONDS
 
-__all__ = ["SearchHit", "SearchParams", "candidates", "hybrid_search", "workspace_size"]
+__all__ = ["SearchHit", "SearchParams", "candidates", "hybrid_search"]
 
 log = get_logger("palace.recall")
 
@@ -311,7 +312,7 @@ async def hybrid_search(
     if with_graph and size is None:
         # The graph weighs an entity by its rarity among the workspace's drawers; a count capped at the
         # search's thresholds (what Recaller passes) only understates how rare it is.
-        size = await _live_drawers(conn, workspace_id, 100_000)
+        size = await live_drawers(conn, workspace_id, 100_000)
     cand = _candidate_params(workspace_id, query, embedding, windows, params, workspace_size, vector_index, None)
     graph_args = graph_params(workspace_id, names, size or 0, params.graph) if with_graph and names else None
     t0 = time.perf_counter()
@@ -439,17 +440,3 @@ async def _send(conn: AsyncConnection[Any], cand: dict[str, Any], graph_args: di
             _graph_prepared.add(conn)
     # results: the scope's row, the probe's (when sent), the graph lookup's rows (when sent), the candidates.
     return (graph_rows(results[1]) if graph_args is not None else []), results[-1]
-
-
-async def workspace_size(conn: AsyncConnection[Any], workspace_id: str, cap: int) -> int:
-    """Live drawers in a workspace, counted up to ``cap`` (an index-only scan of at most ``cap`` rows):
-    search only asks whether the workspace is past its thresholds, so the count must not grow with it."""
-    return await _live_drawers(conn, workspace_id, cap)
-
-
-async def _live_drawers(conn: AsyncConnection[Any], workspace_id: str, cap: int) -> int:
-    cur = await conn.execute(
-        "SELECT count(*) FROM (SELECT 1 FROM drawers WHERE workspace_id = %s AND deleted_at IS NULL LIMIT %s) x",
-        (workspace_id, cap))
-    row = await cur.fetchone()
-    return int(row[0]) if row else 0
