@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 import httpx
 import nats
 import psycopg
+from psycopg import sql
 
 from palace_dev.supervisor import Supervisor
 from shared.config import Settings
@@ -113,3 +114,18 @@ def session(workspace: str, session_id: str, texts: list[str], **kw: Any) -> dic
             "messages": [{"role": "user" if i % 2 == 0 else "assistant", "content": t,
                           "created_at": "2026-11-01T10:00:00Z"} for i, t in enumerate(texts)],
             "started_at": "2026-11-01T10:00:00Z", "completed_at": "2026-11-01T10:30:00Z", "metadata": {}, **kw}
+
+
+def analyze(conn: psycopg.Connection[Any], table: str) -> None:
+    """``ANALYZE table`` in a savepoint (or its own transaction), run again when it loses a deadlock to an
+    index maintain is building concurrently: ``CREATE INDEX CONCURRENTLY`` waits for the transactions
+    older than it, and ANALYZE for the lock the build holds. Benign, and what an operator would do."""
+    for attempt in range(5):
+        try:
+            with conn.transaction():
+                conn.execute(sql.SQL("ANALYZE {}").format(sql.Identifier(table)))
+            return
+        except psycopg.errors.DeadlockDetected:
+            if attempt == 4:
+                raise
+            time.sleep(0.5)

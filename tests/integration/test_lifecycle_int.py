@@ -16,7 +16,7 @@ import pytest
 from shared.config import Settings
 from shared.db.pool import open_pool
 from shared.lifecycle import JOBS, restore, run_job
-from tests.integration.helpers import Stack, wait_for, ws
+from tests.integration.helpers import Stack, analyze, wait_for, ws
 
 DIM = 384
 
@@ -267,8 +267,8 @@ def big_workspace(stack: Stack) -> str:
         conn.execute("""INSERT INTO episodes (workspace_id, id, session_id, summary, abstract, expires_at)
                         SELECT %s, 'e' || g, 's' || g, 's', 'a', now() + make_interval(days => g %% 100 - 5)
                           FROM generate_series(1, 20000) g""", (w,))
-        conn.execute("ANALYZE drawers")
-        conn.execute("ANALYZE episodes")
+        analyze(conn, "drawers")
+        analyze(conn, "episodes")
     return w
 
 

@@ -25,7 +25,7 @@ import uvicorn
 from services.api.app import create_app
 from shared.config import Settings
 from shared.memory.citations import cite
-from tests.integration.helpers import Stack, api_key_for, session, wait_for, ws
+from tests.integration.helpers import Stack, analyze, api_key_for, session, wait_for, ws
 
 pytestmark = pytest.mark.integration
 
@@ -297,7 +297,7 @@ def test_room_pages_use_their_index(stack: Stack) -> None:
             "        now() - g * interval '1 second' FROM generate_series(1, 5000) g", (w,))
         # Statistics that see the room, inside this transaction: pg_statistic is transactional, so the
         # rollback below takes them away again with the rows.
-        conn.execute("ANALYZE drawers")
+        analyze(conn, "drawers")
         page = ("EXPLAIN SELECT id, content FROM drawers WHERE workspace_id = %s AND wing = 'big' AND room = 'hall'"
                 " AND deleted_at IS NULL AND state <> 'merged' {} ORDER BY filed_at DESC, id DESC LIMIT 26")
         for keyset in ("", "AND (filed_at, id) < (now() - interval '100 seconds', 'zz')"):

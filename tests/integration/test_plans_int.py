@@ -12,7 +12,7 @@ from psycopg import sql
 
 from shared.db.drawers import OLDER_TWINS_SQL
 from shared.memory.dedup import wording_bands
-from tests.integration.helpers import Stack, ws
+from tests.integration.helpers import Stack, analyze, ws
 
 pytestmark = pytest.mark.integration
 
@@ -33,7 +33,7 @@ def big_workspace(stack: Stack) -> str:
                  FROM generate_series(1, %s) g""",
             (w, N),
         )
-        conn.execute("ANALYZE drawers")
+        analyze(conn, "drawers")
     return w
 
 
@@ -236,7 +236,7 @@ def test_a_small_exact_workspace_finds_both_candidate_lists_in_one_pass(stack: S
                VALUES (%s, md5(%s), %s, md5(%s), 'processed', %s::vector)""",
             [(w, f"{w}{i}", text, text, "[" + ",".join(f"{x:.5f}" for x in vecs[i]) + "]")
              for i in range(n) for text in [f"note {i}: " + " ".join(words[j] for j in range(10) if (i >> j) & 1)]])
-        cur.execute("ANALYZE drawers")
+        analyze(conn, "drawers")
     with psycopg.connect(stack.database_url) as conn:
         conn.execute("SET ROLE palace_app")
         conn.execute("SELECT set_config('palace.workspace_id', %s, false)", (w,))

@@ -16,7 +16,7 @@ from shared.db.pool import open_pool
 from shared.db.search import _SQL, SearchParams, hybrid_search
 from shared.db.vector_indexes import index_name_for
 from shared.recall import Recaller
-from tests.integration.helpers import Stack, session, wait_for, ws
+from tests.integration.helpers import Stack, analyze, session, wait_for, ws
 
 pytestmark = pytest.mark.integration
 
@@ -36,7 +36,7 @@ def _seed(stack: Stack, workspace: str) -> list[str]:
             [(workspace, t, t, t, "[" + ",".join(f"{x:.6f}" for x in v) + "]")
              for t, v in zip(texts, vecs, strict=True)],
         )
-        cur.execute("ANALYZE drawers")
+        analyze(conn, "drawers")
     return texts
 
 
@@ -124,3 +124,7 @@ def test_a_workspace_written_but_never_searched_gets_its_index_from_cluster(stac
              "cluster to ask for the workspace's index")
     assert stack.sql("SELECT drawers > %s FROM vector_indexes WHERE workspace_id = %s",
                      (stack.settings.vector_index_min_drawers, w))[0][0]
+    # Built before the next test starts: a concurrent index build and another test's ANALYZE of the
+    # drawers table can deadlock.
+    wait_for(lambda: stack.sql("SELECT state FROM vector_indexes WHERE workspace_id = %s", (w,))[0][0] == "ready",
+             120, "maintain to build it")
