@@ -556,6 +556,37 @@ async def diagnostics(database_url: str, workspace: str, qs: list[tuple[str, np.
             "bare_recall_at_k": float(np.mean(recall))}
 
 
+async def agreement(pool: Any, embedder: Embedder, vectors: dict[str, np.ndarray], workspace: str, k: int,
+                    queries: list[str]) -> dict[str, Any]:
+    """How much of what search returns an exhaustive search would return too: the top k of
+    ``Recaller.search`` (the workspace's HNSW walk, full-text candidates from its rare words or the pairs
+    of its rarest ones, at most ``fts_scan_max`` matches ranked) against the same ranking over exact
+    candidates (every drawer's distance, every full-text match of an OR of the query's lexemes ranked):
+    the recall@k of the shortcuts a large workspace takes, which ANN recall alone does not show."""
+    from shared.db.search import SearchParams, hybrid_search
+    from shared.recall import Recaller
+
+    fast = Recaller(pool, Precomputed(embedder, vectors), touch=False, cache_size=0)
+    size = await _count(pool, workspace)
+    exhaustive = SearchParams(k=k, exact_max=10**9, fts_scan_max=10**9)
+    shares = []
+    for q in queries:
+        got = {h.id for h in await fast.search(workspace, q, k)}
+        async with pool.connection() as conn:
+            want = {h.id for h in await hybrid_search(conn, workspace, q, vectors[q], exhaustive,
+                                                      workspace_size=size, vector_index=False)}
+        shares.append(len(got & want) / max(1, len(want)))
+    return {"queries": len(queries), "top_k_vs_exhaustive": float(np.mean(shares)),
+            "top_k_vs_exhaustive_min": float(np.min(shares))}
+
+
+async def _count(pool: Any, workspace: str) -> int:
+    async with workspace_tx(pool, workspace) as conn:
+        row = await (await conn.execute("SELECT count(*) FROM drawers WHERE workspace_id = %s"
+                                        " AND deleted_at IS NULL AND state <> 'merged'", (workspace,))).fetchone()
+    return int(row[0]) if row else 0
+
+
 async def measure(pool: Any, embedder: Embedder, vectors: dict[str, np.ndarray], workspace: str, k: int,
                   warm: list[str], timed: list[str], ref: RefPath | None = None,
                   ) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
@@ -763,6 +794,7 @@ async def run(args: argparse.Namespace, settings: Settings, database_url: str) -
                                   markup=False, highlight=False)
                 diag = await diagnostics(database_url, ws, [(q, vectors[q]) for q in timed[: args.diag_queries]],
                                          args.k, SearchParams().ann_candidates, ef_search)
+                diag.update(await agreement(pool, embedder, vectors, ws, args.k, timed[: args.diag_queries]))
                 times, cpu = await measure(pool, embedder, vectors, ws, args.k, warm, timed, ref)
                 stats = {m: percentiles(t) for m, t in times.items()}
                 sizes[str(size)] = {
@@ -901,14 +933,16 @@ def _run(args: argparse.Namespace) -> None:
                           f"{ra['ref_over_bare_p50']:.2f} / {lat_ratio(r, REF)} at {res['compare']}")
     d = Table(title="context (untimed)")
     for col in ("drawers", "load s (mode)", "HNSW rows / asked", "rows matching OR of lexemes (mean / max)",
-                "bare recall@k vs exact", "search SQL uses HNSW"):
+                "bare recall@k vs exact", "search top k vs exhaustive (mean / min)", "search SQL uses HNSW"):
         d.add_column(col, justify="right")
     for size, r in res["sizes"].items():
         g, ld = r["diagnostics"], r["load"]
         d.add_row(f"{int(size):,}", f"{ld['total_s']:.1f} ({ld['mode']})",
                   f"{g['ann_rows_mean']:.1f} / {g['ann_candidates_asked']}",
                   f"{g['fts_matching_rows_mean']:,.0f} / {g['fts_matching_rows_max']:,}",
-                  f"{g['bare_recall_at_k']:.3f}", str(r["explain"].get("hybrid_uses_hnsw", "n/a")))
+                  f"{g['bare_recall_at_k']:.3f}",
+                  f"{g['top_k_vs_exhaustive']:.3f} / {g['top_k_vs_exhaustive_min']:.1f}" if "top_k_vs_exhaustive" in g
+                  else "n/a", str(r["explain"].get("hybrid_uses_hnsw", "n/a")))
     console.print(d)
     console.print(f"results: {path.relative_to(path.parents[2])} (wall {out['wall_s']:.0f} s)")
     if args.scale:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 from psycopg import AsyncConnection, sql
@@ -41,26 +41,21 @@ async def put_identity(conn: AsyncConnection[Any], workspace_id: str, text: str)
     return row[0]  # type: ignore[no-any-return]
 
 
-# Rows are fetched in the order of the index ``drawers_essential`` (migration 0034): by importance_peak,
-# an upper bound of importance. The first fetch asks for FETCH_FACTOR times the limit; when that cannot
+# Keys are read in the order of the index ``drawers_essential`` (migration 0034): by importance_peak,
+# an upper bound of importance. The first read asks for FETCH_FACTOR times the limit; when that cannot
 # settle the answer, the next asks for FETCH_GROWTH times more.
 FETCH_FACTOR, FETCH_GROWTH = 4, 4
 
 
-def _rank_key(importance: float, recency: datetime, drawer_id: str) -> tuple[float, float, str]:
-    # The order of the layers: importance, then the most recent, then the id; smaller is better.
-    # Recency as whole microseconds since the epoch keeps the comparison exact.
-    return (-importance, -float((recency - _EPOCH) // _MICROSECOND), drawer_id)
-
-
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-_MICROSECOND = timedelta(microseconds=1)
-
-
 def essential_query(wing: str | None = None, room: str | None = None) -> sql.Composed:
-    """The statement ``drawers_by_importance`` reads candidates with: live drawers of the workspace
-    (optionally of a wing and/or room) in the order of the index ``drawers_essential``. Parameters:
-    ws, wing, room (when given), fetch (how many rows), n (characters of content)."""
+    """The statement ``drawers_by_importance`` reads candidate keys with: live drawers of the workspace
+    (optionally of a wing and/or room) in the order of the index ``drawers_essential``, as (id,
+    importance, recency in whole microseconds since the epoch, importance_peak). Parameters: ws, wing,
+    room (when given), fetch (how many rows).
+
+    Only keys: a workspace whose top drawers decayed below their peaks needs hundreds of rows read to
+    settle fifteen, and reading their contents (and ranking full rows in Python) cost more than the
+    walk itself. Recency comes as an integer so that ties compare exactly and cheaply."""
     where = [sql.SQL("workspace_id = %(ws)s AND deleted_at IS NULL AND state <> 'merged'")]
     if wing is not None:
         where.append(sql.SQL("wing = %(wing)s"))
@@ -69,11 +64,16 @@ def essential_query(wing: str | None = None, room: str | None = None) -> sql.Com
     # Conditions are left out rather than written ``(%s IS NULL OR wing = %s)``: a generic plan for that
     # form cannot use the wing/room index.
     return sql.SQL(
-        "SELECT id, left(content, %(n)s), wing, room, importance, memory_type, occurred_at, filed_at,"
+        "SELECT id, importance, (extract(epoch FROM coalesce(occurred_at, filed_at)) * 1000000)::int8,"
         "       importance_peak"
         "  FROM drawers WHERE {}"
         " ORDER BY importance_peak DESC, coalesce(occurred_at, filed_at) DESC, id LIMIT %(fetch)s"
     ).format(sql.SQL(" AND ").join(where))
+
+
+_ROWS = ("SELECT id, left(content, %(n)s), wing, room, importance, memory_type, occurred_at, filed_at"
+         "  FROM drawers WHERE workspace_id = %(ws)s AND id = ANY(%(ids)s)"
+         "   AND deleted_at IS NULL AND state <> 'merged'")
 
 
 async def drawers_by_importance(
@@ -87,24 +87,28 @@ async def drawers_by_importance(
     drawers are read in the order of ``drawers_essential``, by ``importance_peak``, which bounds
     importance from above (migration 0034): once the rank the next drawer could at best reach (its peak
     in place of its importance) is below the ``limit``-th drawer found so far, no drawer further down can
-    enter the answer. Usually the first fetch settles it; a workspace whose top drawers have all decayed
-    well below their peaks needs a few more rows.
+    enter the answer. Usually the first read settles it; a workspace whose top drawers have all decayed
+    well below their peaks needs a few more rows. The rows of the answer are read last, by primary key,
+    in the same transaction.
     """
-    query = essential_query(wing, room)
     if limit <= 0:
         return []
+    query = essential_query(wing, room)
     fetch = limit * FETCH_FACTOR
     while True:
-        cur = await conn.execute(query, {"ws": workspace_id, "wing": wing, "room": room, "fetch": fetch,
-                                         "n": prefix_chars})
-        rows = await cur.fetchall()
-        ranked = sorted(rows, key=lambda r: _rank_key(float(r[4]), r[6] or r[7], r[0]))[:limit]
-        if len(rows) < fetch:
+        cur = await conn.execute(query, {"ws": workspace_id, "wing": wing, "room": room, "fetch": fetch})
+        keys = await cur.fetchall()
+        # Smaller is better: importance, then the most recent, then the id.
+        ranked = sorted(((-float(imp), -at, did) for did, imp, at, _ in keys))[:limit]
+        if len(keys) < fetch:
             break  # every candidate was read
-        last = rows[-1]
-        bound = _rank_key(float(last[8]), last[6] or last[7], last[0])
-        if len(ranked) == limit and _rank_key(float(ranked[-1][4]), ranked[-1][6] or ranked[-1][7],
-                                              ranked[-1][0]) <= bound:
+        last_id, _, last_at, last_peak = keys[-1]
+        if len(ranked) == limit and ranked[-1] <= (-float(last_peak), -last_at, last_id):
             break
         fetch *= FETCH_GROWTH
-    return [LayerRow(r[0], r[1], r[2], r[3], float(r[4]), r[5], r[6], r[7]) for r in ranked]
+    if not ranked:
+        return []
+    cur = await conn.execute(_ROWS, {"ws": workspace_id, "ids": [r[2] for r in ranked], "n": prefix_chars})
+    rows = {r[0]: r for r in await cur.fetchall()}
+    return [LayerRow(r[0], r[1], r[2], r[3], float(r[4]), r[5], r[6], r[7])
+            for r in (rows[did] for _, _, did in ranked if did in rows)]

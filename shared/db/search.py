@@ -14,8 +14,9 @@
    bounds the tail, and the rows past that bound are whichever the scan met last, not the worst. So
    once a workspace holds more than ``fts_scan_max`` drawers the function asks for the query's
    lexemes that are rare there (the workspace lexicon that maintain keeps, migration 0037), or, when
-   the query holds none, for two of its lexemes together: a plain OR of common words would match most
-   of the workspace, and the one drawer holding the query's rare word could be cut. Nearest
+   the query holds none, for two of its ``pair_terms`` rarest lexemes together (migration 0046): a plain
+   OR of common words would match most of the workspace, and the one drawer holding the query's rare
+   word could be cut. Nearest
    neighbours come from the workspace's own HNSW index once it has one
    (``shared/db/vector_indexes.py``, migration 0019: pgvector 0.6 filters a shared index only after
    its walk, so a tenant in a big table would get a handful of its own neighbours), else from an
@@ -70,6 +71,7 @@ class SearchParams:
     exact_max: int = 5_000
     fts_scan_max: int = 2_000
     max_terms: int = 16
+    pair_terms: int = 4
     rank: RankParams = field(default_factory=RankParams)
     graph: GraphParams = field(default_factory=GraphParams)
 
@@ -113,7 +115,7 @@ WITH lex AS (
     SELECT t.lexeme AS l FROM unnest(to_tsvector('english', %(text)s)) t ORDER BY t.positions[1] LIMIT %(max_terms)s
 ), q AS (
     -- Which lexemes the full-text candidates need (migration 0037): any, the workspace's rare ones, or pairs.
-    SELECT palace_text_query(%(ws)s, ARRAY(SELECT l FROM lex), %(exact)s) AS tsq
+    SELECT palace_text_query(%(ws)s, ARRAY(SELECT l FROM lex), %(exact)s, %(pair_terms)s) AS tsq
 )"""
 _FTS = """, fts AS (
     SELECT t.id FROM q, palace_text_candidates(%(ws)s, q.tsq, ARRAY(SELECT l FROM lex), %(fts_scan)s, %(n_fts)s) t
@@ -224,7 +226,7 @@ def _candidate_params(workspace_id: str, query: str, embedding: np.ndarray | Non
         "exact": workspace_size is not None and workspace_size <= params.fts_scan_max,
         # Searched exactly: one pass over the workspace finds both candidate lists (``_SCAN``).
         "scan": not vector_index and workspace_size is not None and workspace_size <= params.exact_max,
-        "hnsw": vector_index, "max_terms": params.max_terms,
+        "hnsw": vector_index, "max_terms": params.max_terms, "pair_terms": params.pair_terms,
         "n_ann": params.ann_candidates, "n_fts": params.fts_candidates, "fts_scan": params.fts_scan_max,
         "n_date": params.date_candidates if windows else 0,
         "lo": [w[0] for w in windows], "hi": [w[1] for w in windows],

@@ -80,12 +80,39 @@ def test_near_duplicate_candidates_come_from_the_wording_index(stack: Stack, big
         assert rows == []  # the synthetic drawers carry no embeddings; the statement must run, not match
 
 
+def _plpgsql_generic_plan(stack: Stack, function: str, workspace: str, args: list[sql.Composable]) -> str:
+    """The generic plan (parameters, not values: what a PL/pgSQL function keeps per connection) of a
+    deployed PL/pgSQL function's ``RETURN QUERY`` statement, planned as the role it runs as with its own
+    settings."""
+    body, names, types = stack.sql(
+        "SELECT prosrc, proargnames, array(SELECT format_type(t, NULL) FROM unnest(proargtypes) t)"
+        "  FROM pg_proc WHERE proname = %s", (function,))[0]
+    statement = body.split("RETURN QUERY", 1)[1].rsplit(";", 1)[0]
+    for n, name in enumerate(names[: len(types)], 1):
+        statement = re.sub(rf"\b{name}\b", f"${n}", statement)
+    with psycopg.connect(stack.database_url) as conn:
+        conn.execute("SET ROLE palace_maintenance")
+        conn.execute("SELECT set_config('palace.workspace_id', %s, true)", (workspace,))
+        settings = dict(s[0].partition("=")[::2] for s in stack.sql(
+            "SELECT unnest(proconfig) FROM pg_proc WHERE proname = %s", (function,)))
+        assert settings.get("plan_cache_mode") == "force_generic_plan", settings
+        for name, value in settings.items():
+            conn.execute(sql.SQL("SET {} = {}").format(sql.Identifier(name), sql.Literal(value)))
+        conn.execute(sql.SQL("PREPARE generic_plan ({}) AS {}").format(
+            sql.SQL(", ").join(map(sql.SQL, types)), sql.SQL(statement)))  # type: ignore[arg-type]
+        plan = json.dumps(conn.execute(sql.SQL("EXPLAIN (FORMAT JSON) EXECUTE generic_plan ({})").format(
+            sql.SQL(", ").join(args))).fetchall()[0][0])
+        conn.rollback()
+    return plan
+
+
 def test_full_text_candidates_come_from_the_workspace_scoped_index(stack: Stack, big_workspace: str) -> None:
     """The full-text lookup goes through the GIN index that knows the workspace, so a small workspace in
-    a big table never pays for the other tenants' matches."""
-    plan = _function_plan(stack, "palace_text_candidates", big_workspace, {
-        "ws": sql.Literal(big_workspace), "query": sql.SQL("to_tsquery('english', '17 | 42')"),
-        "lexemes": sql.SQL("'{17,42}'::text[]"), "scan_limit": sql.Literal(2000), "top_n": sql.Literal(100)})
+    a big table never pays for the other tenants' matches; and it does so in the plan the function keeps
+    for every call (generic, migration 0046), whatever the query."""
+    plan = _plpgsql_generic_plan(stack, "palace_text_candidates", big_workspace, [
+        sql.Literal(big_workspace), sql.SQL("to_tsquery('english', '17 | 42')"), sql.SQL("'{17,42}'::text[]"),
+        sql.Literal(2000), sql.Literal(100)])
     assert "drawers_tsv_ws" in plan and '"Seq Scan"' not in plan, plan
     assert "drawers_tsv_gin" not in plan, plan
 
@@ -115,12 +142,12 @@ def test_full_text_candidates_come_from_the_workspaces_rare_words(stack: Stack, 
     from shared.db.pool import open_pool
     from shared.db.tenancy import maintenance_tx, workspace_tx
 
-    def text_query(lexemes: list[str], exact: bool) -> str:
+    def text_query(lexemes: list[str], exact: bool, pair_terms: int = 4) -> str:
         with psycopg.connect(stack.database_url) as conn:
             conn.execute("SET ROLE palace_app")
             conn.execute("SELECT set_config('palace.workspace_id', %s, false)", (big_workspace,))
-            return str(conn.execute("SELECT palace_text_query(%s, %s, %s)::text",
-                                    (big_workspace, lexemes, exact)).fetchone()[0])  # type: ignore[index]
+            return str(conn.execute("SELECT palace_text_query(%s, %s, %s, %s)::text",
+                                    (big_workspace, lexemes, exact, pair_terms)).fetchone()[0])  # type: ignore[index]
 
     before = text_query(["drawer", "number", "17"], False)
     assert before.count("&") == 3, before  # no lexicon yet: every pair
@@ -144,6 +171,11 @@ def test_full_text_candidates_come_from_the_workspaces_rare_words(stack: Stack, 
     assert text_query(["drawer", "number", "17"], False) == "'17'"
     assert text_query(["drawer", "number"], False) == "'drawer' & 'number'"
     assert set(text_query(["drawer", "number", "17"], True).split(" | ")) == {"'drawer'", "'number'", "'17'"}
+    # Common words only: the pairs come from the rarest of them by the lexicon's counts, ties in the query's order.
+    assert text_query(["say", "drawer", "number"], False, pair_terms=2) == "'drawer' & 'say'"
+    stack.sql("UPDATE workspace_lexicon SET ndoc = 10 WHERE workspace_id = %s AND lexeme = 'number' RETURNING 1",
+              (big_workspace,))
+    assert text_query(["say", "drawer", "number"], False, pair_terms=2) == "'number' & 'say'"
 
 
 @pytest.mark.parametrize("wing", [None, "w"])

@@ -93,7 +93,8 @@ def test_a_growing_workspace_gets_its_own_index_and_search_uses_it(stack: Stack)
         conn.execute("SET enable_sort = off")
         plan = conn.execute("EXPLAIN (FORMAT JSON) " + _SQL, {
             "text": query, "emb": np.asarray(q), "use_ann": True, "ws": w, "exact": True,
-            "hnsw": True, "max_terms": p.max_terms, "n_ann": p.ann_candidates, "n_fts": p.fts_candidates,
+            "hnsw": True, "max_terms": p.max_terms, "pair_terms": p.pair_terms, "n_ann": p.ann_candidates,
+            "n_fts": p.fts_candidates,
             "fts_scan": p.fts_scan_max, "n_date": 0, "lo": [], "hi": [], "lo_min": None, "hi_max": None,
             "graph_ids": [],
         }, prepare=False).fetchall()[0][0]
