@@ -285,10 +285,16 @@ async def older_neighbours(
 
 
 async def set_dedup_bands(conn: AsyncConnection[Any], workspace_id: str, rows: list[tuple[str, list[int]]]) -> None:
-    """Record drawers' wording bands, so later drawers find them as candidates."""
-    for drawer_id, bands in rows:
-        await conn.execute("UPDATE drawers SET dedup_bands = %s::bigint[] WHERE workspace_id = %s AND id = %s",
-                           (bands, workspace_id, drawer_id))
+    """Record drawers' wording bands, so later drawers find them as candidates: one statement for the
+    batch (each band list as array text, as unnest cannot pair ids with arrays of unequal length), so
+    the rows stay locked for one round trip, not one per drawer."""
+    if not rows:
+        return
+    await conn.execute(
+        "UPDATE drawers d SET dedup_bands = v.bands::bigint[]"
+        "  FROM unnest(%s::text[], %s::text[]) AS v(id, bands)"
+        " WHERE d.workspace_id = %s AND d.id = v.id",
+        ([r[0] for r in rows], ["{" + ",".join(map(str, r[1])) + "}" for r in rows], workspace_id))
 
 
 async def drawers_missing_bands(conn: AsyncConnection[Any], limit: int) -> list[tuple[str, str, str]]:

@@ -29,17 +29,19 @@ def _vec(seed: int) -> str:
 
 
 def _insert(stack: Stack, workspace: str, rows: list[dict[str, Any]]) -> None:
-    """Drawers written straight into the table (as the pipeline leaves them), with chosen ages."""
+    """Drawers written straight into the table (as the pipeline leaves them, wording bands included:
+    without them cluster's backfill of the running stack would lock and rewrite them at a moment of its
+    choosing, and a job's SKIP LOCKED would pass them by), with chosen ages."""
     with psycopg.connect(stack.database_url) as conn, conn.cursor() as cur:
         cur.executemany(
             """INSERT INTO drawers (workspace_id, id, content, content_hash, embedding, embedding_model, state,
                                     memory_type, importance, filed_at, last_accessed_at, access_count, pinned,
-                                    session_id, seq, user_id)
+                                    session_id, seq, user_id, dedup_bands)
                VALUES (%(ws)s, %(id)s, %(content)s, md5(%(content)s), %(emb)s::vector, 'test', %(state)s, 'fact',
                        %(importance)s, now() - make_interval(days => %(age)s),
                        CASE WHEN %(accessed)s::int IS NULL THEN NULL
                             ELSE now() - make_interval(days => %(accessed)s::int) END,
-                       %(access_count)s, %(pinned)s, 's1', %(seq)s, 'u1')""",
+                       %(access_count)s, %(pinned)s, 's1', %(seq)s, 'u1', '{}')""",
             [{"ws": workspace, "state": "processed", "age": 40, "accessed": None, "access_count": 0, "importance": 3.0,
               "pinned": False, "emb": _vec(i), "seq": i, **r} for i, r in enumerate(rows)],
         )

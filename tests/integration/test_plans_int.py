@@ -151,6 +151,7 @@ def test_full_text_candidates_come_from_the_workspaces_rare_words(stack: Stack, 
 
     before = text_query(["drawer", "number", "17"], False)
     assert before.count("&") == 3, before  # no lexicon yet: every pair
+    assert text_query(["drawer", "number", "17", "42", "99"], False, pair_terms=2).count("&") == 10
 
     async def refresh() -> int:
         pool = await open_pool(stack.database_url, name="test-lexicon", max_size=1)

@@ -12,9 +12,9 @@
 --    asked for every pair of its lexemes, up to 120 pairs for 16 lexemes, and GIN reads the whole
 --    posting list of each word of each pair before any LIMIT applies: tens of ms for five common
 --    words. The pairs now come from the pair_terms rarest of them by the lexicon's counts (the query's
---    order breaks ties, and decides alone before a lexicon exists). Why the rarest: BM25 weighs a word by
---    its rarity, so the drawers that match only the most common words are the ones it ranks lowest;
---    and the function still ranks the rows it finds by how many of all the query's lexemes they hold.
+--    order breaks ties). Why the rarest: BM25 weighs a word by its rarity, so the drawers that match
+--    only the most common words are the ones it ranks lowest; and the function still ranks the rows it
+--    finds by how many of all the query's lexemes they hold.
 DROP FUNCTION IF EXISTS palace_text_candidates(text, tsquery, text[], integer, integer);
 
 CREATE FUNCTION palace_text_candidates(ws text, query tsquery, lexemes text[], scan_limit integer, top_n integer)
@@ -42,12 +42,14 @@ REVOKE ALL ON FUNCTION palace_text_candidates(text, tsquery, text[], integer, in
 GRANT EXECUTE ON FUNCTION palace_text_candidates(text, tsquery, text[], integer, integer)
     TO palace_app, palace_maintenance;
 
-DROP FUNCTION IF EXISTS palace_text_query(text, text[], boolean);
-
+-- A new overload: the three-argument function of 0045 stays as it was, for the services of the
+-- previous release that a rolling upgrade leaves running beside the migrated schema.
+--
 -- The full-text query of a search, from the query's lexemes (first max_terms, in order):
 --   exact (a workspace small enough to match everything) or fewer than two lexemes: any of them;
 --   else, once the workspace has a lexicon and the query holds lexemes missing from it: any of those;
---   else: any two of its pair_terms rarest lexemes together.
+--   else: any two of its pair_terms rarest lexemes together (of all of them before a lexicon exists: no
+--   count to choose by, and an exact scan of the workspace, which reads every row, pays nothing for them).
 -- SECURITY INVOKER: the lexicon is read under the caller's row-level security.
 CREATE FUNCTION palace_text_query(ws text, lexemes text[], exact boolean, pair_terms integer)
 RETURNS tsquery
@@ -65,7 +67,8 @@ BEGIN
         rare AS (SELECT counted.l FROM counted WHERE counted.ndoc IS NULL),
         paired AS (
             SELECT l.l FROM l LEFT JOIN counted c ON c.l = l.l
-             ORDER BY c.ndoc NULLS FIRST, l.o LIMIT greatest(pair_terms, 2)
+             ORDER BY c.ndoc NULLS FIRST, l.o
+             LIMIT CASE WHEN EXISTS (SELECT 1 FROM counted) THEN greatest(pair_terms, 2) END
         )
         SELECT CASE
             WHEN exact OR (SELECT count(*) FROM l) < 2 THEN (SELECT string_agg(format('%L', l), ' | ') FROM l)
