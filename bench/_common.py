@@ -76,6 +76,7 @@ class Question:
     conv: str
     question: str
     category: int
+    evidence: tuple[str, ...] = ()  # the dia ids of the turns that answer it
 
 
 def load_locomo(path: Path = LOCOMO_DEV) -> tuple[list[Turn], list[Question]]:
@@ -91,7 +92,7 @@ def load_locomo(path: Path = LOCOMO_DEV) -> tuple[list[Turn], list[Question]]:
             for t in sess["turns"]:
                 turns.append(Turn(cid, sess["session_id"], t["dia_id"], t["speaker"], t["text"]))
         for q in conv["questions"]:
-            questions.append(Question(cid, q["question"], int(q["category"])))
+            questions.append(Question(cid, q["question"], int(q["category"]), tuple(q.get("evidence") or ())))
     return turns, questions
 
 

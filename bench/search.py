@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import hashlib
 import json
 import os
@@ -110,6 +111,7 @@ class BaseDrawer:
     seq: int
     context: str | None
     embed_text: str
+    turns: tuple[tuple[str, str], ...] = ()  # (conversation, dia id) of every turn filed as this text
 
 
 def pipeline_drawers(turns: list[Turn], settings: Settings) -> list[BaseDrawer]:
@@ -119,7 +121,7 @@ def pipeline_drawers(turns: list[Turn], settings: Settings) -> list[BaseDrawer]:
     for t in turns:
         by_session.setdefault((t.conv, t.session), []).append(t)
     out: list[BaseDrawer] = []
-    seen: set[str] = set()
+    seen: dict[str, int] = {}
     for (conv, sess), ts in by_session.items():
         ev = SessionCompleted(workspace_id="bench-search", session_id=f"{conv}:{sess}", messages=[
             Message(role="user" if i % 2 == 0 else "assistant", content=t.text, name=t.speaker)
@@ -127,13 +129,16 @@ def pipeline_drawers(turns: list[Turn], settings: Settings) -> list[BaseDrawer]:
         plan = plan_session(ev, chunk_chars=settings.chunk_chars, chunk_overlap=settings.chunk_overlap,
                             min_chars=settings.min_chars)
         for d in plan.drawers:
-            if d.id in seen:
-                continue
-            seen.add(d.id)
             seq = getattr(d, "seq", None)
-            out.append(BaseDrawer(d.content, d.speaker, d.role, ev.session_id,
-                                  int(seq if seq is not None else d.metadata.get("seq", 0)),  # type: ignore[call-overload]
-                                  getattr(d, "context", None), drawer_embed_text(d)))
+            seq = int(seq if seq is not None else d.metadata.get("seq", 0))  # type: ignore[call-overload]
+            turn = ((conv, ts[seq].dia_id),) if 0 <= seq < len(ts) else ()
+            if d.id in seen:  # the same text said again: one drawer, answering for both turns
+                i = seen[d.id]
+                out[i] = dataclasses.replace(out[i], turns=out[i].turns + turn)
+                continue
+            seen[d.id] = len(out)
+            out.append(BaseDrawer(d.content, d.speaker, d.role, ev.session_id, seq, getattr(d, "context", None),
+                                  drawer_embed_text(d), turn))
     return out
 
 
@@ -557,7 +562,8 @@ async def diagnostics(database_url: str, workspace: str, qs: list[tuple[str, np.
 
 
 async def agreement(pool: Any, embedder: Embedder, vectors: dict[str, np.ndarray], workspace: str, k: int,
-                    queries: list[str]) -> dict[str, Any]:
+                    queries: list[str], answers: dict[str, set[tuple[str, str]]],
+                    turns_of: dict[str, tuple[tuple[str, str], ...]]) -> dict[str, Any]:
     """How much of what search returns an exhaustive search would return too: the top k of
     ``Recaller.search`` (the workspace's HNSW walk, full-text candidates from its rare words or the pairs
     of its rarest ones, at most ``fts_scan_max`` matches ranked) against the same ranking over exact
@@ -566,22 +572,32 @@ async def agreement(pool: Any, embedder: Embedder, vectors: dict[str, np.ndarray
 
     Compared by source memory, not by drawer: a synthetic drawer repeats its source's text (``synth_rows``),
     so full text ties ~36 copies of every real turn, and which copy of a tie either path keeps says
-    nothing about what it found."""
+    nothing about what it found.
+
+    And LoCoMo's labels at this size: a question is answered in the top k when a hit is (a copy of) one of
+    its evidence turns (``answers``: question → (conversation, dia id); ``turns_of``: source text → the
+    turns filed as it), counted over the questions whose evidence the workspace holds."""
     from shared.db.search import SearchParams, hybrid_search
     from shared.recall import Recaller
 
     fast = Recaller(pool, Precomputed(embedder, vectors), touch=False, cache_size=0)
     size = await _count(pool, workspace)
     exhaustive = SearchParams(k=k, exact_max=10**9, fts_scan_max=10**9)
-    shares = []
+    shares, answered_fast, answered_exhaustive = [], [], []
+    held = {t for ts in turns_of.values() for t in ts}
     for q in queries:
         got = {_source(h.content) for h in await fast.search(workspace, q, k)}
         async with pool.connection() as conn:
             want = {_source(h.content) for h in await hybrid_search(conn, workspace, q, vectors[q], exhaustive,
                                                                     workspace_size=size, vector_index=False)}
         shares.append(len(got & want) / max(1, len(want)))
+        if answers.get(q, set()) & held:
+            answered_fast.append(any(set(turns_of.get(c, ())) & answers[q] for c in got))
+            answered_exhaustive.append(any(set(turns_of.get(c, ())) & answers[q] for c in want))
     return {"queries": len(queries), "top_k_vs_exhaustive": float(np.mean(shares)),
-            "top_k_vs_exhaustive_min": float(np.min(shares))}
+            "top_k_vs_exhaustive_min": float(np.min(shares)), "labelled_queries": len(answered_fast),
+            "evidence_at_k": float(np.mean(answered_fast)) if answered_fast else None,
+            "evidence_at_k_exhaustive": float(np.mean(answered_exhaustive)) if answered_exhaustive else None}
 
 
 def _source(content: str) -> str:
@@ -734,6 +750,9 @@ async def run(args: argparse.Namespace, settings: Settings, database_url: str) -
         picked: list[Question] = random.Random(args.seed).sample(questions, min(len(questions),
                                                                                 args.queries + args.warmup))
         qtexts = list(dict.fromkeys(q.question for q in picked))
+        answers: dict[str, set[tuple[str, str]]] = {}
+        for qq in picked:
+            answers.setdefault(qq.question, set()).update((qq.conv, e) for e in qq.evidence)
         vectors = {q: await embedder.embed_query(q) for q in qtexts}  # for the sql and bare paths
         warm, timed = qtexts[: args.warmup], qtexts[args.warmup :]
 
@@ -803,7 +822,9 @@ async def run(args: argparse.Namespace, settings: Settings, database_url: str) -
                                   markup=False, highlight=False)
                 diag = await diagnostics(database_url, ws, [(q, vectors[q]) for q in timed[: args.diag_queries]],
                                          args.k, SearchParams().ann_candidates, ef_search)
-                diag.update(await agreement(pool, embedder, vectors, ws, args.k, timed[: args.diag_queries]))
+                in_ws = base[: min(size, len(base))]  # synth_rows: the real drawers first, then copies of them
+                diag.update(await agreement(pool, embedder, vectors, ws, args.k, timed[: args.agreement_queries],
+                                            answers, {d.content: d.turns for d in in_ws}))
                 times, cpu = await measure(pool, embedder, vectors, ws, args.k, warm, timed, ref)
                 stats = {m: percentiles(t) for m, t in times.items()}
                 sizes[str(size)] = {
@@ -848,6 +869,8 @@ def main() -> None:
     ap.add_argument("--k", type=int, default=10, help="results per search")
     ap.add_argument("--warmup", type=int, default=20, help="other questions run first on every path")
     ap.add_argument("--diag-queries", type=int, default=20, help="questions for the untimed diagnostics")
+    ap.add_argument("--agreement-queries", type=int, default=200,
+                    help="questions for search against exhaustive search, and LoCoMo's labels at size (untimed)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--synth", choices=["mix", "copy"], default="mix",
                     help="synthetic vectors beyond the real drawers: mixtures of two real vectors leaning to the "
@@ -942,7 +965,8 @@ def _run(args: argparse.Namespace) -> None:
                           f"{ra['ref_over_bare_p50']:.2f} / {lat_ratio(r, REF)} at {res['compare']}")
     d = Table(title="context (untimed)")
     for col in ("drawers", "load s (mode)", "HNSW rows / asked", "rows matching OR of lexemes (mean / max)",
-                "bare recall@k vs exact", "search top k vs exhaustive (mean / min)", "search SQL uses HNSW"):
+                "bare recall@k vs exact", "search top k vs exhaustive (mean / min)",
+                "evidence in top k: search / exhaustive (questions)", "search SQL uses HNSW"):
         d.add_column(col, justify="right")
     for size, r in res["sizes"].items():
         g, ld = r["diagnostics"], r["load"]
@@ -951,7 +975,10 @@ def _run(args: argparse.Namespace) -> None:
                   f"{g['fts_matching_rows_mean']:,.0f} / {g['fts_matching_rows_max']:,}",
                   f"{g['bare_recall_at_k']:.3f}",
                   f"{g['top_k_vs_exhaustive']:.3f} / {g['top_k_vs_exhaustive_min']:.1f}" if "top_k_vs_exhaustive" in g
-                  else "n/a", str(r["explain"].get("hybrid_uses_hnsw", "n/a")))
+                  else "n/a",
+                  f"{g['evidence_at_k']:.3f} / {g['evidence_at_k_exhaustive']:.3f} ({g['labelled_queries']})"
+                  if g.get("evidence_at_k") is not None else "n/a",
+                  str(r["explain"].get("hybrid_uses_hnsw", "n/a")))
     console.print(d)
     console.print(f"results: {path.relative_to(path.parents[2])} (wall {out['wall_s']:.0f} s)")
     if args.scale:

@@ -229,8 +229,9 @@ async def test_essential_story_is_the_importance_order_even_after_decay(stack: S
     from shared.db.layers import drawers_by_importance
 
     w = ws()
-    insert = """INSERT INTO drawers (workspace_id, id, content, content_hash, state, importance, filed_at)
-                SELECT %s, %s || g, 'drawer ' || g, md5(%s || g), 'processed', %s, now() - g * interval '1 minute'
+    insert = """INSERT INTO drawers (workspace_id, id, content, content_hash, state, importance, filed_at, dedup_bands)
+                SELECT %s, %s || g, 'drawer ' || g, md5(%s || g), 'processed', %s, now() - g * interval '1 minute',
+                       '{}'
                   FROM generate_series(1, %s) g"""
     with psycopg.connect(stack.database_url) as conn:
         conn.execute(insert, (w, "decayed-", "d", 5.0, 200))

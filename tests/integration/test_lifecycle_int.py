@@ -261,10 +261,11 @@ def big_workspace(stack: Stack) -> str:
     w = ws()
     with psycopg.connect(stack.database_url) as conn:
         conn.execute(
-            """INSERT INTO drawers (workspace_id, id, content, content_hash, state, importance, filed_at, deleted_at)
+            """INSERT INTO drawers (workspace_id, id, content, content_hash, state, importance, filed_at, deleted_at,
+                                    dedup_bands)
                SELECT %s, 'd' || lpad(g::text, 6, '0'), 'c' || g, md5('c' || g), 'processed', (g %% 50) / 10.0,
                       now() - make_interval(days => g %% 60),
-                      CASE WHEN g %% 97 = 0 THEN now() - make_interval(days => g %% 300) END
+                      CASE WHEN g %% 97 = 0 THEN now() - make_interval(days => g %% 300) END, '{}'
                  FROM generate_series(1, 20000) g""", (w,))
         conn.execute("""INSERT INTO episodes (workspace_id, id, session_id, summary, abstract, expires_at)
                         SELECT %s, 'e' || g, 's' || g, 's', 'a', now() + make_interval(days => g %% 100 - 5)

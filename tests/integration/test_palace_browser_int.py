@@ -292,9 +292,9 @@ def test_room_pages_use_their_index(stack: Stack) -> None:
     w = ws()
     with psycopg.connect(stack.database_url) as conn:
         conn.execute(
-            "INSERT INTO drawers (workspace_id, id, content, content_hash, wing, room, state, filed_at)"
+            "INSERT INTO drawers (workspace_id, id, content, content_hash, wing, room, state, filed_at, dedup_bands)"
             " SELECT %s, md5(g::text), 'drawer ' || g, md5(g::text), 'big', 'hall', 'processed',"
-            "        now() - g * interval '1 second' FROM generate_series(1, 5000) g", (w,))
+            "        now() - g * interval '1 second', '{}' FROM generate_series(1, 5000) g", (w,))
         # Statistics that see the room, inside this transaction: pg_statistic is transactional, so the
         # rollback below takes them away again with the rows.
         analyze(conn, "drawers")

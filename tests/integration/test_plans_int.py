@@ -265,8 +265,8 @@ def test_a_small_exact_workspace_finds_both_candidate_lists_in_one_pass(stack: S
     vecs = rng.normal(size=(n, 384)).astype(np.float32)
     with psycopg.connect(stack.database_url, autocommit=True) as conn, conn.cursor() as cur:
         cur.executemany(
-            """INSERT INTO drawers (workspace_id, id, content, content_hash, state, embedding)
-               VALUES (%s, md5(%s), %s, md5(%s), 'processed', %s::vector)""",
+            """INSERT INTO drawers (workspace_id, id, content, content_hash, state, embedding, dedup_bands)
+               VALUES (%s, md5(%s), %s, md5(%s), 'processed', %s::vector, '{}')""",
             [(w, f"{w}{i}", text, text, "[" + ",".join(f"{x:.5f}" for x in vecs[i]) + "]")
              for i in range(n) for text in [f"note {i}: " + " ".join(words[j] for j in range(10) if (i >> j) & 1)]])
         analyze(conn, "drawers")

@@ -31,8 +31,8 @@ def _seed(stack: Stack, workspace: str) -> list[str]:
     vecs = asyncio.run(emb.embed_documents(texts))
     with psycopg.connect(stack.database_url, autocommit=True) as conn, conn.cursor() as cur:
         cur.executemany(
-            """INSERT INTO drawers (workspace_id, id, content, content_hash, state, embedding)
-               VALUES (%s, md5(%s), %s, md5(%s), 'processed', %s::vector)""",
+            """INSERT INTO drawers (workspace_id, id, content, content_hash, state, embedding, dedup_bands)
+               VALUES (%s, md5(%s), %s, md5(%s), 'processed', %s::vector, '{}')""",
             [(workspace, t, t, t, "[" + ",".join(f"{x:.6f}" for x in v) + "]")
              for t, v in zip(texts, vecs, strict=True)],
         )
