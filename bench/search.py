@@ -594,7 +594,7 @@ async def agreement(pool: Any, embedder: Embedder, vectors: dict[str, np.ndarray
         if answers.get(q, set()) & held:
             answered_fast.append(any(set(turns_of.get(c, ())) & answers[q] for c in got))
             answered_exhaustive.append(any(set(turns_of.get(c, ())) & answers[q] for c in want))
-    return {"queries": len(queries), "top_k_vs_exhaustive": float(np.mean(shares)),
+    return {"agreement_queries": len(queries), "top_k_vs_exhaustive": float(np.mean(shares)),
             "top_k_vs_exhaustive_min": float(np.min(shares)), "labelled_queries": len(answered_fast),
             "evidence_at_k": float(np.mean(answered_fast)) if answered_fast else None,
             "evidence_at_k_exhaustive": float(np.mean(answered_exhaustive)) if answered_exhaustive else None}
