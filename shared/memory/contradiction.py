@@ -3,7 +3,13 @@
 Candidates come from the embedding band just below near-duplicates: close enough to be about the
 same thing, not so close that they say the same thing. Embedding closeness alone cannot tell "dark
 mode is enabled" from "dark mode is disabled", so the lexical detector asks for substantial shared
-wording plus a polarity flip: a negation on one side only, or an antonym pair across the two.
+wording plus a polarity flip: a negation on one side only that negates something the other side says
+("we no longer use Postgres" against "we use Postgres"), or an antonym pair across the two.
+
+Why the negation must reach a word of the other side: conversation is full of negations that deny
+nothing said before ("can't wait", "no worries", "don't give up", "haven't talked in a while"). Counted
+anywhere, they made pleasantries supersede each other: every one of the 25 supersessions of a LoCoMo-dev
+pipeline run was of that kind, and a superseded drawer keeps half its score in recall.
 """
 
 from __future__ import annotations
@@ -32,6 +38,8 @@ _ANTONYMS = (
     ("available", "unavailable"), ("active", "inactive"), ("valid", "invalid"), ("approved", "rejected"),
 )
 _ANTONYM_WORDS = frozenset(w for pair in _ANTONYMS for w in pair)
+# Words between a negation and what it negates ("not really like", "never even used").
+_ADVERBS = frozenset({"really", "even", "ever", "actually", "yet", "quite", "very", "too", "anymore", "much"})
 _STOP = frozenset({
     "the", "a", "an", "and", "or", "but", "is", "are", "was", "were", "be", "been", "to", "of", "in", "for",
     "with", "at", "by", "it", "its", "this", "that", "we", "i", "you", "he", "she", "they", "our", "my",
@@ -58,16 +66,35 @@ def lexical_contradiction(older: str, newer: str, *, min_shared: int = 2, min_ov
     shared = ca & cb
     if len(shared) < min_shared or not ca or not cb or len(shared) / min(len(ca), len(cb)) < min_overlap:
         return Verdict(False, "too little shared wording")
-    na, nb = any(w in _NEGATIONS or w.endswith("n't") for w in wa), any(w in _NEGATIONS or w.endswith("n't")
-                                                                         for w in wb)
-    if na != nb:
-        return Verdict(True, f"negation on one side only; shared: {', '.join(sorted(shared)[:6])}")
+    na, nb = _negated(wa), _negated(wb)
     sa, sb = set(wa), set(wb)
+    denied = (na & sb) if na and not nb else (nb & sa) if nb and not na else set()
+    if denied:  # a negation on one side only, of something the other side says
+        return Verdict(True, f"negation of {', '.join(sorted(denied)[:3])} on one side only; "
+                             f"shared: {', '.join(sorted(shared)[:6])}")
     for x, y in _ANTONYMS:
         if (x in sa and y in sb and y not in sa and x not in sb) or (y in sa and x in sb and x not in sa
                                                                       and y not in sb):
             return Verdict(True, f"antonyms {x}/{y}; shared: {', '.join(sorted(shared)[:6])}")
     return Verdict(False, "same polarity")
+
+
+def _is_negation(w: str) -> bool:
+    return w in _NEGATIONS or w.endswith("n't")
+
+
+def _negated(words: list[str]) -> set[str]:
+    """The word each negation applies to: the first one after it that is not a stop word, another
+    negation or an adverb ("no longer use" → use, "isn't really enabled" → enabled)."""
+    out = set()
+    for i, w in enumerate(words):
+        if not _is_negation(w):
+            continue
+        for x in words[i + 1 : i + 4]:
+            if not (_is_negation(x) or x in _STOP or x in _ADVERBS):
+                out.add(x)
+                break
+    return out
 
 
 _SYSTEM = (

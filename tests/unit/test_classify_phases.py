@@ -116,6 +116,15 @@ def test_unreadable_answer_is_a_parse_error() -> None:
     ("We use Postgres for the billing service", "We use Postgres for the search service", False),
     ("I love hiking in the mountains", "I went to the beach yesterday and did not swim", False),
     ("Dark mode is not enabled", "Dark mode is not enabled yet", False),
+    ("Dark mode is enabled for billing", "Dark mode isn't really enabled for billing", True),
+    # Negations that deny nothing the other side says (LoCoMo-dev pleasantries the detector used to flag).
+    ("Thanks! I'm going for my dreams!", "Thanks! Keep going for your dreams and don't quit!", False),
+    ("Take care! Can't wait to catch up. Talk soon!", "Take care! Keep pushing on. Talk soon.", False),
+    ("Thanks for being there for me. Your help means a lot.",
+     "Sure thing, Gina! Your help means a lot to me. I'm not giving up.", False),
+    ("Hey Joanna! Haven't talked with you in a while - how's it going?",
+     "Hey Joanna, what's been up since we last chatted? How's it going?", False),
+    ("The export API is enabled, don't worry", "The export API is disabled", True),  # the antonyms still count
 ])
 def test_lexical_contradiction(older: str, newer: str, expected: bool) -> None:
     from shared.memory.contradiction import lexical_contradiction
