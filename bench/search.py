@@ -577,11 +577,13 @@ async def agreement(pool: Any, embedder: Embedder, vectors: dict[str, np.ndarray
     And LoCoMo's labels at this size: a question is answered in the top k when a hit is (a copy of) one of
     its evidence turns (``answers``: question → (conversation, dia id); ``turns_of``: source text → the
     turns filed as it), counted over the questions whose evidence the workspace holds."""
+    from shared.db.drawers import workspace_size
     from shared.db.search import SearchParams, hybrid_search
     from shared.recall import Recaller
 
     fast = Recaller(pool, Precomputed(embedder, vectors), touch=False, cache_size=0)
-    size = await _count(pool, workspace)
+    async with workspace_tx(pool, workspace) as conn:
+        size = await workspace_size(conn, workspace, 10**9)
     exhaustive = SearchParams(k=k, exact_max=10**9, fts_scan_max=10**9)
     shares, answered_fast, answered_exhaustive = [], [], []
     held = {t for ts in turns_of.values() for t in ts}
@@ -603,13 +605,6 @@ async def agreement(pool: Any, embedder: Embedder, vectors: dict[str, np.ndarray
 def _source(content: str) -> str:
     """The real turn a drawer of ``synth_rows`` was made from: its content without the copy number."""
     return re.sub(r" #\d+$", "", content)
-
-
-async def _count(pool: Any, workspace: str) -> int:
-    async with workspace_tx(pool, workspace) as conn:
-        row = await (await conn.execute("SELECT count(*) FROM drawers WHERE workspace_id = %s"
-                                        " AND deleted_at IS NULL AND state <> 'merged'", (workspace,))).fetchone()
-    return int(row[0]) if row else 0
 
 
 async def measure(pool: Any, embedder: Embedder, vectors: dict[str, np.ndarray], workspace: str, k: int,
