@@ -106,6 +106,22 @@ def _plpgsql_generic_plan(stack: Stack, function: str, workspace: str, args: lis
     return plan
 
 
+def test_the_workspace_scoped_words_match_only_their_workspace(stack: Stack) -> None:
+    """Migration 0047 indexes each lexeme under its workspace and rewrites a query's lexemes the same way:
+    quoted lexemes (an apostrophe, a backslash), operators and prefix marks survive the rewrite, and a
+    workspace's query never matches another's words."""
+    words = ["it's", "b\\c", "plain"]
+    for query, same in [(r"'it''s' & 'b\\c'", True), ("'plai':*", True),
+                        ("'plain' <-> 'it''s'", False), ("'nothing'", False)]:
+        row = stack.sql("SELECT palace_ws_lexemes('w1', array_to_tsvector(%s::text[])) @@ palace_ws_tsquery('w1', %s),"
+                        "       palace_ws_lexemes('w2', array_to_tsvector(%s::text[])) @@ palace_ws_tsquery('w1', %s)",
+                        (words, query, words, query))[0]
+        assert row == (same, False), query
+    prefix = stack.sql("SELECT left(md5('w1'), 8)")[0][0]
+    assert stack.sql("SELECT palace_ws_tsquery('w1', %s)::text", ("'a' & 'b'",))[0][0] == (
+        f"'{prefix}.a' & '{prefix}.b'")
+
+
 def test_full_text_candidates_come_from_the_workspace_scoped_index(stack: Stack, big_workspace: str) -> None:
     """The full-text lookup goes through the GIN index that knows the workspace, so a small workspace in
     a big table never pays for the other tenants' matches; and it does so in the plan the function keeps
@@ -113,7 +129,7 @@ def test_full_text_candidates_come_from_the_workspace_scoped_index(stack: Stack,
     plan = _plpgsql_generic_plan(stack, "palace_text_candidates", big_workspace, [
         sql.Literal(big_workspace), sql.SQL("to_tsquery('english', '17 | 42')"), sql.SQL("'{17,42}'::text[]"),
         sql.Literal(2000), sql.Literal(100)])
-    assert "drawers_tsv_ws" in plan and '"Seq Scan"' not in plan, plan
+    assert "drawers_ws_lexemes" in plan and '"Seq Scan"' not in plan, plan
     assert "drawers_tsv_gin" not in plan, plan
 
 
