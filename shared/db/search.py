@@ -10,7 +10,8 @@
    of its own) finds its full-text matches in the same pass over its rows that finds its nearest
    neighbours (``_SCAN``), and ranks every match. Otherwise the matches come through a
    security-definer function, so the GIN index serves them under row-level security, and that index
-   knows the workspace (migration 0036); at most ``fts_scan_max`` matching rows are ranked, which
+   holds each word under its workspace (migration 0047: a word's posting list is the workspace's, not
+   the table's); at most ``fts_scan_max`` matching rows are ranked, which
    bounds the tail, and the rows past that bound are whichever the scan met last, not the worst. So
    once a workspace holds more than ``fts_scan_max`` drawers the function asks for the query's
    lexemes that are rare there (the workspace lexicon that maintain keeps, migration 0037), or, when
