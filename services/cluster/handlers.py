@@ -19,6 +19,7 @@ from shared.db.drawers import (
     drawers_by_id,
     drawers_missing_bands,
     set_dedup_bands,
+    speakers_of,
     workspace_size,
 )
 from shared.db.entity_dedup import key_entities_span
@@ -102,6 +103,9 @@ def register(deps: Deps) -> None:
             # Ingest stored the bands with the row (the backfill below covers older drawers).
             found = await cluster_candidates(conn, ws, [(r.id, r.embedding, wording_bands(ws, r.content))
                                                         for r in rows], indexed=await has_index(conn, ws))
+            # Who said each neighbour a contradiction check could concern (contradiction.same_voice).
+            band_ids = sorted({t[0] for r in rows for t in found[r.id].near if t[1] >= s.contradiction_low})
+            voices = await speakers_of(conn, ws, band_ids) if band_ids else {}
         decisions = []
         checks = []
         proposing = []
@@ -117,7 +121,9 @@ def register(deps: Deps) -> None:
             # The band's upper end is the merge rule: a neighbour that is not near-verbatim may still be
             # its negation ("enabled" / "disabled" sit very close in embedding space). Neighbours by
             # embedding here, not by wording: a contradiction may be worded differently.
-            band = [t for t in n.near if t[1] >= s.contradiction_low]
+            # And said by the same person: two people disagreeing is two facts, not a correction.
+            band = [t for t in n.near if t[1] >= s.contradiction_low
+                    and contradiction.same_voice(voices.get(t[0]), r.speaker)]
             if band:
                 checks.append((r.id, r.content, band))
             proposing.append((r, [(nid, content) for nid, _, content in n.near]))

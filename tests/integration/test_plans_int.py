@@ -148,6 +148,14 @@ def test_maintenance_sweeps_use_an_index(stack: Stack, big_workspace: str, sql: 
     assert '"Seq Scan"' not in plan, plan
 
 
+def test_cluster_reads_its_neighbours_speakers_by_primary_key(stack: Stack, big_workspace: str) -> None:
+    from shared.db.drawers import SPEAKERS_SQL
+
+    ids = [r[0] for r in stack.sql("SELECT id FROM drawers WHERE workspace_id = %s LIMIT 5", (big_workspace,))]
+    plan = _plan(stack, SPEAKERS_SQL, (big_workspace, ids))
+    assert "drawers_pkey" in plan and '"Seq Scan"' not in plan, plan
+
+
 def test_full_text_candidates_come_from_the_workspaces_rare_words(stack: Stack, big_workspace: str) -> None:
     """Past exact search, a query's common words (in every drawer of the big workspace: 'drawer',
     'number') no longer decide which drawers the index must evaluate once maintain has counted them:

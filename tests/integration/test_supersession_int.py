@@ -56,3 +56,35 @@ def test_reverting_a_supersession_restores_the_older_drawer(stack: Stack) -> Non
     assert stack.sql("SELECT superseded_by FROM drawers WHERE workspace_id = %s AND id = %s", (w, drawer)) == [(None,)]
     # without an LLM every other drawer is kept as new (ADD), and that too is audited
     assert stack.sql("SELECT count(*) FROM memory_history WHERE workspace_id = %s AND action = 'ADD'", (w,)) == [(2,)]
+
+
+def _named(w: str, sid: str, lines: list[tuple[str, str]]) -> dict[str, object]:
+    return session(w, sid, [t for _, t in lines]) | {"messages": [
+        {"role": "user", "name": name, "content": t, "created_at": "2026-11-01T10:00:00Z"} for name, t in lines]}
+
+
+def test_only_a_speakers_own_statement_is_superseded(stack: Stack) -> None:
+    """Two named people disagreeing is two facts: Melanie's "no" does not supersede Caroline's "yes";
+    Caroline's own later "no" does."""
+    w = ws()
+    caroline = "The pottery class on Saturdays is enabled for beginners"
+    melanie = "The pottery class on Saturdays is disabled for beginners"
+    stack.publish(session(w, "s1", []) | _named(w, "s1", [("Caroline", caroline)]))
+    stack.wait_processed(w, 1)
+    stack.publish(session(w, "s2", []) | _named(w, "s2", [("Melanie", melanie)]))
+    stack.wait_processed(w, 2)
+    old_id, other_id = _id_of(stack, w, caroline), _id_of(stack, w, melanie)
+    # cluster has decided on Melanie's drawer (every drawer gets an audited ADD without an LLM)
+    wait_for(lambda: stack.sql("SELECT 1 FROM memory_history WHERE workspace_id = %s AND drawer_id = %s"
+                               " AND action = 'ADD'", (w, other_id)), 60, "cluster's decision on the second drawer")
+    assert stack.sql("SELECT count(*) FROM drawers WHERE workspace_id = %s AND superseded_by IS NOT NULL",
+                     (w,)) == [(0,)]
+    # Worded apart from Melanie's, so that it is not her drawer's near-verbatim twin (merged, not compared).
+    later = "Sadly the Saturday pottery class for beginners is disabled from this month"
+    stack.publish(session(w, "s3", []) | _named(w, "s3", [("caroline", later)]))
+    stack.wait_processed(w, 3)
+    new_id = _id_of(stack, w, later)
+    wait_for(lambda: stack.sql("SELECT superseded_by FROM drawers WHERE workspace_id = %s AND id = %s",
+                               (w, old_id))[0][0] == new_id, 60, "Caroline's drawer superseded by her own")
+    assert stack.sql("SELECT superseded_by FROM drawers WHERE workspace_id = %s AND id = %s",
+                     (w, other_id)) == [(None,)]

@@ -172,3 +172,19 @@ def test_only_timeouts_429_and_5xx_are_retried(status: int, transient: bool) -> 
     assert is_transient_llm(openai.APITimeoutError(request=req))
     assert is_transient_llm(openai.APIConnectionError(request=req))
     assert not is_transient_llm(ValueError("unreadable answer"))
+
+
+@pytest.mark.parametrize(("older", "newer", "expected"), [
+    ("Caroline", "Caroline", True),
+    ("Caroline", " caroline ", True),  # names as chat platforms send them
+    ("Mary  Ann", "mary ann", True),
+    ("Caroline", "Melanie", False),  # two people disagreeing: two facts
+    (None, "Melanie", True),  # a message without a name: compared as before
+    ("Caroline", None, True),
+    (None, None, True),
+    ("", "Melanie", True),
+])
+def test_only_the_same_voice_supersedes(older: str | None, newer: str | None, expected: bool) -> None:
+    from shared.memory.contradiction import same_voice
+
+    assert same_voice(older, newer) is expected
