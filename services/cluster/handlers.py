@@ -103,17 +103,21 @@ def register(deps: Deps) -> None:
             # Ingest stored the bands with the row (the backfill below covers older drawers).
             found = await cluster_candidates(conn, ws, [(r.id, r.embedding, wording_bands(ws, r.content))
                                                         for r in rows], indexed=await has_index(conn, ws))
-            # Who said each neighbour a contradiction check could concern (contradiction.same_voice).
-            band_ids = sorted({t[0] for r in rows for t in found[r.id].near if t[1] >= s.contradiction_low})
-            voices = await speakers_of(conn, ws, band_ids) if band_ids else {}
+            # Who said each twin and each neighbour a contradiction check could concern (same_voice).
+            asked = sorted({t[0] for r in rows for t in found[r.id].twins}
+                           | {t[0] for r in rows for t in found[r.id].near if t[1] >= s.contradiction_low})
+            voices = await speakers_of(conn, ws, asked) if asked else {}
         decisions = []
         checks = []
         proposing = []
         for r in rows:
             n = found[r.id]
-            # "enabled" and "disabled" differ by one word: a negation is never a duplicate to merge away.
+            # "enabled" and "disabled" differ by one word: a negation is never a duplicate to merge away. Nor is
+            # another person's same words: "I love hiking" said by two people is two memories, each its
+            # speaker's (merged, the younger one would leave recall).
             d = decide(r.content, [t for t in n.twins
-                                   if not contradiction.lexical_contradiction(t[2], r.content).contradicts],
+                                   if contradiction.same_voice(voices.get(t[0]), r.speaker)
+                                   and not contradiction.lexical_contradiction(t[2], r.content).contradicts],
                        s.dedup_threshold)
             if d.action == "MERGE":
                 decisions.append((r.id, d))

@@ -59,8 +59,8 @@ class Verdict:
 
 
 def same_voice(older: str | None, newer: str | None) -> bool:
-    """Whether a newer statement may supersede an older one by who said them: the same speaker, or a
-    speaker unknown on either side (a message without a name is compared as before)."""
+    """Whether a newer statement may supersede (or be merged into) an older one by who said them: the same
+    speaker, or a speaker unknown on either side (a message without a name is compared as before)."""
     if not older or not newer:
         return True
     return " ".join(older.split()).casefold() == " ".join(newer.split()).casefold()

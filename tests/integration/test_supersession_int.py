@@ -88,3 +88,25 @@ def test_only_a_speakers_own_statement_is_superseded(stack: Stack) -> None:
                                (w, old_id))[0][0] == new_id, 60, "Caroline's drawer superseded by her own")
     assert stack.sql("SELECT superseded_by FROM drawers WHERE workspace_id = %s AND id = %s",
                      (w, other_id)) == [(None,)]
+
+
+def test_two_people_saying_the_same_words_keep_two_drawers(stack: Stack) -> None:
+    """A near-verbatim repeat by the same person merges into the older drawer; the same words by someone
+    else stay their own drawer (merged, the second speaker's statement would leave recall)."""
+    w = ws()
+    said = "We moved the weekly sync to Thursdays at 10am."
+    stack.publish(session(w, "s1", []) | _named(w, "s1", [("Caroline", said)]))
+    stack.wait_processed(w, 1)
+    melanie, again = "we moved the weekly sync to thursdays at 10am!", "We moved the weekly sync to Thursdays at 10am"
+    stack.publish(session(w, "s2", []) | _named(w, "s2", [("Melanie", melanie), ("Caroline", again)]))
+    wait_for(lambda: stack.sql("SELECT count(*) FROM drawers WHERE workspace_id = %s AND state = 'merged'",
+                               (w,))[0][0] == 1, what="Caroline's repeat merged")
+    # cluster's audited decision on Melanie's drawer (NONE: the same normalised content is already known)
+    wait_for(lambda: stack.sql("SELECT h.action FROM memory_history h JOIN drawers d ON d.workspace_id = h.workspace_id"
+                               " AND d.id = h.drawer_id WHERE h.workspace_id = %s AND d.speaker = 'Melanie'",
+                               (w,)), what="cluster's decision on Melanie's drawer")
+    rows = {(r[0], r[1]): r[2] for r in stack.sql(
+        "SELECT speaker, content, state FROM drawers WHERE workspace_id = %s", (w,))}
+    assert rows == {("Caroline", said): "processed",
+                    ("Melanie", melanie): "processed",
+                    ("Caroline", again): "merged"}
