@@ -360,6 +360,13 @@ async def _retry_without_graph_on_error(conn: AsyncConnection[Any], cand: dict[s
         return await _send(conn, cand, None, 0)
 
 
+def vector_literal(v: np.ndarray) -> str:
+    """A vector as pgvector's text input. Nine significant digits give back every float32 exactly
+    (pgvector reads each number with strtof) in about two thirds of the text of Python's repr of the
+    widened float64, which the client formats and the server parses on every search."""
+    return "[" + ",".join(map("%.9g".__mod__, np.asarray(v, dtype=np.float32).tolist())) + "]"
+
+
 # The first statement of a search: the workspace row-level security admits (transaction-local, as
 # shared/db/tenancy.py sets it), the timeout the graph lookup restores, and no graph drawers yet.
 _SCOPE = ("SELECT set_config('palace.workspace_id', %(ws)s, true),"
@@ -409,7 +416,7 @@ async def _send(conn: AsyncConnection[Any], cand: dict[str, Any], graph_args: di
     if not idle:
         parts = ["SAVEPOINT palace_search", *parts, "RELEASE SAVEPOINT palace_search"]
     if cand["emb"] is not None:  # its text once, not once per mention in the statement
-        args["emb"] = "[" + ",".join(map(repr, np.asarray(cand["emb"], dtype=np.float32).tolist())) + "]"
+        args["emb"] = vector_literal(cand["emb"])
     cur = psycopg.AsyncClientCursor(conn)
     try:
         if idle:

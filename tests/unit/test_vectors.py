@@ -28,3 +28,20 @@ async def test_hash_embedder_is_deterministic_unit_length_and_lexical() -> None:
     assert np.allclose(np.linalg.norm(docs, axis=1), 1.0, atol=1e-5)
     assert float(docs[0] @ docs[1]) > 0.99 and abs(float(docs[0] @ docs[2])) < 0.5
     assert np.array_equal(await e.embed_query("Bananas are yellow."), docs[2])
+
+
+def test_a_vector_literal_gives_back_every_float32_exactly() -> None:
+    """Search sends the query vector as text (shared.db.search.vector_literal): nine significant digits,
+    read back as float32 as pgvector's strtof does, must be the same vector, tiny and huge values
+    included."""
+    from shared.db.search import vector_literal
+
+    rng = np.random.default_rng(7)
+    for v in (rng.standard_normal(384).astype(np.float32),
+              np.array([1e-38, -3.4028235e38, 1.1754944e-38, -0.0, 1 / 3, 0.1, 7.0, 1e-7], dtype=np.float32),
+              np.frombuffer(rng.integers(0, 2**32, 2000, dtype=np.uint32).astype(np.uint32).tobytes(), np.float32)):
+        v = v[np.isfinite(v)]
+        text = vector_literal(v)
+        assert text.startswith("[") and text.endswith("]")
+        back = np.array(text[1:-1].split(","), dtype=np.float64).astype(np.float32)
+        assert np.array_equal(back.view(np.uint32), v.view(np.uint32))
