@@ -276,3 +276,31 @@ def write_results(name: str, data: dict[str, Any]) -> Path:
     tmp.write_text(json.dumps(data, indent=2, default=str) + "\n")
     tmp.replace(out)
     return out
+
+
+async def cleanup_workspace(database_url: str, workspace: str) -> None:
+    """Remove a run's workspace so repeated runs don't grow the bench database: its rows in every table
+    keyed by workspace (foreign keys cascade the rest; a table whose rows others still reference is
+    retried after them) and its vector index, if maintain built one."""
+    import psycopg
+    from psycopg import sql
+
+    from shared.db.vector_indexes import drop_vector_index
+
+    async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as conn:
+        cur = await conn.execute(
+            """SELECT c.table_name FROM information_schema.columns c
+                 JOIN information_schema.tables t USING (table_schema, table_name)
+                WHERE c.table_schema = 'public' AND c.column_name = 'workspace_id' AND t.table_type = 'BASE TABLE'
+                  AND c.table_name NOT IN ('job_leases', 'api_keys', 'vector_indexes')""")
+        left = [r[0] for r in await cur.fetchall()]
+        for _ in range(3):
+            failed = []
+            for table in left:
+                try:
+                    await conn.execute(sql.SQL("DELETE FROM {} WHERE workspace_id = %s").format(sql.Identifier(table)),
+                                       (workspace,))
+                except psycopg.errors.ForeignKeyViolation:
+                    failed.append(table)
+            left = failed
+    await drop_vector_index(database_url, workspace)

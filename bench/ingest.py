@@ -31,6 +31,7 @@ from _common import (
     Turn,
     bench_lock,
     bench_settings,
+    cleanup_workspace,
     console,
     drawer_embed_text,
     free_port_block,
@@ -248,13 +249,6 @@ async def run_pipeline(settings: Settings, nats_url: str, database_url: str, wor
         "drained_s": drained,
         "all_drained_s": max(drained.values()) if drained else None,
     }
-
-
-async def cleanup_workspace(database_url: str, workspace: str) -> None:
-    """Remove the run's rows (its workspace only), so repeated runs don't grow the bench database."""
-    async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as conn:
-        for table in ("drawers", "sessions", "embedding_cache", "memory_history"):
-            await conn.execute(f"DELETE FROM {table} WHERE workspace_id = %s", (workspace,))  # noqa: S608
 
 
 def main() -> None:

@@ -35,6 +35,7 @@ from _common import (
     BENCH_STACK,
     bench_lock,
     bench_settings,
+    cleanup_workspace,
     console,
     free_port_block,
     load_locomo,
@@ -45,7 +46,7 @@ from _common import (
     warn_if_busy,
     write_results,
 )
-from ingest import build_workload, cleanup_workspace, cpu_seconds, run_pipeline
+from ingest import build_workload, cpu_seconds, run_pipeline
 from rich.table import Table
 
 SERVICES = ["ingest", "embed", "classify", "cluster", "enrich", "maintain"]

@@ -43,6 +43,7 @@ from _common import (
     REPO,
     bench_lock,
     bench_settings,
+    cleanup_workspace,
     console,
     free_port_block,
     load_locomo,
@@ -53,7 +54,6 @@ from _common import (
     warn_if_busy,
     write_results,
 )
-from psycopg import sql
 from rich.table import Table
 
 from shared.config import Settings
@@ -257,19 +257,6 @@ def memory_summary(s: Samples, n_pub: int, threshold_pct: float) -> dict[str, di
         out[name] = {"peak_mb": max(vals), "first_quarter_median_mb": first, "last_quarter_median_mb": last,
                      "growth_pct": growth, "verdict": verdict, "drain_peak_mb": max(vals[len(pub):], default=None)}
     return out
-
-
-async def cleanup_workspace(database_url: str, workspace: str) -> None:
-    """Delete the run's rows from every table keyed by workspace (foreign keys cascade the rest)."""
-    async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as conn:
-        cur = await conn.execute(
-            """SELECT table_name FROM information_schema.columns
-                WHERE table_schema = 'public' AND column_name = 'workspace_id'
-                  AND table_name NOT IN ('job_leases', 'api_keys')""")
-        for (table,) in await cur.fetchall():
-            with contextlib.suppress(psycopg.Error):
-                await conn.execute(sql.SQL("DELETE FROM {} WHERE workspace_id = %s").format(sql.Identifier(table)),
-                                   (workspace,))
 
 
 def main() -> None:

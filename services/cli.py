@@ -310,14 +310,13 @@ def publish(file: Annotated[Path, typer.Argument(help="JSON file: one session.co
 async def _local_search(s: Settings, workspace: str, query: str, k: int, episodes: int = 0) -> Any:
     from shared.adapters.space_embedder import SpaceEmbedder
     from shared.db.pool import open_pool
-    from shared.db.search import SearchParams
     from shared.recall import Recaller
 
     db, _ = _urls(s)
     pool = await open_pool(db, name="cli", max_size=2, role=s.db_role)
     emb = await SpaceEmbedder.open(s, pool)
     try:
-        r = Recaller(pool, emb, SearchParams.from_settings(s), vector_index_min=s.vector_index_min_drawers)
+        r = Recaller.from_settings(pool, emb, s)
         found = await r.recall(workspace, query, k, episodes=episodes)
         await r.drain()
         return found

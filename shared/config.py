@@ -117,6 +117,10 @@ class Settings(BaseSettings):
         5_000, description="A workspace with more live drawers than this gets an HNSW index of its own (asked for by "
         "search or cluster, built by maintain, used by both once ready); smaller ones are searched exactly.",
     )
+    vector_index_poll_s: float = Field(
+        5.0, gt=0, description="How often maintain looks for workspaces waiting for their vector index (a read of a "
+        "small table), and how soon search and cluster ask again whether a requested index is ready.",
+    )
     lexicon_common_share: float = Field(
         0.01, gt=0, lt=1, description="In a workspace past exact search, a word found in at least this share of its "
         "drawers is common: full-text candidates come from the query's other (rare) words when it has any.",

@@ -17,11 +17,12 @@ from psycopg_pool import AsyncConnectionPool
 
 from shared.access import access_log
 from shared.adapters.space_embedder import pinned
+from shared.config import Settings
 from shared.db.drawers import workspace_size
 from shared.db.episodes import search_episodes, session_drawers
 from shared.db.search import SearchHit, SearchParams, hybrid_search
 from shared.db.tenancy import workspace_tx
-from shared.db.vector_indexes import vector_index_for
+from shared.db.vector_indexes import recheck_after, vector_index_for
 from shared.logging import get_logger
 from shared.memory.citations import cite
 from shared.memory.ranking import RankParams
@@ -83,9 +84,16 @@ class Recaller:
     cache_size: int = 2048
     touch: bool = True
     size_ttl_s: float = 60.0
+    index_poll_s: float = 5.0  # PALACE_VECTOR_INDEX_POLL_S: how soon a requested index is looked for again
     vector_index_min: int = 5_000  # PALACE_VECTOR_INDEX_MIN_DRAWERS
     _cache: OrderedDict[tuple[str, str], np.ndarray] = field(default_factory=OrderedDict)
     _sizes: dict[str, tuple[int, bool, float]] = field(default_factory=dict)
+
+    @classmethod
+    def from_settings(cls, pool: AsyncConnectionPool, embedder: Embedder | None, settings: Settings) -> Recaller:
+        """The recaller every interface uses (api, MCP, CLI): search and index settings from PALACE_*."""
+        return cls(pool, embedder, SearchParams.from_settings(settings),
+                   vector_index_min=settings.vector_index_min_drawers, index_poll_s=settings.vector_index_poll_s)
 
     async def _embed(self, query: str, *, recheck_space: bool = False) -> np.ndarray | None:
         if self.embedder is None:
@@ -152,12 +160,13 @@ class Recaller:
     async def _search(self, workspace_id: str, query: str, vec: np.ndarray | None, params: SearchParams,
                       episodes: int = 0) -> tuple[list[SearchHit], list[RecalledEpisode]]:
         cached = self._sizes.get(workspace_id)
-        if cached is None or time.monotonic() - cached[2] > self.size_ttl_s:
+        if cached is None or time.monotonic() > cached[2]:
             async with workspace_tx(self.pool, workspace_id) as conn:
                 size = await workspace_size(conn, workspace_id, max(self.params.exact_max, self.vector_index_min) + 1)
                 # Exact scans until maintain has built the workspace's own index.
                 ready = await vector_index_for(conn, workspace_id, size, self.vector_index_min)
-            cached = (size, ready, time.monotonic())
+            cached = (size, ready, time.monotonic() + recheck_after(size, ready, self.vector_index_min,
+                                                                    self.size_ttl_s, self.index_poll_s))
             self._sizes[workspace_id] = cached
         # The search scopes its own transaction to the workspace, all in one round trip (hybrid_search).
         async with self.pool.connection() as conn:

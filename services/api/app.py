@@ -32,7 +32,6 @@ from shared.config import Settings
 from shared.db.apikeys import store_api_key
 from shared.db.migrate import apply_migrations
 from shared.db.pool import open_pool, wait_for_database
-from shared.db.search import SearchParams
 from shared.endpoints import resolve_urls
 from shared.logging import configure_logging, get_logger
 from shared.palace_graph import PalaceGraph
@@ -83,8 +82,7 @@ async def _connect(app: FastAPI, settings: Settings, closers: Closers) -> None:
     app.state.broker = broker
     embedder = await SpaceEmbedder.open(settings, pool)  # follows the active space (palace reembed)
     closers.append(("embedder", embedder.aclose))
-    recaller = Recaller(pool, embedder, SearchParams.from_settings(settings),
-                        vector_index_min=settings.vector_index_min_drawers)
+    recaller = Recaller.from_settings(pool, embedder, settings)
     closers.append(("recaller", recaller.drain))
     app.state.recaller = recaller
     # MCP over streamable HTTP (services/mcp): its session manager runs as long as the api does.

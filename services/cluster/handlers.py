@@ -26,7 +26,7 @@ from shared.db.entity_dedup import key_entities_span
 from shared.db.episodes import existing_drawers
 from shared.db.forget import lock_for_write
 from shared.db.tenancy import maintenance_tx, workspace_tx
-from shared.db.vector_indexes import vector_index_for
+from shared.db.vector_indexes import recheck_after, vector_index_for
 from shared.events import DrawerClassified, EntityUpserted
 from shared.kg_dedup import dedup_entities
 from shared.logging import get_logger
@@ -38,26 +38,29 @@ from shared.metrics import DRAWERS, ENTITIES
 __all__ = ["backfill_bands", "backfill_entity_keys", "register"]
 
 log = get_logger("palace.cluster")
-# How long a workspace's "has a ready HNSW index" answer is reused. Either answer gives correct
-# neighbours (the index only makes the walk cheaper), so a stale one costs time, never a result.
+# How long a workspace's settled "has a ready HNSW index" answer is reused (one that waits for a build
+# is asked again after PALACE_VECTOR_INDEX_POLL_S). Either answer gives correct neighbours (the index
+# only makes the walk cheaper), so a stale one costs time, never a result.
 _INDEX_CHECK_S = 60.0
 
 
 def register(deps: Deps) -> None:
     s = deps.settings
     llm = LlmClient(s) if s.llm_base_url else None
-    indexed_at: dict[str, tuple[float, bool]] = {}
+    indexed_at: dict[str, tuple[float, bool]] = {}  # workspace → (when to ask again, ready)
 
     async def has_index(conn: Any, ws: str) -> bool:
         """Whether the workspace's own HNSW index is ready, asking maintain for one once the workspace
-        outgrows exact scans (at most once a minute per workspace)."""
+        outgrows exact scans (at most once a minute per workspace, more often while one is awaited)."""
         now = time.monotonic()
         hit = indexed_at.get(ws)
-        if hit is None or now - hit[0] > _INDEX_CHECK_S:
+        if hit is None or now >= hit[0]:
             if len(indexed_at) > 10_000:
                 indexed_at.clear()
             size = await workspace_size(conn, ws, s.vector_index_min_drawers + 1)
-            hit = indexed_at[ws] = (now, await vector_index_for(conn, ws, size, s.vector_index_min_drawers))
+            ready = await vector_index_for(conn, ws, size, s.vector_index_min_drawers)
+            hit = indexed_at[ws] = (now + recheck_after(size, ready, s.vector_index_min_drawers, _INDEX_CHECK_S,
+                                                        s.vector_index_poll_s), ready)
         return hit[1]
 
     async def verdict(older: str, newer: str, usage: list[Usage]) -> contradiction.Verdict:

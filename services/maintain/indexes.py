@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 
 from services._runtime import Deps, holder_name
 from shared.db.lexicon import refresh_lexicon, stale_lexicons
@@ -25,6 +26,9 @@ _LEASE_S = 6 * 3600.0  # longer than any build; a crashed builder's lease expire
 async def build_wanted(deps: Deps, holder: str) -> int:
     """Build every wanted index if this replica holds the lease; returns how many were built."""
     async with maintenance_tx(deps.pool) as conn:
+        # Asked every few seconds: a read of the requests first, the lease (a write) only when one waits.
+        if not await wanted_vector_indexes(conn, 1):
+            return 0
         if not await take_lease(conn, "vector_indexes", holder, _LEASE_S, 0.0):
             return 0
         wanted = await wanted_vector_indexes(conn)
@@ -66,11 +70,19 @@ async def refresh_lexicons(deps: Deps, holder: str) -> int:
 
 
 async def vector_index_loop(deps: Deps, stop: asyncio.Event) -> None:
+    """Build requested indexes within ``vector_index_poll_s`` of the request: until one is ready, every
+    event cluster handles and every search of that workspace scans it exactly, a cost growing with it,
+    so a build waiting for the next minute's sweep was the largest cost of a fast-growing workspace.
+    The poll reads a small table by its state. Lexicons are recounted on the sweep's interval."""
+    s = deps.settings
     holder = holder_name()
+    lexicons_due = 0.0
     while not stop.is_set():
         with contextlib.suppress(Exception):  # retried next round; never kills the service
             await build_wanted(deps, holder)
-        with contextlib.suppress(Exception):
-            await refresh_lexicons(deps, holder)
+        if time.monotonic() >= lexicons_due:
+            with contextlib.suppress(Exception):
+                await refresh_lexicons(deps, holder)
+            lexicons_due = time.monotonic() + s.maintain_interval_s
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), deps.settings.maintain_interval_s)
+            await asyncio.wait_for(stop.wait(), min(s.vector_index_poll_s, s.maintain_interval_s))

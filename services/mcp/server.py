@@ -25,7 +25,6 @@ from shared.bus import build_broker, ensure_streams
 from shared.config import Settings
 from shared.db.apikeys import workspace_for_key
 from shared.db.pool import open_pool
-from shared.db.search import SearchParams
 from shared.db.tenancy import key_lookup_tx
 from shared.palace_graph import PalaceGraph
 from shared.palace_ops import PalaceOps
@@ -87,8 +86,7 @@ async def open_ops(settings: Settings, database_url: str, nats_url: str, *, name
     embedder = await SpaceEmbedder.open(settings, pool)  # follows the active space (palace reembed)
     broker = build_broker(settings, name, nats_url)
     # The same search settings as the api (cosine band, graph deadline), not the library defaults.
-    recaller = Recaller(pool, embedder, SearchParams.from_settings(settings),
-                        vector_index_min=settings.vector_index_min_drawers)
+    recaller = Recaller.from_settings(pool, embedder, settings)
     try:
         await broker.connect()
         await ensure_streams(broker, settings)

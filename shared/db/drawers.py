@@ -17,6 +17,7 @@ from shared.memory.kg import KG_MIN_IMPORTANCE
 __all__ = [
     "OLDER_TWINS_SQL",
     "SPEAKERS_SQL",
+    "WORKSPACE_SIZE_SQL",
     "DrawerRow",
     "as_array",
     "cached_embeddings",
@@ -319,12 +320,17 @@ async def speakers_of(conn: AsyncConnection[Any], workspace_id: str, ids: list[s
     return {r[0]: r[1] for r in await cur.fetchall()}
 
 
+# Live drawers that are not merged away: what an exact scan reads and a workspace's vector index holds.
+WORKSPACE_SIZE_SQL = ("SELECT count(*) FROM (SELECT 1 FROM drawers WHERE workspace_id = %s AND deleted_at IS NULL"
+                      " AND state <> 'merged' LIMIT %s) x")
+
+
 async def workspace_size(conn: AsyncConnection[Any], workspace_id: str, cap: int) -> int:
-    """Live drawers in a workspace, counted up to ``cap`` (an index-only scan of at most ``cap`` rows):
-    search and cluster only ask whether the workspace is past a threshold, so the count must not grow
-    with it."""
-    cur = await conn.execute(
-        "SELECT count(*) FROM (SELECT 1 FROM drawers WHERE workspace_id = %s AND deleted_at IS NULL LIMIT %s) x",
-        (workspace_id, cap))
+    """Live, unmerged drawers in a workspace, counted up to ``cap`` (an index-only scan of at most
+    ``cap`` rows): search and cluster only ask whether the workspace is past a threshold, so the count
+    must not grow with it. Merged drawers do not count: no scan reads them and no index holds them, so a
+    workspace of repeated messages (most merge into their first copy) is as cheap to scan as its
+    distinct ones, and asking for an index at the count of its rows would pay for graph inserts early."""
+    cur = await conn.execute(WORKSPACE_SIZE_SQL, (workspace_id, cap))
     row = await cur.fetchone()
     return int(row[0]) if row else 0

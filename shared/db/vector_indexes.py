@@ -16,8 +16,22 @@ from typing import Any
 import psycopg
 from psycopg import AsyncConnection, sql
 
-__all__ = ["build_vector_index", "drop_vector_index", "index_name_for", "request_vector_index", "vector_index_for",
-           "vector_index_left", "vector_index_ready", "wanted_vector_indexes"]
+__all__ = ["WANTED_SQL", "build_vector_index", "drop_vector_index", "index_name_for", "recheck_after",
+           "request_vector_index", "vector_index_for", "vector_index_left", "vector_index_ready",
+           "wanted_vector_indexes"]
+
+
+# maintain asks every PALACE_VECTOR_INDEX_POLL_S: from the partial index of migration 0048.
+WANTED_SQL = "SELECT workspace_id, index_name FROM vector_indexes WHERE state = 'wanted' ORDER BY requested_at LIMIT %s"
+
+
+def recheck_after(drawers: int, ready: bool, min_drawers: int, settled_s: float, waiting_s: float) -> float:
+    """How long a stage may reuse its answer to "is this workspace's index ready?". A settled answer
+    (ready, or a workspace small enough to scan exactly) changes slowly: ``settled_s``. A workspace
+    waiting for its index is asked about again after ``waiting_s`` (maintain's poll): each event or
+    search until it switches pays an exact scan of a workspace past the size that asked for the index,
+    and that wait used to last up to ``settled_s`` after the index was ready."""
+    return waiting_s if drawers > min_drawers and not ready else settled_s
 
 
 def index_name_for(workspace_id: str) -> str:
@@ -55,10 +69,7 @@ async def request_vector_index(conn: AsyncConnection[Any], workspace_id: str, dr
 
 async def wanted_vector_indexes(conn: AsyncConnection[Any], limit: int = 10) -> list[tuple[str, str]]:
     """(workspace_id, index_name) waiting for a build, oldest request first (maintenance role)."""
-    cur = await conn.execute(
-        "SELECT workspace_id, index_name FROM vector_indexes WHERE state = 'wanted' ORDER BY requested_at LIMIT %s",
-        (limit,),
-    )
+    cur = await conn.execute(WANTED_SQL, (limit,))
     return [(r[0], r[1]) for r in await cur.fetchall()]
 
 
@@ -66,14 +77,21 @@ async def build_vector_index(database_url: str, workspace_id: str, index_name: s
                              ef_construction: int = 64) -> None:
     """Build the workspace's partial HNSW index without blocking writes (``CONCURRENTLY``: its own
     autocommit connection, as the login role that owns the table), then mark it ready. A build that
-    fails leaves no invalid index behind and is recorded as failed, to be asked for again."""
+    fails leaves no invalid index behind and is recorded as failed, to be asked for again.
+
+    The index holds the drawers a walk may return, live and not merged away (every statement that walks
+    it says so, search and cluster). A graph insert is the dearest part of writing a drawer, and every
+    update that is not HOT makes one for the row's new version if it is in the index: a merge, an
+    archive or a forget made one for a row no walk wants. Indexes built before held the whole workspace;
+    they keep working."""
     async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as conn:
         await conn.execute("SET ROLE palace_maintenance")
         await conn.execute("UPDATE vector_indexes SET state = 'building' WHERE workspace_id = %s", (workspace_id,))
         await conn.execute("RESET ROLE")
         ddl = sql.SQL(
             "CREATE INDEX CONCURRENTLY IF NOT EXISTS {name} ON drawers USING hnsw (embedding vector_cosine_ops) "
-            "WITH (m = {m}, ef_construction = {ef}) WHERE workspace_id = {ws}"
+            "WITH (m = {m}, ef_construction = {ef}) WHERE workspace_id = {ws} AND state <> 'merged' "
+            "AND deleted_at IS NULL"
         ).format(name=sql.Identifier(index_name), m=sql.Literal(m), ef=sql.Literal(ef_construction),
                  ws=sql.Literal(workspace_id))
         try:

@@ -133,6 +133,36 @@ def test_full_text_candidates_come_from_the_workspace_scoped_index(stack: Stack,
     assert "drawers_tsv_gin" not in plan, plan
 
 
+def test_workspace_size_counts_from_an_index(stack: Stack, big_workspace: str) -> None:
+    """Search and cluster ask a workspace's size (up to a cap) often: a small workspace in a big table
+    counts from an index. (The big workspace may be read in table order: it is most of this table, and
+    the cap bounds the read either way.)"""
+    from shared.db.drawers import WORKSPACE_SIZE_SQL
+
+    plan = _plan(stack, WORKSPACE_SIZE_SQL, (ws(), 5001))
+    assert '"Seq Scan"' not in plan and "Index" in plan, plan
+
+
+def test_maintain_finds_waiting_index_requests_by_their_index(stack: Stack) -> None:
+    """maintain polls for requested vector indexes every few seconds: among tens of thousands of
+    workspaces whose index is ready, the few waiting are read from the partial index of migration 0048.
+    (No row here waits: the test stack's maintain would build an index for it.)"""
+    from shared.db.vector_indexes import WANTED_SQL
+
+    prefix = ws()
+    with psycopg.connect(stack.database_url, autocommit=True) as conn:
+        conn.execute("""INSERT INTO vector_indexes (workspace_id, index_name, drawers, state)
+                        SELECT %s || g, 'drawers_hnsw_x' || g, 6000,
+                               CASE WHEN g %% 5000 = 0 THEN 'failed' ELSE 'ready' END
+                          FROM generate_series(1, 30000) g""", (prefix,))
+        analyze(conn, "vector_indexes")
+        try:
+            plan = _plan(stack, WANTED_SQL, (10,))
+        finally:
+            conn.execute("DELETE FROM vector_indexes WHERE workspace_id LIKE %s", (prefix + "%",))
+    assert "vector_indexes_wanted" in plan and '"Seq Scan"' not in plan, plan
+
+
 @pytest.mark.parametrize("sql", [
     # maintain: re-drive and give up on raw drawers idle too long
     """SELECT workspace_id, id FROM drawers WHERE state = 'raw' AND deleted_at IS NULL AND retry_count < 3

@@ -12,6 +12,7 @@ import psycopg
 import pytest
 
 from shared.adapters.hash_embedder import HashEmbedder
+from shared.db.clustering import INDEXED_CANDIDATES_SQL
 from shared.db.pool import open_pool
 from shared.db.search import _SQL, SearchParams, hybrid_search
 from shared.db.vector_indexes import index_name_for
@@ -97,6 +98,21 @@ def test_a_growing_workspace_gets_its_own_index_and_search_uses_it(stack: Stack)
             "n_fts": p.fts_candidates,
             "fts_scan": p.fts_scan_max, "n_date": 0, "lo": [], "hi": [], "lo_min": None, "hi_max": None,
             "graph_ids": [],
+        }, prepare=False).fetchall()[0][0]
+    assert name in json.dumps(plan)
+    # The index holds what a walk may return (live, not merged): search's statement (above) and cluster's
+    # neighbour walks (processed drawers) both imply that, so both match it.
+    assert "merged" in indexdef and "deleted_at IS NULL" in indexdef
+    with psycopg.connect(stack.database_url) as conn:
+        from pgvector.psycopg import register_vector
+
+        register_vector(conn)
+        conn.execute("SET ROLE palace_app")
+        conn.execute("SELECT set_config('palace.workspace_id', %s, false)", (w,))
+        conn.execute("SET enable_sort = off")
+        one = stack.sql("SELECT id FROM drawers WHERE workspace_id = %s LIMIT 1", (w,))[0][0]
+        plan = conn.execute("EXPLAIN (FORMAT JSON) " + INDEXED_CANDIDATES_SQL, {
+            "ws": w, "ids": [one], "embs": [np.asarray(q, dtype=np.float32)], "bands": [0] * 4, "nb": 4, "n": 5,
         }, prepare=False).fetchall()[0][0]
     assert name in json.dumps(plan)
 

@@ -45,3 +45,15 @@ def test_a_vector_literal_gives_back_every_float32_exactly() -> None:
         assert text.startswith("[") and text.endswith("]")
         back = np.array(text[1:-1].split(","), dtype=np.float64).astype(np.float32)
         assert np.array_equal(back.view(np.uint32), v.view(np.uint32))
+
+
+def test_an_awaited_index_is_looked_for_again_sooner_than_a_settled_answer() -> None:
+    from shared.db.vector_indexes import recheck_after
+
+    # Past the size that asks for an index, and not ready yet: every event scans it exactly until the
+    # stage notices the build, so it asks again at maintain's poll.
+    assert recheck_after(5_001, False, 5_000, 60.0, 5.0) == 5.0
+    # Settled answers: ready, or small enough to scan exactly.
+    assert recheck_after(5_001, True, 5_000, 60.0, 5.0) == 60.0
+    assert recheck_after(4_000, False, 5_000, 60.0, 5.0) == 60.0
+    assert recheck_after(5_000, False, 5_000, 60.0, 5.0) == 60.0
