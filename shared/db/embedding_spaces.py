@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 from psycopg import AsyncConnection, sql
 
-from shared.db.vector_indexes import index_name_for
+from shared.db.vector_indexes import index_name_for, index_predicate
 
 __all__ = [
     "TABLES",
@@ -347,8 +347,9 @@ async def build_next_index(conn: AsyncConnection[Any], workspace_id: str, *, m: 
     await conn.execute("SET maintenance_work_mem = '256MB'")
     await conn.execute(sql.SQL(
         "CREATE INDEX CONCURRENTLY {name} ON drawers USING hnsw (embedding_next vector_cosine_ops)"
-        " WITH (m = {m}, ef_construction = {ef}) WHERE workspace_id = {ws}").format(
-        name=sql.Identifier(name), m=sql.Literal(m), ef=sql.Literal(ef_construction), ws=sql.Literal(workspace_id)))
+        " WITH (m = {m}, ef_construction = {ef}) WHERE {where}").format(
+        name=sql.Identifier(name), m=sql.Literal(m), ef=sql.Literal(ef_construction),
+        where=index_predicate(workspace_id)))
 
 
 async def switch_space(conn: AsyncConnection[Any], lock_timeout_s: float = 0.5,

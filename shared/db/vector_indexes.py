@@ -16,9 +16,15 @@ from typing import Any
 import psycopg
 from psycopg import AsyncConnection, sql
 
-__all__ = ["WANTED_SQL", "build_vector_index", "drop_vector_index", "index_name_for", "recheck_after",
-           "request_vector_index", "vector_index_for", "vector_index_left", "vector_index_ready",
+__all__ = ["WANTED_SQL", "build_vector_index", "drop_vector_index", "index_name_for", "index_predicate",
+           "recheck_after", "request_vector_index", "vector_index_for", "vector_index_left", "vector_index_ready",
            "wanted_vector_indexes"]
+
+
+def index_predicate(workspace_id: str) -> sql.Composed:
+    """The rows of a workspace's HNSW index (see ``build_vector_index``; ``palace reembed`` builds the
+    next space's index over the same rows)."""
+    return sql.SQL("workspace_id = {} AND state <> 'merged' AND deleted_at IS NULL").format(sql.Literal(workspace_id))
 
 
 # maintain asks every PALACE_VECTOR_INDEX_POLL_S: from the partial index of migration 0048.
@@ -90,10 +96,9 @@ async def build_vector_index(database_url: str, workspace_id: str, index_name: s
         await conn.execute("RESET ROLE")
         ddl = sql.SQL(
             "CREATE INDEX CONCURRENTLY IF NOT EXISTS {name} ON drawers USING hnsw (embedding vector_cosine_ops) "
-            "WITH (m = {m}, ef_construction = {ef}) WHERE workspace_id = {ws} AND state <> 'merged' "
-            "AND deleted_at IS NULL"
+            "WITH (m = {m}, ef_construction = {ef}) WHERE {where}"
         ).format(name=sql.Identifier(index_name), m=sql.Literal(m), ef=sql.Literal(ef_construction),
-                 ws=sql.Literal(workspace_id))
+                 where=index_predicate(workspace_id))
         try:
             await conn.execute("SET maintenance_work_mem = '256MB'")
             await conn.execute(ddl)
