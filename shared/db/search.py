@@ -1,7 +1,8 @@
 """Hybrid recall: one statement finds the candidates and their features; numpy fuses them.
 
 1. Candidates: the nearest drawers by embedding ∪ the best full-text matches ∪ up to
-   ``date_candidates`` drawers inside a time window the query names (shared/memory/timeexpr.py) ∪
+   ``date_candidates`` drawers inside a time window the query names (shared/memory/timeexpr.py), nearest
+   first, when the window holds at most ``fts_scan_max`` drawers (``_DATED``) ∪
    the drawers the knowledge graph reaches from the entities the query names (shared/db/graph_recall.py,
    a short deadline-bounded statement before this one).
    Full text matches an OR of the query's lexemes, since ``plainto_tsquery``'s AND misses most
@@ -155,12 +156,24 @@ _SCAN = """, ws_rows AS MATERIALIZED (
 ), fts AS (
     SELECT id FROM ws_rows WHERE matched IS NOT NULL ORDER BY matched DESC, len, id LIMIT %(n_fts)s
 )"""
+# The window's drawers nearest the query, when the window holds at most ``fts_scan`` of them: counted
+# first from the (workspace, occurred_at) index alone, merged rows included. A window holding more adds
+# no candidates here: the first ``fts_scan`` of it in time order, as this branch took before, were a
+# sample biased to the window's start (a question about late October never saw the drawers of late
+# October), read with their vectors at the cost of the search's slowest questions. Its drawers still
+# come through the other branches, and the window still counts in their ranking (``dated``).
 _DATED = """, dated AS (
     SELECT x.id
       FROM (SELECT d.id, d.embedding FROM drawers d
              WHERE %(n_date)s > 0 AND d.workspace_id = %(ws)s AND d.deleted_at IS NULL AND d.state <> 'merged'
                AND d.occurred_at >= %(lo_min)s AND d.occurred_at < %(hi_max)s
                AND EXISTS (SELECT 1 FROM w WHERE d.occurred_at >= w.lo AND d.occurred_at < w.hi)
+               AND (SELECT count(*) FROM (
+                        SELECT 1 FROM drawers c
+                         WHERE c.workspace_id = %(ws)s AND c.deleted_at IS NULL
+                           AND c.occurred_at >= %(lo_min)s AND c.occurred_at < %(hi_max)s
+                           AND EXISTS (SELECT 1 FROM w WHERE c.occurred_at >= w.lo AND c.occurred_at < w.hi)
+                         LIMIT %(fts_scan)s + 1) n) <= %(fts_scan)s
              LIMIT %(fts_scan)s) x
      ORDER BY CASE WHEN %(use_ann)s THEN x.embedding <=> %(emb)s::vector END, x.id
      LIMIT %(n_date)s
