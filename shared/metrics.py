@@ -26,6 +26,9 @@ __all__ = [
     "LLM_WORKSPACE_TOKENS",
     "PROCESSED",
     "SEARCH_SECONDS",
+    "VECTOR_INDEX_BUILDS",
+    "VECTOR_INDEX_BUILD_SECONDS",
+    "VECTOR_INDEX_OLDEST_WAIT",
 ]
 
 _BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
@@ -98,4 +101,16 @@ LLM_WORKSPACE_CALLS = Gauge(
 LLM_WORKSPACE_TOKENS = Gauge(
     "palace_llm_workspace_tokens_today", "LLM tokens today (database date) by workspace, purpose and direction.",
     ["workspace", "purpose", "direction"],
+)
+
+# A workspace past PALACE_VECTOR_INDEX_MIN_DRAWERS is searched (and clustered) exactly until maintain has
+# built its own index: how long the oldest such request has waited says whether that is happening.
+VECTOR_INDEX_OLDEST_WAIT = Gauge(
+    "palace_vector_index_oldest_wait_seconds",
+    "Age of the oldest request for a workspace's vector index not built yet (0: none waits).",
+)
+VECTOR_INDEX_BUILDS = Counter("palace_vector_index_builds_total", "Workspace vector index builds.", ["outcome"])
+VECTOR_INDEX_BUILD_SECONDS = Histogram(
+    "palace_vector_index_build_seconds", "Time to build a workspace's vector index.",
+    buckets=(1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600, 7200),
 )

@@ -13,9 +13,16 @@ from shared.db.lexicon import refresh_lexicon, stale_lexicons
 from shared.db.lifecycle import release_lease
 from shared.db.maintenance import take_lease
 from shared.db.tenancy import maintenance_tx
-from shared.db.vector_indexes import build_vector_index, wanted_vector_indexes
+from shared.db.vector_indexes import (
+    build_vector_index,
+    oldest_wait_s,
+    orphaned_builds,
+    requeue_orphaned_builds,
+    wanted_vector_indexes,
+)
 from shared.endpoints import resolve_urls
 from shared.logging import get_logger
+from shared.metrics import VECTOR_INDEX_BUILD_SECONDS, VECTOR_INDEX_BUILDS, VECTOR_INDEX_OLDEST_WAIT
 
 __all__ = ["vector_index_loop"]
 
@@ -27,23 +34,30 @@ async def build_wanted(deps: Deps, holder: str) -> int:
     """Build every wanted index if this replica holds the lease; returns how many were built."""
     async with maintenance_tx(deps.pool) as conn:
         # Asked every few seconds: a read of the requests first, the lease (a write) only when one waits.
-        if not await wanted_vector_indexes(conn, 1):
+        if not await wanted_vector_indexes(conn, 1) and not await orphaned_builds(conn):
             return 0
         if not await take_lease(conn, "vector_indexes", holder, _LEASE_S, 0.0):
             return 0
+        # Only the lease's holder builds, so a build still marked as running now is one whose builder died
+        # (a crash, a killed pod): asked for again, or its workspace would be searched exactly for ever.
+        await requeue_orphaned_builds(conn)
         wanted = await wanted_vector_indexes(conn)
     built = 0
     try:
         db_url, _ = resolve_urls(deps.settings)
         for ws, name in wanted:
             log.info("vector_index_building", workspace_id=ws, index=name)
+            t0 = time.monotonic()
             try:
                 await build_vector_index(db_url, ws, name)
             except Exception as e:
+                VECTOR_INDEX_BUILDS.labels("failed").inc()
                 log.warning("vector_index_failed", workspace_id=ws, index=name, error=repr(e)[:300], exc_info=e)
                 continue
+            VECTOR_INDEX_BUILDS.labels("ready").inc()
+            VECTOR_INDEX_BUILD_SECONDS.observe(time.monotonic() - t0)
             built += 1
-            log.info("vector_index_ready", workspace_id=ws, index=name)
+            log.info("vector_index_ready", workspace_id=ws, index=name, seconds=round(time.monotonic() - t0, 1))
     finally:
         async with maintenance_tx(deps.pool) as conn:  # release: the next round may start at once
             await release_lease(conn, "vector_indexes", holder)
@@ -78,6 +92,9 @@ async def vector_index_loop(deps: Deps, stop: asyncio.Event) -> None:
     holder = holder_name()
     lexicons_due = 0.0
     while not stop.is_set():
+        with contextlib.suppress(Exception):  # metrics only: read again next round
+            async with maintenance_tx(deps.pool) as conn:
+                VECTOR_INDEX_OLDEST_WAIT.set(await oldest_wait_s(conn))
         with contextlib.suppress(Exception):  # retried next round; never kills the service
             await build_wanted(deps, holder)
         if time.monotonic() >= lexicons_due:

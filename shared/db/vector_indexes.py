@@ -16,9 +16,24 @@ from typing import Any
 import psycopg
 from psycopg import AsyncConnection, sql
 
-__all__ = ["WANTED_SQL", "build_vector_index", "drop_vector_index", "index_name_for", "index_predicate",
-           "recheck_after", "request_vector_index", "vector_index_for", "vector_index_left", "vector_index_ready",
-           "wanted_vector_indexes"]
+__all__ = [
+    "OLDEST_WAIT_SQL",
+    "ORPHANS_SQL",
+    "WANTED_SQL",
+    "build_vector_index",
+    "drop_vector_index",
+    "index_name_for",
+    "index_predicate",
+    "oldest_wait_s",
+    "orphaned_builds",
+    "recheck_after",
+    "request_vector_index",
+    "requeue_orphaned_builds",
+    "vector_index_for",
+    "vector_index_left",
+    "vector_index_ready",
+    "wanted_vector_indexes",
+]
 
 
 def index_predicate(workspace_id: str) -> sql.Composed:
@@ -27,7 +42,11 @@ def index_predicate(workspace_id: str) -> sql.Composed:
     return sql.SQL("workspace_id = {} AND state <> 'merged' AND deleted_at IS NULL").format(sql.Literal(workspace_id))
 
 
-# maintain asks every PALACE_VECTOR_INDEX_POLL_S: from the partial index of migration 0048.
+# maintain asks every PALACE_VECTOR_INDEX_POLL_S: from the partial index of migration 0049.
+# Seconds the oldest request not built yet has waited (NULL: none), from the same partial index.
+OLDEST_WAIT_SQL = ("SELECT extract(epoch FROM now() - min(requested_at))::float8 FROM vector_indexes"
+                   " WHERE state IN ('wanted', 'building')")
+ORPHANS_SQL = "SELECT EXISTS (SELECT 1 FROM vector_indexes WHERE state = 'building')"
 WANTED_SQL = "SELECT workspace_id, index_name FROM vector_indexes WHERE state = 'wanted' ORDER BY requested_at LIMIT %s"
 
 
@@ -79,6 +98,27 @@ async def wanted_vector_indexes(conn: AsyncConnection[Any], limit: int = 10) -> 
     return [(r[0], r[1]) for r in await cur.fetchall()]
 
 
+async def orphaned_builds(conn: AsyncConnection[Any]) -> bool:
+    """Whether a build is marked as running (the maintenance role; a handful of rows at most)."""
+    cur = await conn.execute(ORPHANS_SQL)
+    row = await cur.fetchone()
+    return bool(row and row[0])
+
+
+async def oldest_wait_s(conn: AsyncConnection[Any]) -> float:
+    """How long the oldest request not built yet has waited, in seconds (0: none waits)."""
+    cur = await conn.execute(OLDEST_WAIT_SQL)
+    row = await cur.fetchone()
+    return float(row[0]) if row and row[0] is not None else 0.0
+
+
+async def requeue_orphaned_builds(conn: AsyncConnection[Any]) -> int:
+    """Ask again for the indexes whose build is marked as running; call it holding the build lease, when
+    no build can be running. Their half-built index, if any, is dropped by the next build."""
+    cur = await conn.execute("UPDATE vector_indexes SET state = 'wanted' WHERE state = 'building'")
+    return max(cur.rowcount, 0)
+
+
 async def build_vector_index(database_url: str, workspace_id: str, index_name: str, *, m: int = 16,
                              ef_construction: int = 64) -> None:
     """Build the workspace's partial HNSW index without blocking writes (``CONCURRENTLY``: its own
@@ -100,6 +140,13 @@ async def build_vector_index(database_url: str, workspace_id: str, index_name: s
         ).format(name=sql.Identifier(index_name), m=sql.Literal(m), ef=sql.Literal(ef_construction),
                  where=index_predicate(workspace_id))
         try:
+            # A build cut short (its builder died) leaves an invalid index under the name, which
+            # IF NOT EXISTS would keep.
+            cur = await conn.execute("SELECT NOT indisvalid FROM pg_index WHERE indexrelid = to_regclass(%s)",
+                                     (index_name,))
+            row = await cur.fetchone()
+            if row and row[0]:
+                await conn.execute(sql.SQL("DROP INDEX CONCURRENTLY IF EXISTS {}").format(sql.Identifier(index_name)))
             await conn.execute("SET maintenance_work_mem = '256MB'")
             await conn.execute(ddl)
             cur = await conn.execute("SELECT indisvalid FROM pg_index WHERE indexrelid = to_regclass(%s)",

@@ -10,6 +10,7 @@ import json
 import numpy as np
 import psycopg
 import pytest
+from psycopg import sql
 
 from shared.adapters.hash_embedder import HashEmbedder
 from shared.db.clustering import INDEXED_CANDIDATES_SQL
@@ -145,3 +146,25 @@ def test_a_workspace_written_but_never_searched_gets_its_index_from_cluster(stac
     # drawers table can deadlock.
     wait_for(lambda: stack.sql("SELECT state FROM vector_indexes WHERE workspace_id = %s", (w,))[0][0] == "ready",
              120, "maintain to build it")
+
+
+def test_a_build_whose_builder_died_is_built_again(stack: Stack) -> None:
+    """A request left marked as building (maintain killed mid-build) was never looked at again: the
+    workspace searched exactly for ever. Under the build lease no build can be running, so maintain asks
+    for it again, drops the half-built (invalid) index the dead build left, and builds it."""
+    w = ws()
+    name = index_name_for(w)
+    with psycopg.connect(stack.database_url, autocommit=True) as conn:
+        conn.execute("""INSERT INTO drawers (workspace_id, id, content, content_hash, state, dedup_bands)
+                        SELECT %s, md5(%s || g), 'old note ' || g, md5(%s || g), 'processed', '{}'
+                          FROM generate_series(1, 50) g""", (w, w, w))
+        conn.execute("INSERT INTO vector_indexes (workspace_id, index_name, drawers, state) VALUES (%s, %s, 50, "
+                     "'building')", (w, name))
+        # What CREATE INDEX CONCURRENTLY leaves when it dies: an index marked invalid.
+        conn.execute(sql.SQL("CREATE INDEX {} ON drawers USING hnsw (embedding vector_cosine_ops) "
+                             "WHERE workspace_id = {}").format(sql.Identifier(name), sql.Literal(w)))
+        conn.execute("UPDATE pg_index SET indisvalid = false WHERE indexrelid = to_regclass(%s)", (name,))
+    wait_for(lambda: stack.sql("SELECT state FROM vector_indexes WHERE workspace_id = %s", (w,))[0][0] == "ready",
+             120, "maintain to build the orphaned request again")
+    assert stack.sql("SELECT indisvalid FROM pg_index WHERE indexrelid = to_regclass(%s)", (name,))[0][0]
+    assert "merged" in stack.sql("SELECT pg_get_indexdef(to_regclass(%s))", (name,))[0][0]
