@@ -10,7 +10,7 @@ import time
 
 from services._runtime import Deps, holder_name
 from shared.db.lexicon import refresh_lexicon, stale_lexicons
-from shared.db.lifecycle import release_lease
+from shared.db.lifecycle import release_lease, renew_lease
 from shared.db.maintenance import take_lease
 from shared.db.tenancy import maintenance_tx
 from shared.db.vector_indexes import (
@@ -27,7 +27,23 @@ from shared.metrics import VECTOR_INDEX_BUILD_SECONDS, VECTOR_INDEX_BUILDS, VECT
 __all__ = ["vector_index_loop"]
 
 log = get_logger("palace.maintain")
-_LEASE_S = 6 * 3600.0  # longer than any build; a crashed builder's lease expires and another takes over
+# The build lease is renewed every _RENEW_S while builds run (a build of a large workspace takes minutes),
+# so it can be short: a builder killed mid-build (OOM, SIGKILL) holds it for minutes, not hours, and the
+# next holder asks for its half-done build again.
+_LEASE_S = 300.0
+_RENEW_S = 60.0
+
+
+async def _keep_lease(deps: Deps, holder: str) -> None:
+    """Renew the build lease until cancelled; a failed renewal is tried again next time (the lease
+    outlives several)."""
+    while True:
+        await asyncio.sleep(_RENEW_S)
+        with contextlib.suppress(Exception):
+            async with maintenance_tx(deps.pool) as conn:
+                if not await renew_lease(conn, "vector_indexes", holder, _LEASE_S):
+                    log.warning("lease_lost", lease="vector_indexes", holder=holder)
+                    return
 
 
 async def build_wanted(deps: Deps, holder: str) -> int:
@@ -43,6 +59,7 @@ async def build_wanted(deps: Deps, holder: str) -> int:
         await requeue_orphaned_builds(conn)
         wanted = await wanted_vector_indexes(conn)
     built = 0
+    keeper = asyncio.create_task(_keep_lease(deps, holder), name="lease-vector_indexes")
     try:
         db_url, _ = resolve_urls(deps.settings)
         for ws, name in wanted:
@@ -59,6 +76,9 @@ async def build_wanted(deps: Deps, holder: str) -> int:
             built += 1
             log.info("vector_index_ready", workspace_id=ws, index=name, seconds=round(time.monotonic() - t0, 1))
     finally:
+        keeper.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await keeper
         async with maintenance_tx(deps.pool) as conn:  # release: the next round may start at once
             await release_lease(conn, "vector_indexes", holder)
     return built

@@ -168,3 +168,38 @@ def test_a_build_whose_builder_died_is_built_again(stack: Stack) -> None:
              120, "maintain to build the orphaned request again")
     assert stack.sql("SELECT indisvalid FROM pg_index WHERE indexrelid = to_regclass(%s)", (name,))[0][0]
     assert "merged" in stack.sql("SELECT pg_get_indexdef(to_regclass(%s))", (name,))[0][0]
+
+
+def test_the_build_lease_is_renewed_while_a_build_runs_and_released_after(
+        stack: Stack, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The lease can be short (a builder killed mid-build holds it minutes, not hours) because the
+    builder renews it while it builds: here a 1 s lease outlives a 1.5 s build."""
+    import services.maintain.indexes as indexes
+    from services._runtime import Deps
+
+    monkeypatch.setattr(indexes, "_LEASE_S", 1.0)
+    monkeypatch.setattr(indexes, "_RENEW_S", 0.2)
+    seen: list[bool] = []
+
+    async def wanted(conn: object, limit: int = 10) -> list[tuple[str, str]]:
+        return [(ws(), "drawers_hnsw_test_lease")]
+
+    async def build(database_url: str, workspace_id: str, index_name: str) -> None:
+        await asyncio.sleep(1.5)  # past the lease's 1 s: held only if it was renewed
+        seen.append(stack.sql("SELECT expires_at > now() FROM job_leases WHERE job = 'vector_indexes'")[0][0])
+
+    monkeypatch.setattr(indexes, "wanted_vector_indexes", wanted)
+    monkeypatch.setattr(indexes, "build_vector_index", build)
+    holder = f"test-{ws()}"
+
+    async def go() -> int:
+        pool = await open_pool(stack.database_url, name="test-lease", max_size=2, role=stack.settings.db_role)
+        try:
+            return await indexes.build_wanted(Deps(stack.settings, "maintain", pool, None), holder)  # type: ignore[arg-type]
+        finally:
+            await pool.close()
+
+    assert asyncio.run(go()) == 1
+    assert seen == [True]
+    assert stack.sql("SELECT holder, expires_at <= now() FROM job_leases WHERE job = 'vector_indexes'")[0] == (
+        holder, True)
