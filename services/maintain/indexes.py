@@ -16,7 +16,6 @@ from shared.db.tenancy import maintenance_tx
 from shared.db.vector_indexes import (
     build_vector_index,
     oldest_wait_s,
-    orphaned_builds,
     requeue_orphaned_builds,
     wanted_vector_indexes,
 )
@@ -46,12 +45,22 @@ async def _keep_lease(deps: Deps, holder: str) -> None:
                     return
 
 
+async def pending_wait_s(deps: Deps) -> float | None:
+    """Seconds the oldest pending request has waited, also set as the gauge (0 there when none waits);
+    None when none waits or the database did not answer (asked again next poll)."""
+    try:
+        async with maintenance_tx(deps.pool) as conn:
+            waited = await oldest_wait_s(conn)
+    except Exception:
+        return None
+    VECTOR_INDEX_OLDEST_WAIT.set(waited or 0.0)
+    return waited
+
+
 async def build_wanted(deps: Deps, holder: str) -> int:
-    """Build every wanted index if this replica holds the lease; returns how many were built."""
+    """Build every wanted index if this replica holds the lease; returns how many were built. The poll
+    calls it only when a request is pending (``pending_wait_s``): the lease is a write."""
     async with maintenance_tx(deps.pool) as conn:
-        # Asked every few seconds: a read of the requests first, the lease (a write) only when one waits.
-        if not await wanted_vector_indexes(conn, 1) and not await orphaned_builds(conn):
-            return 0
         if not await take_lease(conn, "vector_indexes", holder, _LEASE_S, 0.0):
             return 0
         # Only the lease's holder builds, so a build still marked as running now is one whose builder died
@@ -112,11 +121,11 @@ async def vector_index_loop(deps: Deps, stop: asyncio.Event) -> None:
     holder = holder_name()
     lexicons_due = 0.0
     while not stop.is_set():
-        with contextlib.suppress(Exception):  # metrics only: read again next round
-            async with maintenance_tx(deps.pool) as conn:
-                VECTOR_INDEX_OLDEST_WAIT.set(await oldest_wait_s(conn))
-        with contextlib.suppress(Exception):  # retried next round; never kills the service
-            await build_wanted(deps, holder)
+        # One read a poll: how long the oldest pending request (wanted, or marked as building) has waited,
+        # exported, and whether there is anything to build (or a dead builder's request to take over).
+        if await pending_wait_s(deps) is not None:
+            with contextlib.suppress(Exception):  # retried next round; never kills the service
+                await build_wanted(deps, holder)
         if time.monotonic() >= lexicons_due:
             with contextlib.suppress(Exception):
                 await refresh_lexicons(deps, holder)

@@ -18,14 +18,12 @@ from psycopg import AsyncConnection, sql
 
 __all__ = [
     "OLDEST_WAIT_SQL",
-    "ORPHANS_SQL",
     "WANTED_SQL",
     "build_vector_index",
     "drop_vector_index",
     "index_name_for",
     "index_predicate",
     "oldest_wait_s",
-    "orphaned_builds",
     "recheck_after",
     "request_vector_index",
     "requeue_orphaned_builds",
@@ -42,11 +40,10 @@ def index_predicate(workspace_id: str) -> sql.Composed:
     return sql.SQL("workspace_id = {} AND state <> 'merged' AND deleted_at IS NULL").format(sql.Literal(workspace_id))
 
 
-# maintain asks every PALACE_VECTOR_INDEX_POLL_S: from the partial index of migration 0049.
-# Seconds the oldest request not built yet has waited (NULL: none), from the same partial index.
+# maintain's poll, every PALACE_VECTOR_INDEX_POLL_S, reads both from the partial index of migration 0049:
+# how long the oldest request not built yet has waited (NULL: none), and the requests to build.
 OLDEST_WAIT_SQL = ("SELECT extract(epoch FROM now() - min(requested_at))::float8 FROM vector_indexes"
                    " WHERE state IN ('wanted', 'building')")
-ORPHANS_SQL = "SELECT EXISTS (SELECT 1 FROM vector_indexes WHERE state = 'building')"
 WANTED_SQL = "SELECT workspace_id, index_name FROM vector_indexes WHERE state = 'wanted' ORDER BY requested_at LIMIT %s"
 
 
@@ -98,18 +95,11 @@ async def wanted_vector_indexes(conn: AsyncConnection[Any], limit: int = 10) -> 
     return [(r[0], r[1]) for r in await cur.fetchall()]
 
 
-async def orphaned_builds(conn: AsyncConnection[Any]) -> bool:
-    """Whether a build is marked as running (the maintenance role; a handful of rows at most)."""
-    cur = await conn.execute(ORPHANS_SQL)
-    row = await cur.fetchone()
-    return bool(row and row[0])
-
-
-async def oldest_wait_s(conn: AsyncConnection[Any]) -> float:
-    """How long the oldest request not built yet has waited, in seconds (0: none waits)."""
+async def oldest_wait_s(conn: AsyncConnection[Any]) -> float | None:
+    """How long the oldest request not built yet has waited, in seconds (None: none waits)."""
     cur = await conn.execute(OLDEST_WAIT_SQL)
     row = await cur.fetchone()
-    return float(row[0]) if row and row[0] is not None else 0.0
+    return float(row[0]) if row and row[0] is not None else None
 
 
 async def requeue_orphaned_builds(conn: AsyncConnection[Any]) -> int:

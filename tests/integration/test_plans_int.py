@@ -148,7 +148,7 @@ def test_maintain_finds_waiting_index_requests_by_their_index(stack: Stack) -> N
     workspaces whose index is ready, the few waiting (or marked as building) are read from the partial
     index of migration 0049.
     (No row here waits: the test stack's maintain would build an index for it.)"""
-    from shared.db.vector_indexes import ORPHANS_SQL, WANTED_SQL
+    from shared.db.vector_indexes import OLDEST_WAIT_SQL, WANTED_SQL
 
     prefix = ws()
     with psycopg.connect(stack.database_url, autocommit=True) as conn:
@@ -158,7 +158,7 @@ def test_maintain_finds_waiting_index_requests_by_their_index(stack: Stack) -> N
                           FROM generate_series(1, 30000) g""", (prefix,))
         analyze(conn, "vector_indexes")
         try:
-            plans = [_plan(stack, WANTED_SQL, (10,)), _plan(stack, ORPHANS_SQL, ())]
+            plans = [_plan(stack, WANTED_SQL, (10,)), _plan(stack, OLDEST_WAIT_SQL, ())]
         finally:
             conn.execute("DELETE FROM vector_indexes WHERE workspace_id LIKE %s", (prefix + "%",))
     for plan in plans:

@@ -25,6 +25,10 @@ def test_requests_are_looked_for_every_poll_and_lexicons_once_a_sweep(monkeypatc
         lexicons.append(asyncio.get_running_loop().time())
         return 0
 
+    async def pending_wait_s(deps: Any) -> float:
+        return 1.0  # a request waits
+
+    monkeypatch.setattr(indexes, "pending_wait_s", pending_wait_s)
     monkeypatch.setattr(indexes, "build_wanted", build_wanted)
     monkeypatch.setattr(indexes, "refresh_lexicons", refresh_lexicons)
     settings = Settings(maintain_interval_s=3600.0, vector_index_poll_s=0.05)
