@@ -24,6 +24,8 @@ __all__ = [
     "LLM_TOKENS",
     "LLM_WORKSPACE_CALLS",
     "LLM_WORKSPACE_TOKENS",
+    "NEIGHBOUR_CACHE_BYTES",
+    "NEIGHBOUR_CACHE_READS",
     "PROCESSED",
     "SEARCH_SECONDS",
     "VECTOR_INDEX_BUILDS",
@@ -101,6 +103,14 @@ LLM_WORKSPACE_CALLS = Gauge(
 LLM_WORKSPACE_TOKENS = Gauge(
     "palace_llm_workspace_tokens_today", "LLM tokens today (database date) by workspace, purpose and direction.",
     ["workspace", "purpose", "direction"],
+)
+
+# Cluster ranks small workspaces' neighbours from vectors it keeps (shared.memory.neighbours): what it holds,
+# and how each event's ranking got its vectors (a whole workspace read, only what changed, or left to the
+# database: too large for PALACE_CLUSTER_VECTOR_CACHE_MB, or a drawer of the event no longer a candidate).
+NEIGHBOUR_CACHE_BYTES = Gauge("palace_neighbour_cache_bytes", "Bytes of vectors a cluster replica keeps in memory.")
+NEIGHBOUR_CACHE_READS = Counter(
+    "palace_neighbour_cache_reads_total", "Neighbour rankings by where their vectors came from.", ["kind"],
 )
 
 # A workspace past PALACE_VECTOR_INDEX_MIN_DRAWERS is searched (and clustered) exactly until maintain has

@@ -8,6 +8,7 @@ import time
 from typing import Any
 
 from nats.aio.msg import Msg
+from threadpoolctl import threadpool_limits
 
 from services._runtime import Deps
 from shared.adapters.llm import LlmClient, Usage
@@ -33,6 +34,7 @@ from shared.logging import get_logger
 from shared.memory import contradiction
 from shared.memory import decisions as writes
 from shared.memory.dedup import decide, wording_bands
+from shared.memory.neighbours import VectorCache
 from shared.metrics import DRAWERS, ENTITIES
 
 __all__ = ["backfill_bands", "backfill_entity_keys", "register"]
@@ -48,6 +50,10 @@ def register(deps: Deps) -> None:
     s = deps.settings
     llm = LlmClient(s) if s.llm_base_url else None
     indexed_at: dict[str, tuple[float, bool]] = {}  # workspace → (when to ask again, ready)
+    vectors = VectorCache(s.cluster_vector_cache_mb * 2**20) if s.cluster_vector_cache_mb else None
+    # The cache's rankings are small matrix products, one event at a time: BLAS threads would wait for
+    # work between them, spinning on cores the other services (and replicas) need.
+    threadpool_limits(1, user_api="blas")
 
     async def has_index(conn: Any, ws: str) -> bool:
         """Whether the workspace's own HNSW index is ready, asking maintain for one once the workspace
@@ -105,7 +111,8 @@ def register(deps: Deps) -> None:
                     if r.state == "processed" and r.embedding is not None]
             # Ingest stored the bands with the row (the backfill below covers older drawers).
             found = await cluster_candidates(conn, ws, [(r.id, r.embedding, wording_bands(ws, r.content))
-                                                        for r in rows], indexed=await has_index(conn, ws))
+                                                        for r in rows], indexed=await has_index(conn, ws),
+                                        cache=vectors)
             # Who said each twin and each neighbour a contradiction check could concern (same_voice).
             asked = sorted({t[0] for r in rows for t in found[r.id].twins}
                            | {t[0] for r in rows for t in found[r.id].near if t[1] >= s.contradiction_low})

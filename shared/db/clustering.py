@@ -18,6 +18,12 @@ event (a ten-drawer session), and visiting a page cost more than the distance co
 The neighbours are the same: the statement is exact either way. A workspace with a ready index gets
 ``INDEXED_CANDIDATES_SQL``, one walk per drawer, which the planner can serve from that partial index
 because it runs unprepared, with the workspace as a value.
+
+The cluster service ranks small workspaces itself instead (``shared.memory.neighbours``): even once per
+event, the exact scan visited every heap page of the workspace's live drawers and computed ten distances
+per drawer, where the service's cached vectors need only the rows changed since its last read
+(``DELTA_SQL``, from an index) and one matrix product. ``CANDIDATES_SQL`` remains for a workspace that
+does not fit the cache, and for callers without one.
 """
 
 from __future__ import annotations
@@ -28,10 +34,13 @@ from typing import Any
 import numpy as np
 from psycopg import AsyncConnection
 
-from shared.db.drawers import insert_history
+from shared.db.drawers import as_array, insert_history
+from shared.memory.neighbours import Change, VectorCache
+from shared.metrics import NEIGHBOUR_CACHE_BYTES, NEIGHBOUR_CACHE_READS
 
-__all__ = ["CANDIDATES_SQL", "INDEXED_CANDIDATES_SQL", "TWINS_SQL", "Neighbours", "cluster_candidates", "merge_into",
-           "record_history_many", "supersede"]
+__all__ = ["CANDIDATES_SQL", "CONTENTS_SQL", "DELTA_SQL", "FULL_SQL", "INDEXED_CANDIDATES_SQL", "LIVE_COUNT_SQL",
+           "TWINS_SQL",
+           "Neighbours", "cluster_candidates", "merge_into", "record_history_many", "supersede"]
 
 # The twins are fetched by primary key from an array of the wording candidates: joined to the function
 # instead (whose row count the planner cannot know), the lateral subquery hashed every processed drawer
@@ -95,6 +104,28 @@ SELECT q.i, false, n.id, 1 - n.dist, d.content
 TWINS_SQL = _EVENT + _TWINS
 CANDIDATES_SQL = _EVENT + _SCANNED + _TWINS + "UNION ALL" + _SCANNED_NEIGHBOURS
 INDEXED_CANDIDATES_SQL = _EVENT + _TWINS + "UNION ALL" + _NEIGHBOURS
+# For ranking in the cluster process (``shared.memory.neighbours``). A drawer is a candidate while
+# processed, not deleted and embedded; migration 0050 stamps ``rev`` with the id of the transaction that
+# last changed one of those (or its vector, or its filing time). Each read returns its snapshot's bounds:
+# the changes it could not see are exactly those of transactions not completed then, listed as running
+# (``xip``) or with ids from ``xmax`` on, so the next read asks for those rows only. (The oldest running
+# transaction alone would be a safe bound too, but a long transaction anywhere would then make every read
+# take all the changes made since it began.) The LEFT JOIN returns the bounds with no rows.
+_ROWS = """
+SELECT pg_snapshot_xmax(s.snap)::text, ARRAY(SELECT x::text FROM pg_snapshot_xip(s.snap) x), c.*
+  FROM (SELECT pg_current_snapshot() AS snap) s LEFT JOIN LATERAL (
+       SELECT d.id, (extract(epoch FROM d.filed_at) * 1000000)::bigint AS filed_us,
+              CASE WHEN d.state = 'processed' AND d.deleted_at IS NULL AND d.embedding IS NOT NULL
+                   THEN d.embedding END AS embedding, d.dedup_bands
+         FROM drawers d WHERE d.workspace_id = %(ws)s AND """
+FULL_SQL = _ROWS + "d.state = 'processed' AND d.deleted_at IS NULL AND d.embedding IS NOT NULL) c ON true"
+DELTA_SQL = _ROWS + "(d.rev >= %(xmax)s::xid8 OR d.rev = ANY(%(xip)s::text[]::xid8[]))) c ON true"
+# How many live drawers a workspace has, before reading them all into the cache.
+LIVE_COUNT_SQL = """SELECT count(*) FROM drawers d WHERE d.workspace_id = %(ws)s AND d.state = 'processed'
+                       AND d.deleted_at IS NULL AND d.embedding IS NOT NULL"""
+# The winners' contents, for those still candidates (one deleted outright is not in any read above).
+CONTENTS_SQL = """SELECT d.id, d.content FROM drawers d WHERE d.workspace_id = %(ws)s AND d.id = ANY(%(ids)s)
+                     AND d.state = 'processed' AND d.deleted_at IS NULL AND d.embedding IS NOT NULL"""
 # The work table holds a row per drawer of the workspace (its vector is most of it): room for it in
 # memory, for this transaction only, instead of a temporary file written and read back every event.
 _SCAN_WORK_MEM = "64MB"
@@ -113,32 +144,88 @@ class Neighbours:
 
 async def cluster_candidates(
     conn: AsyncConnection[Any], workspace_id: str, drawers: list[tuple[str, np.ndarray, list[int]]], limit: int = 5,
-    *, indexed: bool = False,
+    *, indexed: bool = False, cache: VectorCache | None = None,
 ) -> dict[str, Neighbours]:
-    """Twins and neighbours of each (drawer id, embedding, wording bands), in one statement. ``indexed``:
-    the workspace has a ready HNSW index of its own, which serves the neighbour walks; otherwise they
-    are exact, from one scan of the workspace."""
+    """Twins and neighbours of each (drawer id, embedding, wording bands). ``indexed``: the workspace has
+    a ready HNSW index of its own, which serves the neighbour walks; otherwise they are exact: ranked
+    here from the vectors ``cache`` holds when given (and the workspace fits it), else from one scan of
+    the workspace in the database. Either way, one statement when the database ranks."""
     out = {did: Neighbours() for did, _, _ in drawers}
     if not drawers:
         return out
     nb = len(drawers[0][2])
     if any(len(b) != nb for _, _, b in drawers):
         raise ValueError("every drawer needs the same number of wording bands")
+    params = {"ws": workspace_id, "ids": [d for d, _, _ in drawers], "embs": [e for _, e, _ in drawers],
+              "bands": [b for _, _, bands in drawers for b in bands], "nb": nb, "n": limit}
+    here = None if indexed or cache is None else await _ranked_here(conn, workspace_id, drawers, limit, cache)
+    if cache is not None and not indexed:
+        NEIGHBOUR_CACHE_BYTES.set(cache.nbytes)
+        if here is None:
+            NEIGHBOUR_CACHE_READS.labels("database").inc()
+    if here is not None:
+        return _collect(out, drawers, here)
     # Both settings for this transaction only.
     if indexed:
         await conn.execute("SELECT set_config('hnsw.ef_search', %s, true)", (str(max(_WALK_EF, 8 * limit)),))
     else:
         await conn.execute("SELECT set_config('work_mem', %s, true)", (_SCAN_WORK_MEM,))
-    cur = await conn.execute(INDEXED_CANDIDATES_SQL if indexed else CANDIDATES_SQL, {
-        "ws": workspace_id, "ids": [d for d, _, _ in drawers], "embs": [e for _, e, _ in drawers],
-        "bands": [b for _, _, bands in drawers for b in bands], "nb": nb, "n": limit,
-    }, prepare=False)  # planned with the workspace as a value: its partial vector index can match
-    rows = await cur.fetchall()
+    cur = await conn.execute(INDEXED_CANDIDATES_SQL if indexed else CANDIDATES_SQL, params,
+                             prepare=False)  # planned with the workspace as a value: its partial vector index can match
+    return _collect(out, drawers, await cur.fetchall())
+
+
+def _collect(out: dict[str, Neighbours], drawers: list[tuple[str, np.ndarray, list[int]]],
+             rows: list[Any]) -> dict[str, Neighbours]:
+    """(event drawer's ordinal, twin?, id, similarity, content) rows into each drawer's lists, nearest first."""
     ids = [d for d, _, _ in drawers]
     for i, twin, nid, sim, content in sorted(rows, key=lambda r: (r[0], not r[1], -float(r[3]), r[2])):
         n = out[ids[i - 1]]
         (n.twins if twin else n.near).append((nid, float(sim), content))
     return out
+
+
+async def _ranked_here(conn: AsyncConnection[Any], workspace_id: str,
+                       drawers: list[tuple[str, np.ndarray, list[int]]], limit: int,
+                       cache: VectorCache) -> list[tuple[int, bool, str, float, str]] | None:
+    """Each drawer's twins and neighbours, as the candidate statements' rows (drawer's ordinal, twin?,
+    id, cosine, content), ranked from what the cache holds once the workspace's entry has read what
+    changed. None where the database should rank instead: the workspace does not fit the cache, a
+    vector of other dimensions, or a drawer of the event no longer a candidate."""
+    queries = [(d, as_array(e), bands) for d, e, bands in drawers]
+    dims = len(queries[0][1])
+    wv = cache.get(workspace_id, dims)
+    async with wv.lock:  # reads of one workspace apply in the order of their snapshots
+        NEIGHBOUR_CACHE_READS.labels("delta" if wv.watermark is not None else "full").inc()
+        if wv.watermark is None:
+            live = (await (await conn.execute(LIVE_COUNT_SQL, {"ws": workspace_id})).fetchone() or (0,))[0]
+            if not cache.fits(live, dims):
+                cache.drop(workspace_id)
+                return None
+            cur = await conn.execute(FULL_SQL, {"ws": workspace_id}, binary=True)
+        else:
+            xmax, xip = wv.watermark
+            cur = await conn.execute(DELTA_SQL, {"ws": workspace_id, "xmax": str(xmax), "xip": [str(x) for x in xip]},
+                                     binary=True)
+        rows = await cur.fetchall()
+        changes = [Change(i, f, None if e is None else as_array(e), b) for _, _, i, f, e, b in rows if i is not None]
+        if any(c.vector is not None and len(c.vector) != dims for c in changes):
+            cache.drop(workspace_id)
+            return None
+        wv.apply(changes, (int(rows[0][0]), tuple(int(x) for x in rows[0][1])), full=wv.watermark is None)
+        for _ in range(3):  # again when a winner has been deleted outright since it was read
+            ranked = wv.rank(queries, limit)
+            if ranked is None:
+                return None
+            winners = sorted({i for r in ranked for i, _ in r.twins + r.near})
+            contents = dict(await (await conn.execute(CONTENTS_SQL, {"ws": workspace_id, "ids": winners})).fetchall())
+            gone = [i for i in winners if i not in contents]
+            if not gone:
+                cache.trim()
+                return [(q, twin, i, sim, contents[i]) for q, r in enumerate(ranked, 1)
+                        for twin, found in ((True, r.twins), (False, r.near)) for i, sim in found]
+            wv.drop(gone)
+    return None
 
 
 async def record_history_many(conn: AsyncConnection[Any], workspace_id: str, rows: list[dict[str, Any]]) -> None:

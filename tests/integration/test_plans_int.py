@@ -188,6 +188,27 @@ def test_cluster_reads_its_neighbours_speakers_by_primary_key(stack: Stack, big_
     assert "drawers_pkey" in plan and '"Seq Scan"' not in plan, plan
 
 
+def test_cluster_reads_what_changed_in_a_workspace_from_its_rev_index(stack: Stack, big_workspace: str) -> None:
+    """Each event, the cluster's vector cache reads only the drawers changed since its last read, from the
+    (workspace, rev) index, however large the workspace; the winners' contents come by primary key."""
+    from shared.db.clustering import CONTENTS_SQL, DELTA_SQL
+
+    xmax, xip = stack.sql("SELECT pg_snapshot_xmax(s)::text, ARRAY(SELECT x::text FROM pg_snapshot_xip(s) x) "
+                          "FROM pg_current_snapshot() s")[0]
+    with psycopg.connect(stack.database_url) as conn:
+        conn.execute("SET ROLE palace_app")
+        conn.execute("SELECT set_config('palace.workspace_id', %s, false)", (big_workspace,))
+        plan = json.dumps(conn.execute("EXPLAIN (FORMAT JSON) " + DELTA_SQL, {"ws": big_workspace, "xmax": xmax,
+                                                                            "xip": [*xip, xmax]},
+                                       prepare=False).fetchall()[0][0])
+        ids = [r[0] for r in conn.execute("SELECT id FROM drawers WHERE workspace_id = %s LIMIT 5", (big_workspace,))]
+        contents = json.dumps(conn.execute("EXPLAIN (FORMAT JSON) " + CONTENTS_SQL, {"ws": big_workspace, "ids": ids},
+                                           prepare=False).fetchall()[0][0])
+        conn.rollback()
+    assert "drawers_rev" in plan and '"Seq Scan"' not in plan, plan
+    assert "drawers_pkey" in contents and '"Seq Scan"' not in contents, contents
+
+
 def test_full_text_candidates_come_from_the_workspaces_rare_words(stack: Stack, big_workspace: str) -> None:
     """Past exact search, a query's common words (in every drawer of the big workspace: 'drawer',
     'number') no longer decide which drawers the index must evaluate once maintain has counted them:

@@ -1,0 +1,244 @@
+"""Exact near-duplicate and neighbour candidates of small workspaces, ranked in the cluster process.
+
+Cluster needs, for every drawer it processes, the few nearest older live drawers of its workspace: those
+sharing a wording band with it (its twins, for the near-duplicate merge) and those of all (for the
+contradiction check and the write decision). A workspace without an HNSW index of its own is ranked
+exactly; in PostgreSQL that visits every heap page holding a live drawer of the workspace and evaluates
+one distance per (drawer, candidate) pair, and fetches every band-sharing drawer again for the twins,
+every event, although the previous event read nearly the same rows. So a replica keeps each such
+workspace's live vectors and bands in memory, and reads from the database only the drawers that
+changed since it last looked (``shared.db.clustering.DELTA_SQL``): every change to whether a drawer is a
+candidate, or to its vector, stamps the row with its transaction id (migration 0050), and the rows
+stamped by transactions the previous read could not see (running then, or begun since) are read. A drawer
+deleted outright leaves no row to read, so the winners are checked against the database before they are
+returned; one that is gone is dropped here and the ranking is taken again.
+
+The ranking is the database's: the same candidates, the same cosine, nearest first. (One difference:
+the database's band lookup stops at the first 200 drawers it meets, so for a phrase repeated more often
+than that the cache considers every copy and may find a nearer twin.) Memory is bounded
+(least recently used workspaces go first, and one that does not fit is left to the database), and a
+workspace idle for a while is dropped, so a vector of a drawer forgotten since stays in memory no longer
+than that.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from shared.memory.dedup import BANDS
+
+__all__ = ["IDLE_S", "Change", "Ranked", "VectorCache", "Watermark", "WorkspaceVectors"]
+
+# A workspace unused this long is dropped: its memory, and any vector of a drawer forgotten meanwhile.
+IDLE_S = 600.0
+# What the last read of a workspace could not see: transactions with ids from the first (its snapshot's
+# xmax) on, and those listed (running at the time).
+Watermark = tuple[int, tuple[int, ...]]
+# Bytes a held drawer costs beyond its vector and bands: its id, filing time, slot and dictionary entry.
+_ROW_OVERHEAD = 160
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    """A drawer as the database has it now: its id, when it was filed (µs since the epoch), its vector
+    when it is a live candidate (processed, not deleted, embedded; None when it is not), and its wording
+    bands (``shared.memory.dedup``; None before they were stored)."""
+
+    id: str
+    filed_us: int
+    vector: np.ndarray | None
+    bands: Sequence[int] | None = None
+
+
+@dataclass
+class Ranked:
+    """One drawer's candidates: its twins (drawers sharing a wording band) and its neighbours by vector,
+    each (id, cosine similarity), nearest first."""
+
+    twins: list[tuple[str, float]]
+    near: list[tuple[str, float]]
+
+
+@dataclass
+class WorkspaceVectors:
+    """One workspace's live vectors and wording bands, packed: rows ``[0, n)`` of each array are the
+    drawers held (a drawer dropped gives its row to the last one), so a ranking reads only rows that are
+    candidates. A band matches at its own position only (each band's key hashes its index), so sharing a
+    band is one comparison of the query's bands with each row's; a row whose bands are not the usual
+    ``BANDS`` keys is matched by set instead. ``watermark``: what the last read of the database could not
+    see; None until the first full read."""
+
+    dims: int
+    watermark: Watermark | None = None
+    n: int = 0
+    slot: dict[str, int] = field(default_factory=dict)
+    ids: np.ndarray = field(default_factory=lambda: np.empty(0, dtype="S32"))
+    filed: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int64))
+    unit: np.ndarray = field(default_factory=lambda: np.empty((0, 0), dtype=np.float32))
+    bands: np.ndarray = field(default_factory=lambda: np.empty((0, BANDS), dtype=np.int64))
+    banded: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=bool))
+    odd_bands: dict[str, frozenset[int]] = field(default_factory=dict)
+    used_at: float = 0.0
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    def __post_init__(self) -> None:
+        self.unit = np.empty((0, self.dims), dtype=np.float32)
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.unit.nbytes + self.bands.nbytes) + _ROW_OVERHEAD * len(self.ids)
+
+    def __contains__(self, drawer_id: str) -> bool:
+        return drawer_id in self.slot
+
+    def apply(self, changes: Iterable[Change], watermark: Watermark, *, full: bool = False) -> None:
+        """Take the database's rows: hold the live ones (replacing an older version), drop the rest.
+        ``full``: the rows are the whole live set, and whatever else was held goes."""
+        if full:
+            self.slot.clear()
+            self.odd_bands.clear()
+            self.n = 0
+        for c in changes:
+            if c.vector is None:
+                self.drop([c.id])
+                continue
+            key = c.id.encode()
+            if len(key) > self.ids.dtype.itemsize:  # ids are 32 hex digits; a wider one widens the array
+                self.ids = self.ids.astype(f"S{len(key)}")
+            s = self.slot.get(c.id)
+            if s is None:
+                if self.n == len(self.ids):
+                    self._grow()
+                s = self.slot[c.id] = self.n
+                self.n += 1
+            self.ids[s] = key
+            self.filed[s] = c.filed_us
+            self.unit[s] = _unit(c.vector)
+            self.banded[s] = c.bands is not None and len(c.bands) == BANDS
+            self.odd_bands.pop(c.id, None)
+            if self.banded[s]:
+                self.bands[s] = c.bands
+            elif c.bands:
+                self.odd_bands[c.id] = frozenset(c.bands)
+        self.watermark = watermark
+
+    def drop(self, drawer_ids: Iterable[str]) -> None:
+        """Forget drawers that are no longer candidates; the last row moves into each freed one."""
+        for i in drawer_ids:
+            s = self.slot.pop(i, None)
+            if s is None:
+                continue
+            self.odd_bands.pop(i, None)
+            last = self.n - 1
+            if s != last:
+                for a in (self.ids, self.filed, self.unit, self.bands, self.banded):
+                    a[s] = a[last]
+                self.slot[self.ids[s].decode()] = s
+            self.n = last
+
+    def _grow(self) -> None:
+        extra = max(64, len(self.ids))
+        self.ids = np.concatenate([self.ids, np.zeros(extra, dtype=self.ids.dtype)])
+        self.filed = np.concatenate([self.filed, np.zeros(extra, dtype=np.int64)])
+        self.unit = np.concatenate([self.unit, np.zeros((extra, self.dims), dtype=np.float32)])
+        self.bands = np.concatenate([self.bands, np.zeros((extra, BANDS), dtype=np.int64)])
+        self.banded = np.concatenate([self.banded, np.zeros(extra, dtype=bool)])
+
+    def rank(self, queries: Sequence[tuple[str, np.ndarray, Sequence[int]]], limit: int) -> list[Ranked] | None:
+        """For each query (drawer id, vector, wording bands): among the held drawers filed before it (by
+        filing time, then id: the database's order), the ``limit`` nearest sharing a wording band with it
+        and the ``limit`` nearest of all. None when a query's drawer is not held (its filing time is not
+        known here)."""
+        if any(q not in self.slot for q, _, _ in queries):
+            return None
+        if not queries:
+            return []
+        n = self.n
+        ids, filed = self.ids[:n], self.filed[:n]
+        sims = np.stack([_unit(v) for _, v, _ in queries]) @ self.unit[:n].T  # a row per query, a column per drawer
+        # The ranking score: the cosine; a zero vector's (NaN in the database, which sorts it last) below
+        # every cosine; a drawer that is not filed before the query, below that.
+        score = np.where(np.isnan(sims), -2.0, sims)
+        out = []
+        for j, (qid, _, qbands) in enumerate(queries):
+            qs = self.slot[qid]
+            row = score[j]
+            row[filed > filed[qs]] = -np.inf
+            same = np.flatnonzero(filed == filed[qs])  # filed together: the id decides
+            row[same[ids[same] >= ids[qs]]] = -np.inf
+            if len(qbands) == BANDS:
+                share = self.banded[:n] & (self.bands[:n] == np.asarray(qbands, dtype=np.int64)).any(axis=1)
+            else:
+                share = self.banded[:n] & np.isin(self.bands[:n], np.asarray(qbands, dtype=np.int64)).any(axis=1)
+            if self.odd_bands:
+                qset = set(qbands)
+                share[[self.slot[i] for i, b in self.odd_bands.items() if b & qset]] = True
+            out.append(Ranked(self._top(np.where(share, row, -np.inf), ids, sims[j], limit),
+                              self._top(row, ids, sims[j], limit)))
+        return out
+
+    @staticmethod
+    def _top(row: np.ndarray, ids: np.ndarray, sims: np.ndarray, limit: int) -> list[tuple[str, float]]:
+        """The ``limit`` best-scored rows that are candidates (score above -inf), best first, ties by id."""
+        k = min(limit, int(np.count_nonzero(row > -np.inf)))
+        if not k:
+            return []
+        top = np.argpartition(-row, k - 1)[:k]
+        top = top[np.lexsort((ids[top], -row[top]))]
+        return [(ids[t].decode(), float(np.clip(sims[t], -1.0, 1.0))) for t in top]
+
+
+def _unit(v: np.ndarray) -> np.ndarray:
+    """The vector scaled to length 1 (float32); a zero vector becomes NaNs, as its cosine is in the
+    database."""
+    a = np.asarray(v, dtype=np.float64)
+    n = float(np.sqrt(a @ a))
+    return (a / n).astype(np.float32) if n > 0 else np.full(a.shape, np.nan, dtype=np.float32)
+
+
+class VectorCache:
+    """Workspaces' live vectors within a memory budget, least recently used dropped first."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self._ws: OrderedDict[str, WorkspaceVectors] = OrderedDict()
+
+    def get(self, workspace_id: str, dims: int) -> WorkspaceVectors:
+        """The workspace's entry, created empty (no watermark) when not held or held at other
+        dimensions; entries idle longer than ``IDLE_S`` go first."""
+        now = time.monotonic()
+        for ws in [w for w, v in self._ws.items() if now - v.used_at > IDLE_S]:
+            del self._ws[ws]
+        wv = self._ws.get(workspace_id)
+        if wv is None or wv.dims != dims:
+            wv = self._ws[workspace_id] = WorkspaceVectors(dims)
+        self._ws.move_to_end(workspace_id)
+        wv.used_at = now
+        return wv
+
+    def fits(self, live: int, dims: int) -> bool:
+        """Whether a workspace of ``live`` drawers could be held at all."""
+        return live * (4 * dims + 8 * BANDS + _ROW_OVERHEAD) <= self.max_bytes
+
+    def trim(self) -> None:
+        """Drop least recently used workspaces until the budget holds."""
+        total = sum(v.nbytes for v in self._ws.values())
+        while total > self.max_bytes and self._ws:
+            _, v = self._ws.popitem(last=False)
+            total -= v.nbytes
+
+    def drop(self, workspace_id: str) -> None:
+        self._ws.pop(workspace_id, None)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(v.nbytes for v in self._ws.values())
+
+    def __len__(self) -> int:
+        return len(self._ws)

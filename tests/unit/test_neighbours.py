@@ -1,0 +1,147 @@
+"""The cluster process's exact ranking from the vectors it holds: the same neighbours the database's exact
+scan returns (nearest first, among the drawers filed before each, filing time then id), after any
+sequence of changes, within a memory budget."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from shared.memory import neighbours
+from shared.memory.dedup import BANDS
+from shared.memory.neighbours import Change, Ranked, VectorCache, WorkspaceVectors
+
+DIMS = 16
+
+
+def _reference(held: dict[str, tuple[int, np.ndarray, list[int]]], qid: str, q: np.ndarray, qbands: list[int],
+               limit: int) -> tuple[list[str], list[str]]:
+    """The database's statements, in Python: candidates filed before the query (time, then id), nearest by
+    cosine (in float64), at most ``limit``: those sharing a band (any position, as ``&&``), and all."""
+    qf = held[qid][0]
+    cands = [(i, v, b) for i, (f, v, b) in held.items() if (f, i) < (qf, qid)]
+    cos = sorted(((float(v @ q / np.linalg.norm(v) / np.linalg.norm(q)), i, b) for i, v, b in cands),
+                 key=lambda x: (-x[0], x[1]))
+    return [i for _, i, b in cos if set(b) & set(qbands)][:limit], [i for _, i, _ in cos[:limit]]
+
+
+def _ids(near: list[tuple[str, float]]) -> list[str]:
+    return [i for i, _ in near]
+
+
+def _bands(rng: np.random.Generator) -> list[int]:
+    """Bands from a small pool of keys per position, so that drawers share some."""
+    return [int(b * 1000 + rng.integers(0, 6)) for b in range(BANDS)]
+
+
+def test_the_ranking_is_the_exact_one_through_adds_changes_and_drops() -> None:
+    rng = np.random.default_rng(3)
+    wv = WorkspaceVectors(DIMS)
+    held: dict[str, tuple[int, np.ndarray]] = {}
+    watermark = (0, ())
+    seen_twins = 0
+    for step in range(12):
+        changes = []
+        # New drawers (several filed in the same microsecond: the id decides between them).
+        for _ in range(40):
+            i = f"{rng.integers(1 << 60):032x}"
+            f = int(1_000_000 * step + rng.integers(0, 5))
+            v, b = rng.normal(size=DIMS), _bands(rng)
+            held[i] = (f, v, b)
+            changes.append(Change(i, f, v, b))
+        # Some stop being candidates (merged, archived, forgotten), some get a new vector or bands in place.
+        for i in list(rng.choice(sorted(held), size=8, replace=False)):
+            changes.append(Change(i, held.pop(i)[0], None))
+        for i in list(rng.choice(sorted(held), size=4, replace=False)):
+            held[i] = (held[i][0], rng.normal(size=DIMS), _bands(rng))
+            changes.append(Change(i, *held[i]))
+        watermark = (watermark[0] + 1, (watermark[0],))
+        wv.apply(changes, watermark)
+        assert wv.watermark == watermark and wv.n == len(held) == len(wv.slot)
+        queries = [(i, held[i][1], held[i][2]) for i in rng.choice(sorted(held), size=10, replace=False)]
+        ranked = wv.rank(queries, 5)
+        assert ranked is not None
+        for (qid, q, qb), got in zip(queries, ranked, strict=True):
+            twins, near = _reference(held, qid, q, qb, 5)
+            assert (_ids(got.twins), _ids(got.near)) == (twins, near)
+            for i, sim in got.twins + got.near:
+                v = held[i][1]
+                assert sim == pytest.approx(float(v @ q / np.linalg.norm(v) / np.linalg.norm(q)), abs=1e-5)
+        seen_twins += sum(len(r.twins) for r in ranked)
+    assert seen_twins > 50  # the bands were shared often enough to test the twins
+
+
+def test_a_full_read_replaces_what_was_held() -> None:
+    wv = WorkspaceVectors(DIMS)
+    v = np.ones(DIMS)
+    wv.apply([Change("a", 1, v), Change("b", 2, v), Change("c", 3, v)], (10, ()))
+    wv.apply([Change("b", 2, v), Change("d", 4, v)], (20, ()), full=True)
+    assert sorted(wv.slot) == ["b", "d"] and wv.n == 2
+    assert wv.rank([("d", v, [])], 5) == [Ranked([], [("b", pytest.approx(1.0))])]
+
+
+def test_a_query_drawer_not_held_is_left_to_the_database() -> None:
+    wv = WorkspaceVectors(DIMS)
+    wv.apply([Change("a", 1, np.ones(DIMS))], (1, ()))
+    assert wv.rank([("zz", np.ones(DIMS), [])], 5) is None
+
+
+def test_a_zero_vector_ranks_last_with_no_similarity() -> None:
+    """The database's cosine with a zero vector is NaN, which sorts after every number."""
+    wv = WorkspaceVectors(DIMS)
+    e = np.eye(DIMS)
+    wv.apply([Change("a", 1, np.zeros(DIMS)), Change("b", 2, -e[0]), Change("q", 3, e[0])], (1, ()))
+    (r,) = wv.rank([("q", e[0], [])], 5)  # type: ignore[misc]
+    assert _ids(r.near) == ["b", "a"]
+    assert r.near[0][1] == pytest.approx(-1.0) and np.isnan(r.near[1][1])
+
+
+def test_ids_wider_than_usual_keep_their_order() -> None:
+    wv = WorkspaceVectors(DIMS)
+    v = np.ones(DIMS)
+    long_ids = ["x" * 40 + "b", "x" * 40 + "a", "y"]
+    wv.apply([Change(i, 5, v) for i in long_ids], (1, ()))
+    (r,) = wv.rank([("y", v, [])], 5)  # type: ignore[misc]
+    assert _ids(r.near) == ["x" * 40 + "a", "x" * 40 + "b"]  # filed together: the smaller ids, by id
+
+
+def test_bands_of_another_shape_still_make_twins() -> None:
+    """Bands stored by another version (not ``BANDS`` keys) are matched as the database's ``&&`` does:
+    any key in common; a drawer without bands is nobody's twin."""
+    wv = WorkspaceVectors(DIMS)
+    v = np.ones(DIMS)
+    usual = list(range(100, 100 + BANDS))
+    wv.apply([Change("a", 1, v, [7, 8]), Change("b", 2, v, None), Change("c", 3, v, usual), Change("q", 4, v, usual)],
+             (1, ()))
+    (r,) = wv.rank([("q", v, [8, *usual[1:]])], 5)  # type: ignore[misc]
+    assert sorted(_ids(r.twins)) == ["a", "c"] and len(r.near) == 3
+    (r,) = wv.rank([("q", v, [1, 2, 3])], 5)  # type: ignore[misc]  # a query of another shape
+    assert r.twins == []
+
+
+def test_the_cache_keeps_its_budget_least_recently_used_first(monkeypatch: pytest.MonkeyPatch) -> None:
+    per_row = 4 * DIMS + 8 * BANDS + neighbours._ROW_OVERHEAD
+    cache = VectorCache(max_bytes=200 * per_row)
+    assert cache.fits(200, DIMS) and not cache.fits(201, DIMS)
+    for w in ("w1", "w2", "w3"):
+        cache.get(w, DIMS).apply([Change(f"{w}-{i}", i, np.ones(DIMS)) for i in range(60)], (1, ()))
+    cache.get("w1", DIMS)  # used again: w2 is now the least recently used
+    cache.trim()
+    assert len(cache) == 3
+    cache.get("w4", DIMS).apply([Change(f"w4-{i}", i, np.ones(DIMS)) for i in range(60)], (1, ()))
+    cache.trim()
+    assert cache.nbytes <= cache.max_bytes
+    assert cache.get("w2", DIMS).watermark is None  # dropped, so held again from nothing
+    assert cache.get("w1", DIMS).watermark == (1, ())
+
+
+def test_an_idle_workspace_and_other_dimensions_start_afresh(monkeypatch: pytest.MonkeyPatch) -> None:
+    now = [1000.0]
+    monkeypatch.setattr(neighbours.time, "monotonic", lambda: now[0])
+    cache = VectorCache(max_bytes=1 << 20)
+    cache.get("w", DIMS).apply([Change("a", 1, np.ones(DIMS))], (7, ()))
+    assert cache.get("w", DIMS).watermark == (7, ())
+    assert cache.get("w", DIMS + 1).watermark is None  # re-embedded at another size
+    cache.get("w", DIMS).apply([Change("a", 1, np.ones(DIMS))], (8, ()))
+    now[0] += neighbours.IDLE_S + 1
+    assert cache.get("w", DIMS).watermark is None
