@@ -19,11 +19,12 @@ The neighbours are the same: the statement is exact either way. A workspace with
 ``INDEXED_CANDIDATES_SQL``, one walk per drawer, which the planner can serve from that partial index
 because it runs unprepared, with the workspace as a value.
 
-The cluster service ranks small workspaces itself instead (``shared.memory.neighbours``): even once per
-event, the exact scan visited every heap page of the workspace's live drawers and computed ten distances
-per drawer, where the service's cached vectors need only the rows changed since its last read
-(``DELTA_SQL``, from an index) and one matrix product. ``CANDIDATES_SQL`` remains for a workspace that
-does not fit the cache, and for callers without one.
+The cluster service ranks workspaces of up to ``shared.memory.neighbours.MAX_DRAWERS`` live drawers
+itself instead, index or not: even once per event, the exact scan visited every heap page of the
+workspace's live drawers and computed ten distances per drawer, and the twins fetched every band-sharing
+drawer again, where the service's cached vectors and bands need only the rows changed since its last
+read (``DELTA_SQL``, from an index), one matrix product, and the winners' contents. The statements above
+remain for larger workspaces, one that does not fit the cache's budget, and callers without a cache.
 """
 
 from __future__ import annotations
@@ -146,10 +147,10 @@ async def cluster_candidates(
     conn: AsyncConnection[Any], workspace_id: str, drawers: list[tuple[str, np.ndarray, list[int]]], limit: int = 5,
     *, indexed: bool = False, cache: VectorCache | None = None,
 ) -> dict[str, Neighbours]:
-    """Twins and neighbours of each (drawer id, embedding, wording bands). ``indexed``: the workspace has
-    a ready HNSW index of its own, which serves the neighbour walks; otherwise they are exact: ranked
-    here from the vectors ``cache`` holds when given (and the workspace fits it), else from one scan of
-    the workspace in the database. Either way, one statement when the database ranks."""
+    """Twins and neighbours of each (drawer id, embedding, wording bands): ranked here from what ``cache``
+    holds when one is given and the workspace fits it (exact), else by the database in one statement:
+    through the workspace's own HNSW index when ``indexed`` (it has a ready one), else from one exact scan
+    of the workspace."""
     out = {did: Neighbours() for did, _, _ in drawers}
     if not drawers:
         return out
@@ -158,13 +159,14 @@ async def cluster_candidates(
         raise ValueError("every drawer needs the same number of wording bands")
     params = {"ws": workspace_id, "ids": [d for d, _, _ in drawers], "embs": [e for _, e, _ in drawers],
               "bands": [b for _, _, bands in drawers for b in bands], "nb": nb, "n": limit}
-    here = None if indexed or cache is None else await _ranked_here(conn, workspace_id, drawers, limit, cache)
-    if cache is not None and not indexed:
+    here = None
+    if cache is not None:
+        here = None if cache.declined(workspace_id) else await _ranked_here(conn, workspace_id, drawers, limit, cache)
         NEIGHBOUR_CACHE_BYTES.set(cache.nbytes)
         if here is None:
             NEIGHBOUR_CACHE_READS.labels("database").inc()
-    if here is not None:
-        return _collect(out, drawers, here)
+        else:
+            return _collect(out, drawers, here)
     # Both settings for this transaction only.
     if indexed:
         await conn.execute("SELECT set_config('hnsw.ef_search', %s, true)", (str(max(_WALK_EF, 8 * limit)),))
@@ -200,7 +202,7 @@ async def _ranked_here(conn: AsyncConnection[Any], workspace_id: str,
         if wv.watermark is None:
             live = (await (await conn.execute(LIVE_COUNT_SQL, {"ws": workspace_id})).fetchone() or (0,))[0]
             if not cache.fits(live, dims):
-                cache.drop(workspace_id)
+                cache.decline(workspace_id)
                 return None
             cur = await conn.execute(FULL_SQL, {"ws": workspace_id}, binary=True)
         else:
@@ -210,7 +212,7 @@ async def _ranked_here(conn: AsyncConnection[Any], workspace_id: str,
         rows = await cur.fetchall()
         changes = [Change(i, f, None if e is None else as_array(e), b) for _, _, i, f, e, b in rows if i is not None]
         if any(c.vector is not None and len(c.vector) != dims for c in changes):
-            cache.drop(workspace_id)
+            cache.decline(workspace_id)
             return None
         wv.apply(changes, (int(rows[0][0]), tuple(int(x) for x in rows[0][1])), full=wv.watermark is None)
         for _ in range(3):  # again when a winner has been deleted outright since it was read

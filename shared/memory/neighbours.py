@@ -33,13 +33,20 @@ import numpy as np
 
 from shared.memory.dedup import BANDS
 
-__all__ = ["IDLE_S", "Change", "Ranked", "VectorCache", "Watermark", "WorkspaceVectors"]
+__all__ = ["DECLINE_S", "IDLE_S", "MAX_DRAWERS", "Change", "Ranked", "VectorCache", "Watermark", "WorkspaceVectors"]
 
 # A workspace unused this long is dropped: its memory, and any vector of a drawer forgotten meanwhile.
 IDLE_S = 600.0
 # What the last read of a workspace could not see: transactions with ids from the first (its snapshot's
 # xmax) on, and those listed (running at the time).
 Watermark = tuple[int, tuple[int, ...]]
+# The most live drawers a workspace may have to be ranked here. Up to about this size one event's matrix
+# product (ten drawers against every held vector) costs less than the ten HNSW walks and band lookups
+# the database would make, and it is exact; past it the workspace's own index serves.
+MAX_DRAWERS = 20_000
+# How long a workspace found too large (or not fitting the budget) is left to the database before it is
+# counted again.
+DECLINE_S = 60.0
 # Bytes a held drawer costs beyond its vector and bands: its id, filing time, slot and dictionary entry.
 _ROW_OVERHEAD = 160
 
@@ -81,7 +88,7 @@ class WorkspaceVectors:
     ids: np.ndarray = field(default_factory=lambda: np.empty(0, dtype="S32"))
     filed: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int64))
     unit: np.ndarray = field(default_factory=lambda: np.empty((0, 0), dtype=np.float32))
-    bands: np.ndarray = field(default_factory=lambda: np.empty((0, BANDS), dtype=np.int64))
+    bands: np.ndarray = field(default_factory=lambda: np.empty((BANDS, 0), dtype=np.int64))  # a row per band
     banded: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=bool))
     odd_bands: dict[str, frozenset[int]] = field(default_factory=dict)
     used_at: float = 0.0
@@ -123,7 +130,7 @@ class WorkspaceVectors:
             self.banded[s] = c.bands is not None and len(c.bands) == BANDS
             self.odd_bands.pop(c.id, None)
             if self.banded[s]:
-                self.bands[s] = c.bands
+                self.bands[:, s] = c.bands
             elif c.bands:
                 self.odd_bands[c.id] = frozenset(c.bands)
         self.watermark = watermark
@@ -137,8 +144,9 @@ class WorkspaceVectors:
             self.odd_bands.pop(i, None)
             last = self.n - 1
             if s != last:
-                for a in (self.ids, self.filed, self.unit, self.bands, self.banded):
+                for a in (self.ids, self.filed, self.unit, self.banded):
                     a[s] = a[last]
+                self.bands[:, s] = self.bands[:, last]
                 self.slot[self.ids[s].decode()] = s
             self.n = last
 
@@ -147,7 +155,7 @@ class WorkspaceVectors:
         self.ids = np.concatenate([self.ids, np.zeros(extra, dtype=self.ids.dtype)])
         self.filed = np.concatenate([self.filed, np.zeros(extra, dtype=np.int64)])
         self.unit = np.concatenate([self.unit, np.zeros((extra, self.dims), dtype=np.float32)])
-        self.bands = np.concatenate([self.bands, np.zeros((extra, BANDS), dtype=np.int64)])
+        self.bands = np.concatenate([self.bands, np.zeros((BANDS, extra), dtype=np.int64)], axis=1)
         self.banded = np.concatenate([self.banded, np.zeros(extra, dtype=bool)])
 
     def rank(self, queries: Sequence[tuple[str, np.ndarray, Sequence[int]]], limit: int) -> list[Ranked] | None:
@@ -172,10 +180,11 @@ class WorkspaceVectors:
             row[filed > filed[qs]] = -np.inf
             same = np.flatnonzero(filed == filed[qs])  # filed together: the id decides
             row[same[ids[same] >= ids[qs]]] = -np.inf
-            if len(qbands) == BANDS:
-                share = self.banded[:n] & (self.bands[:n] == np.asarray(qbands, dtype=np.int64)).any(axis=1)
+            qb = np.asarray(qbands, dtype=np.int64)
+            if len(qb) == BANDS:
+                share = self.banded[:n] & (self.bands[:, :n] == qb[:, None]).any(axis=0)
             else:
-                share = self.banded[:n] & np.isin(self.bands[:n], np.asarray(qbands, dtype=np.int64)).any(axis=1)
+                share = self.banded[:n] & np.isin(self.bands[:, :n], qb).any(axis=0)
             if self.odd_bands:
                 qset = set(qbands)
                 share[[self.slot[i] for i, b in self.odd_bands.items() if b & qset]] = True
@@ -191,7 +200,12 @@ class WorkspaceVectors:
             return []
         top = np.argpartition(-row, k - 1)[:k]
         top = top[np.lexsort((ids[top], -row[top]))]
-        return [(ids[t].decode(), float(np.clip(sims[t], -1.0, 1.0))) for t in top]
+        return [(ids[t].decode(), _clip(float(sims[t]))) for t in top]
+
+
+def _clip(x: float) -> float:
+    """A cosine within [-1, 1] (rounding can step past either end), NaN kept."""
+    return x if x != x else max(-1.0, min(1.0, x))
 
 
 def _unit(v: np.ndarray) -> np.ndarray:
@@ -208,6 +222,7 @@ class VectorCache:
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
         self._ws: OrderedDict[str, WorkspaceVectors] = OrderedDict()
+        self._declined: dict[str, float] = {}  # workspace → until when it is left to the database
 
     def get(self, workspace_id: str, dims: int) -> WorkspaceVectors:
         """The workspace's entry, created empty (no watermark) when not held or held at other
@@ -223,8 +238,19 @@ class VectorCache:
         return wv
 
     def fits(self, live: int, dims: int) -> bool:
-        """Whether a workspace of ``live`` drawers could be held at all."""
-        return live * (4 * dims + 8 * BANDS + _ROW_OVERHEAD) <= self.max_bytes
+        """Whether a workspace of ``live`` drawers is to be held: within ``MAX_DRAWERS`` and the budget."""
+        return live <= MAX_DRAWERS and live * (4 * dims + 8 * BANDS + _ROW_OVERHEAD) <= self.max_bytes
+
+    def decline(self, workspace_id: str) -> None:
+        """Leave the workspace to the database for ``DECLINE_S``, and drop what is held of it."""
+        if len(self._declined) > 10_000:
+            self._declined.clear()
+        self._declined[workspace_id] = time.monotonic() + DECLINE_S
+        self._ws.pop(workspace_id, None)
+
+    def declined(self, workspace_id: str) -> bool:
+        until = self._declined.get(workspace_id)
+        return until is not None and time.monotonic() < until
 
     def trim(self) -> None:
         """Drop least recently used workspaces until the budget holds."""

@@ -145,3 +145,17 @@ def test_an_idle_workspace_and_other_dimensions_start_afresh(monkeypatch: pytest
     cache.get("w", DIMS).apply([Change("a", 1, np.ones(DIMS))], (8, ()))
     now[0] += neighbours.IDLE_S + 1
     assert cache.get("w", DIMS).watermark is None
+
+
+def test_a_workspace_too_large_is_declined_for_a_while(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past ``MAX_DRAWERS`` (where the workspace's own HNSW index serves better) or the budget, a workspace
+    is left to the database, and not counted again on every event."""
+    now = [1000.0]
+    monkeypatch.setattr(neighbours.time, "monotonic", lambda: now[0])
+    cache = VectorCache(max_bytes=1 << 40)
+    assert cache.fits(neighbours.MAX_DRAWERS, DIMS) and not cache.fits(neighbours.MAX_DRAWERS + 1, DIMS)
+    cache.get("w", DIMS).apply([Change("a", 1, np.ones(DIMS))], (1, ()))
+    cache.decline("w")
+    assert cache.declined("w") and len(cache) == 0
+    now[0] += neighbours.DECLINE_S + 1
+    assert not cache.declined("w")
