@@ -111,9 +111,12 @@ INDEXED_CANDIDATES_SQL = _EVENT + _TWINS + "UNION ALL" + _NEIGHBOURS
 # the changes it could not see are exactly those of transactions not completed then, listed as running
 # (``xip``) or with ids from ``xmax`` on, so the next read asks for those rows only. (The oldest running
 # transaction alone would be a safe bound too, but a long transaction anywhere would then make every read
-# take all the changes made since it began.) The LEFT JOIN returns the bounds with no rows.
+# take all the changes made since it began.) The LEFT JOIN returns the bounds with no rows. The active
+# embedding space comes with them: `palace reembed` swaps the vectors of every row without stamping
+# one, and a workspace held in another space is read whole again.
 _ROWS = """
-SELECT pg_snapshot_xmax(s.snap)::text, ARRAY(SELECT x::text FROM pg_snapshot_xip(s.snap) x), c.*
+SELECT pg_snapshot_xmax(s.snap)::text, ARRAY(SELECT x::text FROM pg_snapshot_xip(s.snap) x),
+       (SELECT e.id FROM embedding_spaces e WHERE e.state = 'active'), c.*
   FROM (SELECT pg_current_snapshot() AS snap) s LEFT JOIN LATERAL (
        SELECT d.id, (extract(epoch FROM d.filed_at) * 1000000)::bigint AS filed_us,
               CASE WHEN d.state = 'processed' AND d.deleted_at IS NULL AND d.embedding IS NOT NULL
@@ -210,11 +213,17 @@ async def _ranked_here(conn: AsyncConnection[Any], workspace_id: str,
             cur = await conn.execute(DELTA_SQL, {"ws": workspace_id, "xmax": str(xmax), "xip": [str(x) for x in xip]},
                                      binary=True)
         rows = await cur.fetchall()
-        changes = [Change(i, f, None if e is None else as_array(e), b) for _, _, i, f, e, b in rows if i is not None]
+        space = rows[0][2]
+        if wv.watermark is not None and space != wv.space:  # re-embedded since: read it whole, next event
+            cache.drop(workspace_id)
+            return None
+        changes = [Change(i, f, None if e is None else as_array(e), b) for *_, i, f, e, b in rows if i is not None]
         if any(c.vector is not None and len(c.vector) != dims for c in changes):
             cache.decline(workspace_id)
             return None
-        wv.apply(changes, (int(rows[0][0]), tuple(int(x) for x in rows[0][1])), full=wv.watermark is None)
+        full = wv.watermark is None
+        wv.apply(changes, (int(rows[0][0]), tuple(int(x) for x in rows[0][1])), full=full)
+        wv.space = space
         for _ in range(3):  # again when a winner has been deleted outright since it was read
             ranked = wv.rank(queries, limit)
             if ranked is None:

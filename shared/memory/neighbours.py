@@ -83,6 +83,7 @@ class WorkspaceVectors:
 
     dims: int
     watermark: Watermark | None = None
+    space: str | None = None  # the embedding space the vectors are in (a re-embedding changes it)
     n: int = 0
     slot: dict[str, int] = field(default_factory=dict)
     ids: np.ndarray = field(default_factory=lambda: np.empty(0, dtype="S32"))

@@ -158,3 +158,35 @@ def test_a_drawer_is_stamped_when_its_candidacy_or_vector_changes_only(stack: St
         before = rev()
         _exec(stack, f"UPDATE drawers SET {change} WHERE workspace_id = %s AND id = %s", (w, d))  # noqa: S608
         assert rev() > before, change
+
+
+def test_a_re_embedding_makes_the_cache_read_the_workspace_again(stack: Stack) -> None:
+    """`palace reembed` swaps every drawer's vector (a column rename) without stamping a row: the reads
+    return the active embedding space, and a new one makes the cache read the workspace whole, so it
+    never ranks with the old space's vectors (here of the same size, as a model of the same dimension)."""
+    w = ws()
+    ids = _insert(stack, w, 0, 200, np.random.default_rng(5))
+
+    async def go() -> None:
+        pool = await open_pool(stack.database_url, name="test-neighbours-space", max_size=2,
+                               role=stack.settings.db_role)
+        cache = VectorCache(64 * 2**20)
+        space = stack.sql("SELECT id FROM embedding_spaces WHERE state = 'active'")[0][0]
+        try:
+            db, here = await _both(pool, w, ids[-10:], cache)
+            _same(db, here)
+            with psycopg.connect(stack.database_url) as conn:  # one transaction, as the swap
+                conn.execute("ALTER TABLE drawers DISABLE TRIGGER drawers_rev")
+                conn.execute("UPDATE drawers SET embedding = (SELECT array_agg(-x) FROM unnest(embedding::real[]) x)"
+                             "::vector WHERE workspace_id = %s AND id <> ALL(%s)", (w, ids[-10:]))
+                conn.execute("ALTER TABLE drawers ENABLE TRIGGER drawers_rev")
+                conn.execute("UPDATE embedding_spaces SET id = %s WHERE state = 'active'", (space + "-next",))
+            for _ in range(2):  # the first falls back to the database, the next reads the workspace whole
+                db, here = await _both(pool, w, ids[-10:], cache)
+                _same(db, here)
+            assert cache.get(w, DIMS).space == space + "-next" and cache.get(w, DIMS).n == 200
+        finally:
+            _exec(stack, "UPDATE embedding_spaces SET id = %s WHERE state = 'active'", (space,))
+            await pool.close()
+
+    asyncio.run(go())
