@@ -118,9 +118,10 @@ class Settings(BaseSettings):
         "search or cluster, built by maintain, used by both once ready); smaller ones are searched exactly.",
     )
     cluster_vector_cache_mb: int = Field(
-        128, ge=0, description="Memory (MiB) each cluster replica may keep for the vectors of workspaces without their "
-        "own HNSW index, whose near-duplicate and neighbour checks it then ranks itself instead of scanning the "
-        "workspace in PostgreSQL every event (least recently used workspaces are dropped first; 0: no cache).",
+        128, ge=0, description="Memory (MiB) each cluster replica may keep for the vectors and wording bands of the "
+        "workspaces it works on (up to 20,000 live drawers each), whose near-duplicate and neighbour candidates it "
+        "then ranks itself, reading only what changed, instead of asking PostgreSQL to rank the workspace every "
+        "event (least recently used workspaces are dropped first; 0: no cache).",
     )
     vector_index_poll_s: float = Field(
         5.0, gt=0, description="How often maintain looks for workspaces waiting for their vector index (a read of a "

@@ -160,9 +160,6 @@ async def cluster_candidates(
     nb = len(drawers[0][2])
     if any(len(b) != nb for _, _, b in drawers):
         raise ValueError("every drawer needs the same number of wording bands")
-    params = {"ws": workspace_id, "ids": [d for d, _, _ in drawers], "embs": [e for _, e, _ in drawers],
-              "bands": [b for _, _, bands in drawers for b in bands], "nb": nb, "n": limit}
-    here = None
     if cache is not None:
         here = None if cache.declined(workspace_id) else await _ranked_here(conn, workspace_id, drawers, limit, cache)
         NEIGHBOUR_CACHE_BYTES.set(cache.nbytes)
@@ -170,6 +167,8 @@ async def cluster_candidates(
             NEIGHBOUR_CACHE_READS.labels("database").inc()
         else:
             return _collect(out, drawers, here)
+    params = {"ws": workspace_id, "ids": [d for d, _, _ in drawers], "embs": [e for _, e, _ in drawers],
+              "bands": [b for _, _, bands in drawers for b in bands], "nb": nb, "n": limit}
     # Both settings for this transaction only.
     if indexed:
         await conn.execute("SELECT set_config('hnsw.ef_search', %s, true)", (str(max(_WALK_EF, 8 * limit)),))
@@ -221,8 +220,7 @@ async def _ranked_here(conn: AsyncConnection[Any], workspace_id: str,
         if any(c.vector is not None and len(c.vector) != dims for c in changes):
             cache.decline(workspace_id)
             return None
-        full = wv.watermark is None
-        wv.apply(changes, (int(rows[0][0]), tuple(int(x) for x in rows[0][1])), full=full)
+        wv.apply(changes, (int(rows[0][0]), tuple(int(x) for x in rows[0][1])), full=wv.watermark is None)
         wv.space = space
         for _ in range(3):  # again when a winner has been deleted outright since it was read
             ranked = wv.rank(queries, limit)

@@ -107,33 +107,41 @@ class WorkspaceVectors:
 
     def apply(self, changes: Iterable[Change], watermark: Watermark, *, full: bool = False) -> None:
         """Take the database's rows: hold the live ones (replacing an older version), drop the rest.
-        ``full``: the rows are the whole live set, and whatever else was held goes."""
+        ``full``: the rows are the whole live set, and whatever else was held goes. The vectors are
+        normalised in one pass: a first read of a large workspace would otherwise hold the event loop."""
         if full:
             self.slot.clear()
             self.odd_bands.clear()
             self.n = 0
-        for c in changes:
-            if c.vector is None:
-                self.drop([c.id])
-                continue
-            key = c.id.encode()
-            if len(key) > self.ids.dtype.itemsize:  # ids are 32 hex digits; a wider one widens the array
-                self.ids = self.ids.astype(f"S{len(key)}")
+        final = list({c.id: c for c in changes}.values())  # a drawer changed twice: its last state
+        self.drop(c.id for c in final if c.vector is None)  # first: a drop moves the last row
+        live = [c for c in final if c.vector is not None]
+        if not live:
+            self.watermark = watermark
+            return
+        width = max(len(c.id.encode()) for c in live)
+        if width > self.ids.dtype.itemsize:  # ids are 32 hex digits; a wider one widens the array
+            self.ids = self.ids.astype(f"S{width}")
+        self._reserve(self.n + sum(c.id not in self.slot for c in live))
+        slots = []
+        for c in live:
             s = self.slot.get(c.id)
             if s is None:
-                if self.n == len(self.ids):
-                    self._grow()
                 s = self.slot[c.id] = self.n
                 self.n += 1
-            self.ids[s] = key
-            self.filed[s] = c.filed_us
-            self.unit[s] = _unit(c.vector)
-            self.banded[s] = c.bands is not None and len(c.bands) == BANDS
+            slots.append(s)
             self.odd_bands.pop(c.id, None)
-            if self.banded[s]:
-                self.bands[:, s] = c.bands
-            elif c.bands:
+            if c.bands and len(c.bands) != BANDS:
                 self.odd_bands[c.id] = frozenset(c.bands)
+        at = np.asarray(slots)
+        self.ids[at] = [c.id.encode() for c in live]
+        self.filed[at] = [c.filed_us for c in live]
+        usual = np.array([c.bands is not None and len(c.bands) == BANDS for c in live])
+        self.banded[at] = usual
+        if usual.any():
+            self.bands[:, at[usual]] = np.array([c.bands for c, u in zip(live, usual, strict=True) if u],
+                                                dtype=np.int64).T
+        self.unit[at] = _unit(np.stack([c.vector for c in live]))  # type: ignore[misc]
         self.watermark = watermark
 
     def drop(self, drawer_ids: Iterable[str]) -> None:
@@ -151,8 +159,11 @@ class WorkspaceVectors:
                 self.slot[self.ids[s].decode()] = s
             self.n = last
 
-    def _grow(self) -> None:
-        extra = max(64, len(self.ids))
+    def _reserve(self, rows: int) -> None:
+        """Room for ``rows`` drawers, at least doubling when it grows (one copy for a whole first read)."""
+        if rows <= len(self.ids):
+            return
+        extra = max(64, len(self.ids), rows - len(self.ids))
         self.ids = np.concatenate([self.ids, np.zeros(extra, dtype=self.ids.dtype)])
         self.filed = np.concatenate([self.filed, np.zeros(extra, dtype=np.int64)])
         self.unit = np.concatenate([self.unit, np.zeros((extra, self.dims), dtype=np.float32)])
@@ -210,11 +221,12 @@ def _clip(x: float) -> float:
 
 
 def _unit(v: np.ndarray) -> np.ndarray:
-    """The vector scaled to length 1 (float32); a zero vector becomes NaNs, as its cosine is in the
-    database."""
-    a = np.asarray(v, dtype=np.float64)
-    n = float(np.sqrt(a @ a))
-    return (a / n).astype(np.float32) if n > 0 else np.full(a.shape, np.nan, dtype=np.float32)
+    """The vector, or each row of a matrix, scaled to length 1 (float32, as the database computes); a zero
+    vector becomes NaNs, as its cosine is in the database."""
+    a = np.asarray(v, dtype=np.float32)
+    n = np.sqrt(np.einsum("...i,...i->...", a, a, dtype=np.float64))[..., None].astype(np.float32)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return a / n  # a zero vector: 0 / 0, NaN
 
 
 class VectorCache:
