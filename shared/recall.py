@@ -6,14 +6,17 @@ users call. If the embedder fails, recall degrades to full-text only instead of 
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections import OrderedDict
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 
 import numpy as np
 import psycopg
-from psycopg_pool import AsyncConnectionPool
+from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from shared.access import access_log
 from shared.adapters.space_embedder import pinned
@@ -31,6 +34,9 @@ from shared.ports import Embedder
 
 __all__ = ["EPISODE_DRAWERS", "RecalledEpisode", "Recaller", "Recollection"]
 
+# How long a search waits for its second connection when the pool showed one idle: only for the pool's
+# lock, which another task may hold for a moment.
+SPARE_WAIT_S = 0.005
 EPISODE_DRAWERS = 20  # citations an episode carries at most (its drawer_count says how many it has)
 
 log = get_logger("palace.recall")
@@ -66,6 +72,27 @@ class Recollection:
 
     hits: list[SearchHit]
     episodes: list[RecalledEpisode] | None = None
+
+
+@contextlib.asynccontextmanager
+async def spare_connection(pool: AsyncConnectionPool, wanted: bool = True,
+                           ) -> AsyncIterator[psycopg.AsyncConnection[Any] | None]:
+    """A second connection for a search's full-text lookup (``hybrid_search``'s ``text_conn``), when the
+    pool has one idle now; otherwise None, and the search runs on one connection as before. Never waited
+    for: a busy pool is better spent on other searches, and a search holding one connection while it waits
+    for a second could wait on others doing the same."""
+    if not wanted or pool.get_stats().get("pool_available", 0) < 1:
+        yield None
+        return
+    try:
+        conn = await pool.getconn(timeout=SPARE_WAIT_S)
+    except PoolTimeout:
+        yield None
+        return
+    try:
+        yield conn
+    finally:
+        await pool.putconn(conn)
 
 
 def episode_score(cosine: float, rank: RankParams) -> float:
@@ -168,12 +195,15 @@ class Recaller:
             cached = (size, ready, time.monotonic() + recheck_after(size, ready, self.vector_index_min,
                                                                     self.size_ttl_s, self.index_poll_s))
             self._sizes[workspace_id] = cached
+        # The workspace's own index only past the size that asks for one: below it an exact scan costs
+        # less than the walk and is exact (an index can outlive a workspace that shrank, or be made early).
+        indexed = cached[1] and cached[0] > self.vector_index_min
+        # Searched in one pass (small, no index) or by full text alone, a second connection has nothing to do.
+        split = vec is not None and (indexed or cached[0] > params.exact_max)
         # The search scopes its own transaction to the workspace, all in one round trip (hybrid_search).
-        async with self.pool.connection() as conn:
-            # The workspace's own index only past the size that asks for one: below it an exact scan costs
-            # less than the walk and is exact (an index can outlive a workspace that shrank, or be made early).
+        async with self.pool.connection() as conn, spare_connection(self.pool, split) as text_conn:
             hits = await hybrid_search(conn, workspace_id, query, vec, params, workspace_size=cached[0],
-                                       vector_index=cached[1] and cached[0] > self.vector_index_min)
+                                       vector_index=indexed, text_conn=text_conn)
         found: list[RecalledEpisode] = []
         if episodes > 0 and vec is not None:
             # Only when asked for: a transaction of its own, after the drawers' round trip.

@@ -36,6 +36,8 @@ Everything is scoped to one workspace; merged or deleted drawers never return.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import functools
 import json
 import time
@@ -189,17 +191,17 @@ SELECT d.id, d.session_id, d.seq,
        CASE WHEN row_number() OVER () = 1 THEN (SELECT array_agg(l) FROM lex) END AS lexemes,
        CASE WHEN %(use_ann)s AND d.embedding IS NOT NULL THEN 1 - (d.embedding <=> %(emb)s::vector) END AS cos,
        d.tsv::text AS tsv, d.importance,
-       (extract(epoch FROM now() - coalesce(d.last_accessed_at, d.filed_at)) / 86400.0)::float8 AS age_days,
+       coalesce(d.last_accessed_at, d.filed_at) AS seen_at,
        {dated} AS dated,
        d.content, d.memory_type, d.wing, d.room, d.speaker, d.role, d.occurred_at, d.metadata::text,
-       d.superseded_by
+       d.superseded_by, CASE WHEN row_number() OVER () = 1 THEN now() END AS now
   FROM c, drawers d
  WHERE d.workspace_id = %(ws)s AND d.id = ANY(c.ids) AND d.deleted_at IS NULL AND d.state <> 'merged'
 """
 
 
 @functools.cache
-def statement(ann: str = "both", dated: bool = True, graph: bool = True) -> str:
+def statement(ann: str = "both", dated: bool = True, graph: bool = True, text: bool = True) -> str:
     """The candidate statement with only the branches a search uses: ``ann`` "exact", "hnsw", "both",
     "none", or "scan" (exact, with the full-text candidates found in the same pass, ``_SCAN``); the
     time-window branch when the query names a window; the graph's drawers when a lookup
@@ -207,8 +209,11 @@ def statement(ann: str = "both", dated: bool = True, graph: bool = True) -> str:
     partial vector index matches), and a branch whose guard is false is still planned, with every index
     of the drawers table considered for it. Each branch keeps its guard, so the full statement
     (``_SQL``) returns the same rows as any variant given the parameters that variant is chosen for, except
-    that "scan" ranks every full-text match where the function ranks the first ``fts_scan_max``."""
-    parts = [_LEX, _SCAN if ann == "scan" else _FTS]
+    that "scan" ranks every full-text match where the function ranks the first ``fts_scan_max``.
+    ``text`` False leaves the full-text branch out (``text_statement`` finds it on another connection);
+    "scan" always keeps it, since its one pass finds both lists."""
+    text = text or ann == "scan"
+    parts = [_LEX, _SCAN if ann == "scan" else _FTS if text else ""]
     if dated:
         parts.append(_W)
     if ann in ("exact", "both"):
@@ -219,7 +224,7 @@ def statement(ann: str = "both", dated: bool = True, graph: bool = True) -> str:
         parts.append(_DATED)
     sources = ([_FROM["ann_exact"]] if ann in ("exact", "both", "scan") else []) + (
         [_FROM["ann_hnsw"]] if ann in ("hnsw", "both") else [])
-    sources += [_FROM["fts"], *([_FROM["dated"]] if dated else [])]
+    sources += [*([_FROM["fts"]] if text else []), *([_FROM["dated"]] if dated else [])]
     union = " UNION ".join(sources) + (_GRAPH if graph else "")
     parts.append(", c AS (\n    SELECT array(" + union + ") AS ids\n)")
     in_window = "EXISTS (SELECT 1 FROM w WHERE d.occurred_at >= w.lo AND d.occurred_at < w.hi)"
@@ -228,6 +233,15 @@ def statement(ann: str = "both", dated: bool = True, graph: bool = True) -> str:
 
 
 _SQL = statement()  # every branch, each under its guard
+
+
+@functools.cache
+def text_statement(dated: bool) -> str:
+    """The full-text branch alone, with the same columns as ``statement``: what a search sends on a second
+    connection while the first runs the rest (``hybrid_search``'s ``text_conn``)."""
+    in_window = "EXISTS (SELECT 1 FROM w WHERE d.occurred_at >= w.lo AND d.occurred_at < w.hi)"
+    return "".join([_LEX, _FTS, *([_W] if dated else []), ", c AS (\n    SELECT array(" + _FROM["fts"] + ") AS ids\n)",
+                    _FETCH.replace("{dated}", in_window if dated else "false")])
 
 
 def _candidate_params(workspace_id: str, query: str, embedding: np.ndarray | None,
@@ -249,21 +263,28 @@ def _candidate_params(workspace_id: str, query: str, embedding: np.ndarray | Non
 
 
 def _statement_for(cand: dict[str, Any], *, lookup_sent: bool) -> str:
-    """The variant of the candidate statement these parameters need (``statement``)."""
+    """The variant of the candidate statement these parameters need (``statement``): the full-text branch
+    alone (``text_only``), everything but it (``text_apart``), or all of it."""
+    if cand.get("text_only"):
+        return text_statement(cand["n_date"] > 0)
     ann = "scan" if cand["scan"] else "none" if not cand["use_ann"] else "hnsw" if cand["hnsw"] else "exact"
-    return statement(ann, cand["n_date"] > 0, lookup_sent or bool(cand["graph_ids"]))
+    return statement(ann, cand["n_date"] > 0, lookup_sent or bool(cand["graph_ids"]), not cand.get("text_apart"))
 
 
 def _candidates(fetched: list[tuple[Any, ...]], graph: dict[str, float],
                 ) -> tuple[list[str], list[Candidate], dict[str, tuple[Any, ...]]]:
     lexemes: list[str] = next((list(r[3]) for r in fetched if r[3]), [])
+    # Ages from one clock reading, the first statement's: a search split over two connections
+    # (``text_conn``) ranks as it would on one, near-ties included.
+    now = next((r[18] for r in fetched if r[18] is not None), None)
     keys = term_keys(lexemes)
     cands, rows = [], {}
     for row in fetched:
-        did, session_id, seq, _, cos, tsv, importance, age_days, dated = row[:9]
+        did, session_id, seq, _, cos, tsv, importance, seen_at, dated = row[:9]
+        age_days = (now - seen_at).total_seconds() / 86400.0 if now is not None and seen_at is not None else 0.0
         content_tf, content_len, speaker_lexemes = terms_of(tsv or "", keys)
         cands.append(Candidate(did, session_id, seq, None if cos is None else float(cos), content_tf,
-                               content_len, speaker_lexemes, bool(dated), float(importance), float(age_days or 0.0),
+                               content_len, speaker_lexemes, bool(dated), float(importance), age_days,
                                row[17], graph=graph.get(did, 0.0)))
         rows[did] = row
     return lexemes, cands, rows
@@ -302,7 +323,7 @@ def _hits(ranked: list[Ranked], rows: dict[str, tuple[Any, ...]]) -> list[Search
 async def hybrid_search(
     conn: AsyncConnection[Any], workspace_id: str, query: str, embedding: np.ndarray | None,
     params: SearchParams = SearchParams(), *, workspace_size: int | None = None, now: datetime | None = None,
-    vector_index: bool = False,
+    vector_index: bool = False, text_conn: AsyncConnection[Any] | None = None,
 ) -> list[SearchHit]:
     """Top-k drawers of one workspace for a query, in one round trip (``_send``).
 
@@ -318,6 +339,12 @@ async def hybrid_search(
             the full-text candidates need the query's rare lexemes, or two of its lexemes together.
         vector_index: the workspace's own HNSW index is ready (else an exact nearest-neighbour scan).
         now: the reference time of relative expressions ("yesterday"); default the current time.
+        text_conn: a second idle connection, or None. Given, and unless the workspace is searched in one
+            pass (``_SCAN``), the full-text candidates are found on it while ``conn`` finds the rest, at the
+            same time: the two lookups share nothing until their rows are merged, and each was a large
+            part of a search's time in a big workspace. The same statements run, so a search costs the
+            same CPU either way; only its latency falls. Each reads its own snapshot: a drawer deleted
+            between them is missing from one list, never returned deleted.
     """
     windows = date_windows(query, now)
     # The entity names only when the lookup can run (it is off by default): finding them costs per search.
@@ -331,6 +358,27 @@ async def hybrid_search(
         size = await live_drawers(conn, workspace_id, 100_000)
     cand = _candidate_params(workspace_id, query, embedding, windows, params, workspace_size, vector_index, None)
     graph_args = graph_params(workspace_id, names, size or 0, params.graph) if with_graph and names else None
+    if text_conn is None or cand["scan"] or not cand["use_ann"]:  # one lookup, or one pass: nothing to split
+        found, fetched = await _search_rows(conn, cand, graph_args, params)
+    else:
+        text_rows = asyncio.ensure_future(_send(text_conn, {**cand, "text_only": True}, None, 0))
+        try:
+            found, fetched = await _search_rows(conn, {**cand, "text_apart": True}, graph_args, params)
+        except BaseException:
+            with contextlib.suppress(Exception):  # the first error is the one to report
+                await text_rows  # the connection goes back to its pool idle, not mid-statement
+            raise
+        seen = {r[0] for r in fetched}
+        fetched = fetched + [r for r in (await text_rows)[1] if r[0] not in seen]
+    graph = graph_strengths(found, size or 0, params.graph) if found else {}
+    lexemes, cands, rows = _candidates(fetched, graph)
+    return _hits(rank(cands, lexemes, params.rank, params.k), rows)
+
+
+async def _search_rows(conn: AsyncConnection[Any], cand: dict[str, Any], graph_args: dict[str, Any] | None,
+                       params: SearchParams) -> tuple[list[tuple[str, str, int, int]], list[tuple[Any, ...]]]:
+    """The graph lookup's rows and the candidate rows, searching again without the lookup when it fails or
+    runs past its deadline."""
     t0 = time.perf_counter()
     try:
         found, fetched = await _send(conn, cand, graph_args, params.graph.timeout_ms)
@@ -352,9 +400,7 @@ async def hybrid_search(
         else:
             log.warning("graph_recall_failed", error=repr(e)[:300])
         found, fetched = await _send(conn, cand, None, 0)
-    graph = graph_strengths(found, size or 0, params.graph) if found else {}
-    lexemes, cands, rows = _candidates(fetched, graph)
-    return _hits(rank(cands, lexemes, params.rank, params.k), rows)
+    return found, fetched
 
 
 async def _retry_without_graph_on_error(conn: AsyncConnection[Any], cand: dict[str, Any], graph_args: dict[str, Any],
