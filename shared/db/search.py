@@ -273,9 +273,10 @@ def _statement_for(cand: dict[str, Any], *, lookup_sent: bool) -> str:
 
 def _candidates(fetched: list[tuple[Any, ...]], graph: dict[str, float],
                 ) -> tuple[list[str], list[Candidate], dict[str, tuple[Any, ...]]]:
+    """The query's lexemes, the candidates and their rows by id. Ages count from one clock reading, the
+    first statement's: a search split over two connections (``text_conn``) ranks as it would on one,
+    near-ties included."""
     lexemes: list[str] = next((list(r[3]) for r in fetched if r[3]), [])
-    # Ages from one clock reading, the first statement's: a search split over two connections
-    # (``text_conn``) ranks as it would on one, near-ties included.
     now = next((r[18] for r in fetched if r[18] is not None), None)
     keys = term_keys(lexemes)
     cands, rows = [], {}
@@ -361,15 +362,17 @@ async def hybrid_search(
     if text_conn is None or cand["scan"] or not cand["use_ann"]:  # one lookup, or one pass: nothing to split
         found, fetched = await _search_rows(conn, cand, graph_args, params)
     else:
+        cand["emb"] = vector_literal(cand["emb"])  # one text for both connections' statements
         text_rows = asyncio.ensure_future(_send(text_conn, {**cand, "text_only": True}, None, 0))
         try:
             found, fetched = await _search_rows(conn, {**cand, "text_apart": True}, graph_args, params)
+            more = (await text_rows)[1]
         except BaseException:
             with contextlib.suppress(Exception):  # the first error is the one to report
                 await text_rows  # the connection goes back to its pool idle, not mid-statement
             raise
         seen = {r[0] for r in fetched}
-        fetched = fetched + [r for r in (await text_rows)[1] if r[0] not in seen]
+        fetched = fetched + [r for r in more if r[0] not in seen]
     graph = graph_strengths(found, size or 0, params.graph) if found else {}
     lexemes, cands, rows = _candidates(fetched, graph)
     return _hits(rank(cands, lexemes, params.rank, params.k), rows)
@@ -474,7 +477,7 @@ async def _send(conn: AsyncConnection[Any], cand: dict[str, Any], graph_args: di
     idle = conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
     if not idle:
         parts = ["SAVEPOINT palace_search", *parts, "RELEASE SAVEPOINT palace_search"]
-    if cand["emb"] is not None:  # its text once, not once per mention in the statement
+    if cand["emb"] is not None and not isinstance(cand["emb"], str):  # its text once, not once per mention
         args["emb"] = vector_literal(cand["emb"])
     cur = psycopg.AsyncClientCursor(conn)
     try:
