@@ -12,7 +12,7 @@
    neighbours (``_SCAN``), and ranks every match. Otherwise the matches come through a
    security-definer function, so the GIN index serves them under row-level security, and that index
    holds each word under its workspace (migration 0047: a word's posting list is the workspace's, not
-   the table's); at most ``fts_scan_max`` matching rows are ranked, which
+   the table's); at most ``text_rank_max`` matching rows are ranked, which
    bounds the tail, and the rows past that bound are whichever the scan met last, not the worst. So
    once a workspace holds more than ``fts_scan_max`` drawers the function asks for the query's
    lexemes that are rare there (the workspace lexicon that maintain keeps, migration 0037), or, when
@@ -74,6 +74,10 @@ class SearchParams:
     date_candidates: int = 50
     exact_max: int = 5_000
     fts_scan_max: int = 2_000
+    # The full-text function ranks at most this many of its matches (the first the GIN scan meets): its
+    # cost grows with them, and a search's slowest questions are those matching thousands. 1,000 left
+    # the 100k bench workspace's answers as they were at 2,000 (docs/benchmarks.md).
+    text_rank_max: int = 1_000
     max_terms: int = 16
     pair_terms: int = 4
     rank: RankParams = field(default_factory=RankParams)
@@ -122,7 +126,7 @@ WITH lex AS (
     SELECT palace_text_query(%(ws)s, ARRAY(SELECT l FROM lex), %(exact)s, %(pair_terms)s) AS tsq
 )"""
 _FTS = """, fts AS (
-    SELECT t.id FROM q, palace_text_candidates(%(ws)s, q.tsq, ARRAY(SELECT l FROM lex), %(fts_scan)s, %(n_fts)s) t
+    SELECT t.id FROM q, palace_text_candidates(%(ws)s, q.tsq, ARRAY(SELECT l FROM lex), %(text_rank)s, %(n_fts)s) t
 )"""
 _W = """, w AS (
     SELECT unnest(%(lo)s::timestamptz[]) AS lo, unnest(%(hi)s::timestamptz[]) AS hi
@@ -146,7 +150,7 @@ _ANN_HNSW = """, ann_hnsw AS (
 # A workspace searched exactly (``scan``): both candidate lists from one pass over its rows. The exact
 # nearest-neighbour scan reads every row anyway, so the full-text match is tested on the same rows
 # instead of a GIN lookup and a second visit to each match; every match is ranked, in the function's
-# order (the function stops after ``fts_scan_max`` matches, in whatever order the scan met them).
+# order (the function stops after ``text_rank_max`` matches, in whatever order the scan met them).
 _SCAN = """, ws_rows AS MATERIALIZED (
     SELECT d.id, d.embedding <=> %(emb)s::vector AS dist, length(d.tsv) AS len,
            CASE WHEN d.tsv @@ (SELECT tsq FROM q)
@@ -209,7 +213,7 @@ def statement(ann: str = "both", dated: bool = True, graph: bool = True, text: b
     partial vector index matches), and a branch whose guard is false is still planned, with every index
     of the drawers table considered for it. Each branch keeps its guard, so the full statement
     (``_SQL``) returns the same rows as any variant given the parameters that variant is chosen for, except
-    that "scan" ranks every full-text match where the function ranks the first ``fts_scan_max``.
+    that "scan" ranks every full-text match where the function ranks the first ``text_rank_max``.
     ``text`` False leaves the full-text branch out (``text_statement`` finds it on another connection);
     "scan" always keeps it, since its one pass finds both lists."""
     text = text or ann == "scan"
@@ -256,6 +260,7 @@ def _candidate_params(workspace_id: str, query: str, embedding: np.ndarray | Non
         "scan": not vector_index and workspace_size is not None and workspace_size <= params.exact_max,
         "hnsw": vector_index, "max_terms": params.max_terms, "pair_terms": params.pair_terms,
         "n_ann": params.ann_candidates, "n_fts": params.fts_candidates, "fts_scan": params.fts_scan_max,
+        "text_rank": params.text_rank_max,
         "n_date": params.date_candidates if windows else 0,
         "lo": [w[0] for w in windows], "hi": [w[1] for w in windows],
         "lo_min": min((w[0] for w in windows), default=None), "hi_max": max((w[1] for w in windows), default=None),

@@ -159,3 +159,23 @@ def test_the_recaller_splits_a_search_past_exact_scans_only(stack: Stack, monkey
             await pool.close()
 
     asyncio.run(go())
+
+
+def test_the_full_text_lookup_ranks_at_most_text_rank_max_matches(stack: Stack) -> None:
+    """Past exact search the full-text function ranks the first ``text_rank_max`` matches its scan meets, no
+    more: the bound on a search's slowest questions."""
+    from shared.db.search import candidates
+
+    w = ws()
+    _seed(stack, w)
+
+    async def go(n: int) -> int:
+        async with await psycopg.AsyncConnection.connect(stack.database_url) as conn:
+            await conn.execute("SET ROLE palace_app")
+            await conn.execute("SELECT set_config('palace.workspace_id', %s, false)", (w,))
+            params = SearchParams(exact_max=0, fts_candidates=100, text_rank_max=n)
+            _, cands, _ = await candidates(conn, w, QUERIES[1], None, [], params, workspace_size=10_000)
+            return len(cands)
+
+    assert asyncio.run(go(7)) == 7
+    assert asyncio.run(go(1_000)) > 7

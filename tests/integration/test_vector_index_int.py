@@ -56,7 +56,7 @@ def test_a_growing_workspace_gets_its_own_index_and_search_uses_it(stack: Stack)
             await pool.close()
 
     # Every drawer matches the query's common words; only the last one written holds "2999". Full text
-    # ranks at most fts_scan_max (2,000) of a plain OR's matches, in the order the scan meets them, so the
+    # ranks at most text_rank_max (1,000) of a plain OR's matches, in the order the scan meets them, so the
     # rare word's drawer, last in the heap, must come from a pass that ranks every match (searched
     # exactly) or from a query for the rare word alone (the lexicon, once the workspace has an index).
     query = "which team shipped feature 2999"
@@ -96,8 +96,8 @@ def test_a_growing_workspace_gets_its_own_index_and_search_uses_it(stack: Stack)
         plan = conn.execute("EXPLAIN (FORMAT JSON) " + _SQL, {
             "text": query, "emb": np.asarray(q), "use_ann": True, "ws": w, "exact": True,
             "hnsw": True, "max_terms": p.max_terms, "pair_terms": p.pair_terms, "n_ann": p.ann_candidates,
-            "n_fts": p.fts_candidates,
-            "fts_scan": p.fts_scan_max, "n_date": 0, "lo": [], "hi": [], "lo_min": None, "hi_max": None,
+            "n_fts": p.fts_candidates, "fts_scan": p.fts_scan_max, "text_rank": p.text_rank_max,
+            "n_date": 0, "lo": [], "hi": [], "lo_min": None, "hi_max": None,
             "graph_ids": [],
         }, prepare=False).fetchall()[0][0]
     assert name in json.dumps(plan)
