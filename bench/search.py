@@ -566,7 +566,7 @@ async def agreement(pool: Any, embedder: Embedder, vectors: dict[str, np.ndarray
                     turns_of: dict[str, tuple[tuple[str, str], ...]]) -> dict[str, Any]:
     """How much of what search returns an exhaustive search would return too: the top k of
     ``Recaller.search`` (the workspace's HNSW walk, full-text candidates from its rare words or the pairs
-    of its rarest ones, at most ``fts_scan_max`` matches ranked) against the same ranking over exact
+    of its rarest ones, at most ``text_rank_max`` matches ranked) against the same ranking over exact
     candidates (every drawer's distance, every full-text match of an OR of the query's lexemes ranked):
     the recall@k of the shortcuts a large workspace takes, which ANN recall alone does not show.
 
