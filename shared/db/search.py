@@ -1,4 +1,4 @@
-"""Hybrid recall: one statement finds the candidates and their features; numpy fuses them.
+"""Hybrid recall: one statement (or two at once) finds the candidates and their features; numpy fuses them.
 
 1. Candidates: the nearest drawers by embedding ∪ the best full-text matches ∪ up to
    ``date_candidates`` drawers inside a time window the query names (shared/memory/timeexpr.py), nearest
@@ -30,6 +30,10 @@
    importance, age, whether it lies in a window, and the columns a hit shows, all in the same round
    trip; shared/memory/ranking.py scores them (~1 ms for ~200 candidates, where the same arithmetic
    as SQL CTEs cost ~12 ms).
+
+3. Given a second idle connection (``hybrid_search``'s ``text_conn``), a search past exact search finds
+   its full-text candidates there (``text_statement``) while the first connection finds the rest: the
+   same statements, run at the same time instead of one after the other.
 
 Everything is scoped to one workspace; merged or deleted drawers never return.
 """
