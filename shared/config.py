@@ -34,7 +34,10 @@ class Settings(BaseSettings):
     nats_tls_ca: str | None = Field(None, description="CA bundle for NATS TLS (optional).")
     devstack_dir: Path = Field(Path(".devstack"), description="Where the embedded PostgreSQL and NATS keep data.")
     db_pool_min: int = Field(1, description="Minimum connections per service pool.")
-    db_pool_max: int = Field(8, description="Maximum connections per service pool.")
+    db_pool_max: int = Field(
+        8, description="Maximum connections per service pool. A search takes a second connection when one is "
+        "idle (its full-text lookup runs beside the vector walk), never waiting for it.",
+    )
     db_role: str | None = Field(
         "palace_app", description="Row-level-security role every service connection switches to (SET ROLE); "
         "empty: keep the login role (only when that role is itself a restricted member of palace_app).",
