@@ -352,8 +352,9 @@ async def hybrid_search(
         text_conn: a second idle connection, or None. Given, and unless the workspace is searched in one
             pass (``_SCAN``), the full-text candidates are found on it while ``conn`` finds the rest, at the
             same time: the two lookups share nothing until their rows are merged, and each was a large
-            part of a search's time in a big workspace. The same statements run, so a search costs the
-            same CPU either way; only its latency falls. Each reads its own snapshot: a drawer deleted
+            part of a search's time in a big workspace. The same lookups run, so a search costs about the
+            same CPU either way (each statement repeats its scope and the query's lexemes); its latency
+            falls. Each reads its own snapshot: a drawer deleted
             between them is missing from one list, never returned deleted.
     """
     windows = date_windows(query, now)
