@@ -115,6 +115,7 @@ class Recaller:
     vector_index_min: int = 5_000  # PALACE_VECTOR_INDEX_MIN_DRAWERS
     _cache: OrderedDict[tuple[str, str], np.ndarray] = field(default_factory=OrderedDict)
     _sizes: dict[str, tuple[int, bool, float]] = field(default_factory=dict)
+    _searching: int = 0  # searches of this recaller under way (``_search``)
 
     @classmethod
     def from_settings(cls, pool: AsyncConnectionPool, embedder: Embedder | None, settings: Settings) -> Recaller:
@@ -199,11 +200,17 @@ class Recaller:
         # less than the walk and is exact (an index can outlive a workspace that shrank, or be made early).
         indexed = cached[1] and cached[0] > self.vector_index_min
         # Searched in one pass (small, no index) or by full text alone, a second connection has nothing to do.
-        split = vec is not None and (indexed or cached[0] > params.exact_max)
-        # The search scopes its own transaction to the workspace, all in one round trip (hybrid_search).
-        async with self.pool.connection() as conn, spare_connection(self.pool, split) as text_conn:
-            hits = await hybrid_search(conn, workspace_id, query, vec, params, workspace_size=cached[0],
-                                       vector_index=indexed, text_conn=text_conn)
+        # And only a search running alone here splits: searches running together already keep the cores
+        # busy, and a split adds a little work to each (its second statement's scope and planning).
+        split = vec is not None and (indexed or cached[0] > params.exact_max) and self._searching == 0
+        self._searching += 1
+        try:
+            # The search scopes its own transaction to the workspace, all in one round trip (hybrid_search).
+            async with self.pool.connection() as conn, spare_connection(self.pool, split) as text_conn:
+                hits = await hybrid_search(conn, workspace_id, query, vec, params, workspace_size=cached[0],
+                                           vector_index=indexed, text_conn=text_conn)
+        finally:
+            self._searching -= 1
         found: list[RecalledEpisode] = []
         if episodes > 0 and vec is not None:
             # Only when asked for: a transaction of its own, after the drawers' round trip.

@@ -132,7 +132,7 @@ def test_a_second_connection_is_taken_only_when_the_pool_has_one_idle(stack: Sta
 
 def test_the_recaller_splits_a_search_past_exact_scans_only(stack: Stack, monkeypatch: pytest.MonkeyPatch) -> None:
     """With an idle connection to spare, a workspace past exact search gets one; one searched in a single
-    pass does not (its pass finds both lists)."""
+    pass does not (its pass finds both lists), nor a search that starts while another is under way."""
     import shared.recall as recall
 
     w = ws()
@@ -155,6 +155,17 @@ def test_the_recaller_splits_a_search_past_exact_scans_only(stack: Stack, monkey
                              vector_index_min=10**9)
                 assert len(await r.search(w, QUERIES[1], 5)) == 5
                 assert given[-1] is split
+            # Two at once: the first splits, the one that starts while it runs does not (together they
+            # already keep the cores busy).
+            given.clear()
+            r = Recaller(pool, emb, params=SearchParams(exact_max=0), touch=False, cache_size=0,
+                         vector_index_min=10**9)
+            await r.search(w, QUERIES[0], 5)  # the workspace's size, noted
+            given.clear()
+            both = await asyncio.gather(r.search(w, QUERIES[0], 5), r.search(w, QUERIES[1], 5))
+            assert [len(h) for h in both] == [5, 5]
+            assert given == [True, False]
+            assert r._searching == 0
         finally:
             await pool.close()
 
