@@ -23,7 +23,7 @@ from shared.adapters.space_embedder import pinned
 from shared.config import Settings
 from shared.db.drawers import workspace_size
 from shared.db.episodes import search_episodes, session_drawers
-from shared.db.search import SearchHit, SearchParams, hybrid_search
+from shared.db.search import SearchHit, SearchParams, hybrid_search, one_pass
 from shared.db.tenancy import workspace_tx
 from shared.db.vector_indexes import recheck_after, vector_index_for
 from shared.logging import get_logger
@@ -202,7 +202,7 @@ class Recaller:
         # Searched in one pass (small, no index) or by full text alone, a second connection has nothing to do.
         # And only a search running alone here splits: searches running together already keep the cores
         # busy, and a split adds a little work to each (its second statement's scope and planning).
-        split = vec is not None and (indexed or cached[0] > params.exact_max) and self._searching == 0
+        split = vec is not None and not one_pass(cached[0], indexed, params) and self._searching == 0
         self._searching += 1
         try:
             # The search scopes its own transaction to the workspace, all in one round trip (hybrid_search).

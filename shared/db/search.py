@@ -65,7 +65,7 @@ from shared.memory.ranking import Candidate, Explanation, Ranked, RankParams, ra
 from shared.memory.timeexpr import date_windows
 from shared.metrics import SEARCH_SECONDS
 
-__all__ = ["SearchHit", "SearchParams", "candidates", "hybrid_search"]
+__all__ = ["SearchHit", "SearchParams", "candidates", "hybrid_search", "one_pass"]
 
 log = get_logger("palace.recall")
 
@@ -252,6 +252,12 @@ def text_statement(dated: bool) -> str:
                     _FETCH.replace("{dated}", in_window if dated else "false")])
 
 
+def one_pass(workspace_size: int | None, vector_index: bool, params: SearchParams) -> bool:
+    """Whether a workspace is searched in one pass over its rows (``_SCAN``): at most ``exact_max`` drawers
+    and no index of its own. Such a search has nothing to give a second connection."""
+    return not vector_index and workspace_size is not None and workspace_size <= params.exact_max
+
+
 def _candidate_params(workspace_id: str, query: str, embedding: np.ndarray | None,
                       windows: list[tuple[datetime, datetime]], params: SearchParams, workspace_size: int | None,
                       vector_index: bool, graph_ids: list[str] | None) -> dict[str, Any]:
@@ -261,7 +267,7 @@ def _candidate_params(workspace_id: str, query: str, embedding: np.ndarray | Non
         # A plain OR of the query's lexemes: its matches cannot outnumber what the function ranks.
         "exact": workspace_size is not None and workspace_size <= params.fts_scan_max,
         # Searched exactly: one pass over the workspace finds both candidate lists (``_SCAN``).
-        "scan": not vector_index and workspace_size is not None and workspace_size <= params.exact_max,
+        "scan": one_pass(workspace_size, vector_index, params),
         "hnsw": vector_index, "max_terms": params.max_terms, "pair_terms": params.pair_terms,
         "n_ann": params.ann_candidates, "n_fts": params.fts_candidates, "fts_scan": params.fts_scan_max,
         "text_rank": params.text_rank_max,
@@ -369,10 +375,11 @@ async def hybrid_search(
         size = await live_drawers(conn, workspace_id, 100_000)
     cand = _candidate_params(workspace_id, query, embedding, windows, params, workspace_size, vector_index, None)
     graph_args = graph_params(workspace_id, names, size or 0, params.graph) if with_graph and names else None
+    if embedding is not None:  # its text once per search, however many statements and sends mention it
+        cand["emb"] = vector_literal(embedding)
     if text_conn is None or cand["scan"] or not cand["use_ann"]:  # one lookup, or one pass: nothing to split
         found, fetched = await _search_rows(conn, cand, graph_args, params)
     else:
-        cand["emb"] = vector_literal(cand["emb"])  # one text for both connections' statements
         text_rows = asyncio.ensure_future(_send(text_conn, {**cand, "text_only": True}, None, 0))
         try:
             found, fetched = await _search_rows(conn, {**cand, "text_apart": True}, graph_args, params)
@@ -487,8 +494,6 @@ async def _send(conn: AsyncConnection[Any], cand: dict[str, Any], graph_args: di
     idle = conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
     if not idle:
         parts = ["SAVEPOINT palace_search", *parts, "RELEASE SAVEPOINT palace_search"]
-    if cand["emb"] is not None and not isinstance(cand["emb"], str):  # its text once, not once per mention
-        args["emb"] = vector_literal(cand["emb"])
     cur = psycopg.AsyncClientCursor(conn)
     try:
         if idle:
