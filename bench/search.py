@@ -78,6 +78,10 @@ from shared.ports import Embedder
 WS_PREFIX = "bench-search-"
 METHODS = ("full", "sql", "bare", "wake_up", "inject")
 REF = "ref"  # the hybrid-SQL path of another commit (--compare), measured beside the others
+# This tree's hybrid-SQL path in a worker process too (--compare): the before and the after then run alike, each
+# in a process of its own, where comparing the worker with the bench's own "sql" path would count the cost of
+# the worker's separate process as part of the change.
+THIS = "this"
 FTS_COUNT_SQL = (
     "SELECT count(*) FROM drawers WHERE workspace_id = %s"
     " AND tsv @@ replace(plainto_tsquery('english', %s)::text, ' & ', ' | ')::tsquery"
@@ -384,8 +388,11 @@ class RefPath:
         self.ref, self.tree, self._proc, self.shared_path = ref, tree, proc, shared_path
 
     @staticmethod
-    def export(ref: str, workdir: Path) -> tuple[str, Path]:
-        """REF's ``shared`` package, as committed, under ``workdir``: (short commit, tree)."""
+    def export(ref: str | None, workdir: Path) -> tuple[str, Path]:
+        """REF's ``shared`` package, as committed, under ``workdir``: (short commit, tree). None: this
+        working tree, as it is."""
+        if ref is None:
+            return "working tree", REPO
         commit = subprocess.run(["git", "rev-parse", "--short", ref], cwd=REPO, capture_output=True, text=True,
                                 check=True).stdout.strip()
         tree = workdir / f"ref-{commit}"
@@ -395,7 +402,7 @@ class RefPath:
         return commit, tree
 
     @classmethod
-    async def start(cls, ref: str, database_url: str, model: str, vectors: dict[str, np.ndarray],
+    async def start(cls, ref: str | None, database_url: str, model: str, vectors: dict[str, np.ndarray],
                     workdir: Path) -> RefPath:
         commit, tree = await asyncio.to_thread(cls.export, ref, workdir)
         queries = list(vectors)
@@ -411,7 +418,7 @@ class RefPath:
         if not shared_path.startswith(str(tree)):
             proc.kill()
             raise SystemExit(f"--compare {ref}: the worker imported shared from {shared_path!r}, not {tree}")
-        return cls(f"{ref} ({commit})", tree, proc, shared_path)
+        return cls(f"{ref} ({commit})" if ref is not None else commit, tree, proc, shared_path)
 
     async def search(self, workspace: str, query: str, k: int) -> tuple[float, float]:
         """Milliseconds of one search as the worker timed it, and the CPU milliseconds it cost (the
@@ -608,7 +615,7 @@ def _source(content: str) -> str:
 
 
 async def measure(pool: Any, embedder: Embedder, vectors: dict[str, np.ndarray], workspace: str, k: int,
-                  warm: list[str], timed: list[str], ref: RefPath | None = None,
+                  warm: list[str], timed: list[str], ref: RefPath | None = None, this: RefPath | None = None,
                   ) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
     """Per-query latency of full / sql / bare / wake_up / inject (and ``ref``, another commit's sql path,
     when given), interleaved in a fresh shuffled order for every query; and the CPU milliseconds of each
@@ -647,12 +654,13 @@ async def measure(pool: Any, embedder: Embedder, vectors: dict[str, np.ndarray],
 
     fns: dict[str, Callable[[str], Awaitable[int]]] = {"full": full, "sql": sql_only, "bare": bare,
                                                         "wake_up": wake, "inject": inject_}
-    methods = METHODS + ((REF,) if ref is not None else ())
+    workers = {m: w for m, w in ((REF, ref), (THIS, this)) if w is not None}
+    methods = METHODS + tuple(workers)
     for q in warm:
         for fn in fns.values():
             await fn(q)
-        if ref is not None:
-            await ref.search(workspace, q, k)
+        for w in workers.values():
+            await w.search(workspace, q, k)
     times: dict[str, list[float]] = {m: [] for m in methods}
     cpu: dict[str, list[float]] = {m: [] for m in methods}
     backends = await _backend_pids(pool)
@@ -661,9 +669,8 @@ async def measure(pool: Any, embedder: Embedder, vectors: dict[str, np.ndarray],
         task = bar.add_task(f"{len(timed)} queries × {len(methods)} paths on {workspace}", total=len(timed))
         for q in timed:
             for m in order.sample(methods, len(methods)):
-                if m == REF:
-                    assert ref is not None
-                    ms, cpu_ms = await ref.search(workspace, q, k)  # timed in its own process
+                if m in workers:
+                    ms, cpu_ms = await workers[m].search(workspace, q, k)  # timed in its own process
                     times[m].append(ms)
                     cpu[m].append(cpu_ms)
                     continue
@@ -763,11 +770,14 @@ async def run(args: argparse.Namespace, settings: Settings, database_url: str) -
             server_ef = int(row[0]) if row else None
         pool = await open_pool(database_url, name="bench-search", min_size=2, max_size=2)
         ref: RefPath | None = None
+        this: RefPath | None = None
         refdir = tempfile.TemporaryDirectory(prefix="palace-bench-ref-")
         try:
             if args.compare:
                 ref = await RefPath.start(args.compare, database_url, embedder.model_name, vectors, Path(refdir.name))
-                console.print(f"--compare: the hybrid SQL path of {ref.ref} runs beside this tree's, query by query")
+                this = await RefPath.start(None, database_url, embedder.model_name, vectors, Path(refdir.name))
+                console.print(f"--compare: the hybrid SQL path of {ref.ref} and this tree's, each in a process of "
+                              "its own, run beside the others, query by query")
             await _show(pool, "SELECT '[1]'::vector")
             ef = await _show(pool, "SHOW hnsw.ef_search")
             ef_search = int(ef) if ef else None
@@ -825,7 +835,7 @@ async def run(args: argparse.Namespace, settings: Settings, database_url: str) -
                 in_ws = base[: min(size, len(base))]  # synth_rows: the real drawers first, then copies of them
                 diag.update(await agreement(pool, embedder, vectors, ws, args.k, timed[: args.agreement_queries],
                                             answers, {d.content: d.turns for d in in_ws}))
-                times, cpu = await measure(pool, embedder, vectors, ws, args.k, warm, timed, ref)
+                times, cpu = await measure(pool, embedder, vectors, ws, args.k, warm, timed, ref, this)
                 stats = {m: percentiles(t) for m, t in times.items()}
                 sizes[str(size)] = {
                     "workspace": ws, "calibration": calib, "load": load, "explain": plans, "diagnostics": diag,
@@ -836,9 +846,9 @@ async def run(args: argparse.Namespace, settings: Settings, database_url: str) -
                                **{f"inject_over_full_{p}": stats["inject"][p] / stats["full"][p]
                                   for p in ("p50", "p99")},
                                **({f"{m}_over_bare_{p}": stats[m][p] / stats["bare"][p]
-                                   for m in (REF,) for p in ("p50", "p95", "p99")} if ref else {}),
-                               **({f"sql_over_ref_{p}": stats["sql"][p] / stats[REF][p]
-                                   for p in ("p50", "p95", "p99")} if ref else {})},
+                                   for m in (REF, THIS) for p in ("p50", "p95", "p99")} if ref else {}),
+                               **({f"{a}_over_ref_{p}": stats[a][p] / stats[REF][p]
+                                   for a in ("sql", THIS) for p in ("p50", "p95", "p99")} if ref else {})},
                 }
             if not args.keep:
                 with psycopg.connect(database_url, autocommit=True) as conn:
@@ -846,8 +856,9 @@ async def run(args: argparse.Namespace, settings: Settings, database_url: str) -
                 # Dead HNSW entries would keep autovacuum busy for minutes, into the next bench.
                 settle_drawers(database_url, owned=args.load == "rebuild", force=True)
         finally:
-            if ref is not None:
-                await ref.close()
+            for w in (ref, this):
+                if w is not None:
+                    await w.close()
             refdir.cleanup()
             await pool.close()
     finally:
@@ -939,7 +950,8 @@ def _run(args: argparse.Namespace) -> None:
         t.add_column(col, justify="left" if col == "path" else "right")
     labels = {"full": "full (embed + hybrid SQL)", "sql": "hybrid SQL only", "bare": "bare HNSW",
               "wake_up": "wake_up (L0 + L1)", "inject": "inject (embed + search + block)",
-              REF: f"hybrid SQL only at {res['compare']}"}
+              REF: f"hybrid SQL only at {res['compare']} (own process)",
+              THIS: "hybrid SQL only, this tree (own process)"}
     for size, r in res["sizes"].items():
         lat = r["latency_ms"]
         shown = list(lat)
@@ -956,12 +968,13 @@ def _run(args: argparse.Namespace) -> None:
         cpu_ms = r.get("cpu_ms_mean", {})
         if cpu_ms:
             console.print(f"{int(size):,} drawers: CPU ms per search (event-loop thread + its PostgreSQL "
-                          "backends), mean: " + ", ".join(f"{m} {cpu_ms[m]:.2f}" for m in ("sql", "bare", REF)
+                          "backends), mean: " + ", ".join(f"{m} {cpu_ms[m]:.2f}" for m in ("sql", "bare", REF, THIS)
                                                            if m in cpu_ms))
-        if "sql_over_ref_p50" in ra:
-            console.print(f"{int(size):,} drawers: hybrid SQL ÷ the same at {res['compare']}: p50 "
-                          f"{ra['sql_over_ref_p50']:.2f}, p99 {ra['sql_over_ref_p99']:.2f}; p50 / p99 ÷ bare p50 "
-                          f"{ra['sql_over_bare_p50']:.2f} / {lat_ratio(r, 'sql')} now, "
+        if "this_over_ref_p50" in ra:
+            console.print(f"{int(size):,} drawers: hybrid SQL ÷ the same at {res['compare']}, both in processes "
+                          f"of their own: p50 {ra['this_over_ref_p50']:.2f}, p99 {ra['this_over_ref_p99']:.2f} "
+                          f"(the bench's own path ÷ it: {ra['sql_over_ref_p50']:.2f} / {ra['sql_over_ref_p99']:.2f}); "
+                          f"p50 / p99 ÷ bare p50 {ra['this_over_bare_p50']:.2f} / {lat_ratio(r, THIS)} now, "
                           f"{ra['ref_over_bare_p50']:.2f} / {lat_ratio(r, REF)} at {res['compare']}")
     d = Table(title="context (untimed)")
     for col in ("drawers", "load s (mode)", "HNSW rows / asked", "rows matching OR of lexemes (mean / max)",
