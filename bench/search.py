@@ -617,9 +617,10 @@ def _source(content: str) -> str:
 async def measure(pool: Any, embedder: Embedder, vectors: dict[str, np.ndarray], workspace: str, k: int,
                   warm: list[str], timed: list[str], ref: RefPath | None = None, this: RefPath | None = None,
                   ) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
-    """Per-query latency of full / sql / bare / wake_up / inject (and ``ref``, another commit's sql path,
-    when given), interleaved in a fresh shuffled order for every query; and the CPU milliseconds of each
-    call (the bench process and the pool's backends; the reference path's own process and backends).
+    """Per-query latency of full / sql / bare / wake_up / inject (and, when given, ``ref`` and ``this``: the
+    sql path of another commit and of this tree, each in a worker process of its own), interleaved in a fresh
+    shuffled order for every query; and the CPU milliseconds of each call (the bench process and the pool's
+    backends; a worker's own process and backends).
 
     Shuffled, not rotated: a rotation keeps every path's predecessor fixed, so "sql" always ran right
     after "full", whose embedding leaves the model's threads spinning on the cores for a few ms, and
