@@ -162,8 +162,9 @@ class Recaller:
         reuse the query's embedding, in the same transaction; when the embedder is down there are none.
 
         The query is embedded before the transaction opens, not alongside the database work: on 2 cores
-        the overlap measured slower (LoCoMo-dev questions, p50 39.4 vs 30.6 ms), the model's threads and
-        PostgreSQL contending for the same cores and caches.
+        that overlap measured slower, with the model's threads spinning and PostgreSQL contending for the
+        same cores and caches (docs/recall.md). Overlapping only the full-text lookup, without spinning,
+        measured faster at 100k drawers (docs/benchmarks.md, "The model's threads no longer spin").
         """
         t0 = time.perf_counter()
         vec = await self._embed(query)
