@@ -163,8 +163,8 @@ class Recaller:
 
         The query is embedded before the transaction opens, not alongside the database work: on 2 cores
         that overlap measured slower, with the model's threads spinning and PostgreSQL contending for the
-        same cores and caches (docs/recall.md). Overlapping only the full-text lookup, without spinning,
-        measured faster at 100k drawers (docs/benchmarks.md, "The model's threads no longer spin").
+        same cores and caches (docs/recall.md); so did starting only the full-text lookup before the
+        embedding, built into the search (docs/benchmarks.md, "The model's threads no longer spin").
         """
         t0 = time.perf_counter()
         vec = await self._embed(query)
