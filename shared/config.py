@@ -130,6 +130,14 @@ class Settings(BaseSettings):
         5.0, gt=0, description="How often maintain looks for workspaces waiting for their vector index (a read of a "
         "small table), and how soon search and cluster ask again whether a requested index is ready.",
     )
+    statistics_poll_s: float = Field(
+        5.0, gt=0, description="How often maintain checks that the planner's statistics know every sizeable "
+        "workspace (a read of pg_stats; a table is analyzed only when they do not, see docs/scale.md).",
+    )
+    statistics_blind_rows: int = Field(
+        100, ge=1, description="A workspace with at least this many rows in a table whose statistics would estimate "
+        "it as nearly empty gets that table analyzed by maintain (its plans would otherwise scan the workspace).",
+    )
     lexicon_common_share: float = Field(
         0.01, gt=0, lt=1, description="In a workspace past exact search, a word found in at least this share of its "
         "drawers is common: full-text candidates come from the query's other (rare) words when it has any.",

@@ -28,6 +28,7 @@ __all__ = [
     "NEIGHBOUR_CACHE_READS",
     "PROCESSED",
     "SEARCH_SECONDS",
+    "STATISTICS_REFRESHES",
     "VECTOR_INDEX_BUILDS",
     "VECTOR_INDEX_BUILD_SECONDS",
     "VECTOR_INDEX_OLDEST_WAIT",
@@ -118,6 +119,10 @@ NEIGHBOUR_CACHE_READS = Counter(
 VECTOR_INDEX_OLDEST_WAIT = Gauge(
     "palace_vector_index_oldest_wait_seconds",
     "Age of the oldest request for a workspace's vector index not built yet (0: none waits).",
+)
+STATISTICS_REFRESHES = Counter(
+    "palace_statistics_refreshes_total",
+    "Tables maintain analyzed because their statistics estimated a sizeable workspace as nearly empty.", ["table"],
 )
 VECTOR_INDEX_BUILDS = Counter("palace_vector_index_builds_total", "Workspace vector index builds.", ["outcome"])
 VECTOR_INDEX_BUILD_SECONDS = Histogram(

@@ -9,6 +9,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from services._runtime import Deps, WorkerSpec, holder_name, run_worker
 from services.maintain.indexes import vector_index_loop
+from services.maintain.statistics import statistics_loop
 from shared.config import Settings
 from shared.db.curation import llm_cost_today
 from shared.db.tenancy import maintenance_tx
@@ -109,7 +110,8 @@ async def maintenance_loop(deps: Deps, stop: asyncio.Event) -> None:
         await jobs.cancel()
 
 
-SPEC = WorkerSpec(name="maintain", register=lambda deps: None, background=[maintenance_loop, vector_index_loop])
+SPEC = WorkerSpec(name="maintain", register=lambda deps: None,
+                  background=[maintenance_loop, vector_index_loop, statistics_loop])
 
 
 def main() -> None:

@@ -1,0 +1,63 @@
+"""maintain's statistics watch: analyze a table as soon as its planner statistics would estimate a
+sizeable workspace as nearly empty (``shared.db.statistics`` says why that makes plans scan the
+workspace), under a lease so one replica does it."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+
+from services._runtime import Deps, holder_name
+from shared.db.lifecycle import release_lease
+from shared.db.maintenance import take_lease
+from shared.db.statistics import analyze_tables, blind_tables
+from shared.db.tenancy import maintenance_tx
+from shared.endpoints import resolve_urls
+from shared.logging import get_logger
+from shared.metrics import STATISTICS_REFRESHES
+
+__all__ = ["refresh_statistics", "statistics_loop"]
+
+log = get_logger("palace.maintain")
+_LEASE_S = 120.0
+_FORGET_KNOWN_S = 3600.0
+
+
+async def refresh_statistics(deps: Deps, holder: str, known: set[tuple[str, str]] | None = None) -> list[str]:
+    """One check; the tables it analyzed. The check only reads; the lease (a write) is taken only when
+    there is a table to analyze, so that one replica does it."""
+    async with maintenance_tx(deps.pool) as conn:
+        blind = await blind_tables(conn, deps.settings.statistics_blind_rows, known=known)
+    if not blind:
+        return []
+    async with maintenance_tx(deps.pool) as conn:
+        if not await take_lease(conn, "statistics", holder, _LEASE_S, 0.0):
+            return []
+    try:
+        db_url, _ = resolve_urls(deps.settings)
+        done = await analyze_tables(db_url, sorted(blind))
+        for table in done:
+            STATISTICS_REFRESHES.labels(table).inc()
+            log.info("statistics_refreshed", table=table, workspaces=blind[table][:5], unseen=len(blind[table]))
+        return done
+    finally:
+        with contextlib.suppress(Exception):
+            async with maintenance_tx(deps.pool) as conn:
+                await release_lease(conn, "statistics", holder)
+
+
+async def statistics_loop(deps: Deps, stop: asyncio.Event) -> None:
+    holder = holder_name()
+    known: set[tuple[str, str]] = set()
+    forget_at = time.monotonic() + _FORGET_KNOWN_S
+    while not stop.is_set():
+        if time.monotonic() >= forget_at:  # a workspace emptied and refilled would stay "known": ask again
+            known.clear()
+            forget_at = time.monotonic() + _FORGET_KNOWN_S
+        try:
+            await refresh_statistics(deps, holder, known)
+        except Exception as e:  # retried next round; never kills the service
+            log.warning("statistics_check_failed", error=repr(e)[:300])
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), deps.settings.statistics_poll_s)

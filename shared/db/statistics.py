@@ -1,0 +1,128 @@
+"""Planner statistics that do not go blind to a new workspace.
+
+Every hot statement names its workspace, and PostgreSQL estimates ``workspace_id = 'w'`` from the
+column's most-common-values list. Where that list covers every workspace the table held at its last
+ANALYZE (a database with fewer than a hundred of them, which is most), a workspace that appeared
+since is estimated at one row, however large it has grown. One row makes a scan of the whole
+workspace look as cheap as a primary-key lookup: ``session_turns`` read every drawer of the workspace
+for each turn of a session, and enrich's confidence update walked the workspace's facts once per
+fact. Each call then costs in proportion to the workspace, until autovacuum analyzes the table, which
+by default waits for a tenth of the table to change: a hundred thousand rows in a million.
+
+So maintain looks, every few seconds, for the state that misleads the planner: a workspace holding at
+least ``min_rows`` rows of a table that the planner estimates at fewer. Only then is the table
+analyzed. The estimates come from the planner itself (``EXPLAIN``), not from ``pg_stats``, which
+hides the statistics of a table under row-level security from every role but a superuser's. The
+check is cheap where nothing is wrong: it looks only at tables that had ``min_rows`` rows written
+since they were last analyzed, and of those only at tables where a workspace never seen would be
+estimated at fewer than ``min_rows`` (a list that covers every workspace, so few of them: a skip scan
+of the primary key lists them); counting a workspace's rows stops at ``min_rows``. A workspace once
+analyzed is in the list, with the size it had then: it may grow past that, but it is no longer
+estimated as empty, which is what makes the plans go wrong.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import psycopg
+from psycopg import AsyncConnection, sql
+
+__all__ = ["analyze_tables", "blind_tables", "estimated_rows"]
+
+# Tables with a workspace_id column and an index leading with it (the skip scan needs one), with the rows
+# written since their last ANALYZE (a workspace the statistics lack can only have grown among those).
+_TABLES_SQL = """
+SELECT c.relname, COALESCE(pg_stat_get_mod_since_analyze(c.oid), 0)
+  FROM pg_class c
+  JOIN pg_namespace n ON n.oid = c.relnamespace AND n.nspname = current_schema()
+  JOIN pg_attribute a ON a.attrelid = c.oid AND a.attname = 'workspace_id' AND NOT a.attisdropped
+ WHERE c.relkind = 'r'
+   AND EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = c.oid AND i.indkey[0] = a.attnum)
+ ORDER BY c.relname
+"""
+# No workspace is called this (ids are printable): what the planner expects of one it has never seen.
+_NEVER_SEEN = "\x01palace-unseen"
+
+
+async def estimated_rows(conn: AsyncConnection[Any], table: str, workspace_id: str) -> float:
+    """The planner's estimate of ``table``'s rows in the workspace."""
+    cur = await conn.execute(sql.SQL("EXPLAIN (FORMAT JSON) SELECT 1 FROM {t} WHERE workspace_id = {w}").format(
+        t=sql.Identifier(table), w=sql.Literal(workspace_id)))
+    row = await cur.fetchone()
+    plan = row[0] if row else None
+    if isinstance(plan, str):
+        plan = json.loads(plan)
+    return float(plan[0]["Plan"]["Plan Rows"]) if plan else 0.0
+
+
+async def _workspaces(conn: AsyncConnection[Any], table: str, limit: int) -> list[str]:
+    """The table's workspaces, one index descent each (a skip scan: the table may be large, its
+    workspaces are few wherever this is asked)."""
+    cur = await conn.execute(sql.SQL(
+        """WITH RECURSIVE w(ws) AS (
+               (SELECT workspace_id FROM {t} ORDER BY workspace_id LIMIT 1)
+               UNION ALL
+               SELECT (SELECT x.workspace_id FROM {t} x WHERE x.workspace_id > w.ws ORDER BY x.workspace_id LIMIT 1)
+                 FROM w WHERE w.ws IS NOT NULL)
+           SELECT ws FROM w WHERE ws IS NOT NULL LIMIT %s""").format(t=sql.Identifier(table)), (limit,))
+    return [str(r[0]) for r in await cur.fetchall()]
+
+
+async def _has_rows(conn: AsyncConnection[Any], table: str, workspace_id: str, n: int) -> bool:
+    cur = await conn.execute(sql.SQL(
+        "SELECT count(*) FROM (SELECT 1 FROM {t} WHERE workspace_id = %s LIMIT %s) x"
+    ).format(t=sql.Identifier(table)), (workspace_id, n))
+    row = await cur.fetchone()
+    return bool(row) and int(row[0]) >= n
+
+
+async def blind_tables(conn: AsyncConnection[Any], min_rows: int, *, known: set[tuple[str, str]] | None = None,
+                       max_workspaces: int = 1000) -> dict[str, list[str]]:
+    """Tables whose planner estimates a workspace holding at least ``min_rows`` rows at fewer, with those
+    workspaces. Read under a role that sees every workspace (maintenance).
+
+    ``known`` (kept by the caller between checks) holds the (table, workspace) pairs already estimated at
+    ``min_rows`` or more: an ANALYZE keeps a workspace in the list while it has rows, so they are not
+    asked again."""
+    known = set() if known is None else known
+    out: dict[str, list[str]] = {}
+    cur = await conn.execute(_TABLES_SQL)
+    for table, changed in await cur.fetchall():
+        if int(changed) < min_rows or await estimated_rows(conn, table, _NEVER_SEEN) >= min_rows:
+            continue
+        blind = []
+        for w in await _workspaces(conn, table, max_workspaces):
+            if (table, w) in known:
+                continue
+            if await estimated_rows(conn, table, w) >= min_rows:
+                known.add((table, w))
+            elif await _has_rows(conn, table, w, min_rows):
+                blind.append(w)
+        if blind:
+            out[str(table)] = blind
+    return out
+
+
+async def analyze_tables(database_url: str, tables: list[str]) -> list[str]:
+    """``ANALYZE`` each table, as the login role that owns it, on a connection of its own (autocommit).
+    SKIP_LOCKED: a table locked by an index build is left for the next round rather than waited on.
+    Returns the tables analyzed."""
+    done: list[str] = []
+    async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as conn:
+        for table in tables:
+            skipped = False
+
+            def notice(d: psycopg.errors.Diagnostic, table: str = table) -> None:
+                nonlocal skipped
+                skipped = skipped or "skipping" in (d.message_primary or "")
+
+            conn.add_notice_handler(notice)
+            try:
+                await conn.execute(sql.SQL("ANALYZE (SKIP_LOCKED) {}").format(sql.Identifier(table)))
+            finally:
+                conn.remove_notice_handler(notice)
+            if not skipped:
+                done.append(table)
+    return done

@@ -1,0 +1,122 @@
+"""Planner statistics that see a new workspace (``shared.db.statistics``): in a database whose statistics
+list every workspace it had, a workspace that arrived since is estimated at one row however large it
+grows, and a lookup by primary key then ties with a scan of the whole workspace. maintain's check
+finds such a table (and only such a one) and analyzes it; the lookups go by primary key again."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from shared.db.migrate import apply_migrations
+from shared.db.statistics import analyze_tables, blind_tables, estimated_rows
+from tests.integration.helpers import Stack, wait_for
+
+pytestmark = pytest.mark.integration
+
+TURNS = 10
+# The statement shape of session_turns (shared.db.episodes): a session's sources, each joined to its drawer.
+TURNS_SQL = """SELECT d.id FROM drawer_sources ds
+                 JOIN drawers d ON d.workspace_id = ds.workspace_id AND d.id = ds.drawer_id
+                WHERE ds.workspace_id = %s AND ds.session_id = %s AND d.deleted_at IS NULL"""
+
+
+@pytest.fixture
+def database(stack: Stack) -> Iterator[str]:
+    """A database of its own: what its statistics hold is up to this test alone."""
+    name = f"palace_stats_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(stack.database_url, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    info = psycopg.conninfo.conninfo_to_dict(stack.database_url)
+    info["dbname"] = name
+    url = psycopg.conninfo.make_conninfo(**info)
+    try:
+        apply_migrations(url, stack.settings.embed_dim)
+        yield url
+    finally:
+        with psycopg.connect(stack.database_url, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+def _seed(url: str, workspace: str, sessions: int) -> None:
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(
+            """INSERT INTO sessions (workspace_id, session_id, event_id, message_count, content_hash)
+               SELECT %(w)s, 's' || s, 'e' || s, %(t)s, md5(s::text) FROM generate_series(1, %(n)s) s""",
+            {"w": workspace, "n": sessions, "t": TURNS})
+        conn.execute(
+            """INSERT INTO drawers (workspace_id, id, content, content_hash, session_id, seq)
+               SELECT %(w)s, 'd' || s || '-' || t, 'turn ' || t || ' of session ' || s, md5(s || '-' || t),
+                      's' || s, t
+                 FROM generate_series(1, %(n)s) s, generate_series(1, %(t)s) t""",
+            {"w": workspace, "n": sessions, "t": TURNS})
+        conn.execute(
+            """INSERT INTO drawer_sources (workspace_id, drawer_id, session_id, seq)
+               SELECT %(w)s, 'd' || s || '-' || t, 's' || s, t
+                 FROM generate_series(1, %(n)s) s, generate_series(1, %(t)s) t""",
+            {"w": workspace, "n": sessions, "t": TURNS})
+
+
+def _maintenance(url: str, fn: Any) -> Any:
+    async def go() -> Any:
+        async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+            await conn.execute("SET ROLE palace_maintenance")
+            return await fn(conn)
+    return asyncio.run(go())
+
+
+def _drawer_rows_read(url: str, workspace: str, session_id: str) -> int:
+    """Rows the plan of TURNS_SQL read from drawers (all loops), measured by EXPLAIN ANALYZE."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        plan = conn.execute(sql.SQL("EXPLAIN (ANALYZE, FORMAT JSON) ") + sql.SQL(TURNS_SQL),  # type: ignore[operator]
+                            (workspace, session_id)).fetchone()[0]
+    plan = json.loads(plan) if isinstance(plan, str) else plan
+
+    def walk(node: dict[str, Any]) -> int:
+        own = (int(node["Actual Rows"]) + int(node.get("Rows Removed by Filter", 0))
+               + int(node.get("Rows Removed by Join Filter", 0))) * int(node["Actual Loops"]) \
+            if node.get("Relation Name") == "drawers" else 0
+        return own + sum(walk(c) for c in node.get("Plans", []))
+
+    return walk(plan[0]["Plan"])
+
+
+def test_a_new_workspace_the_statistics_miss_gets_its_tables_analyzed(database: str) -> None:
+    old, new, small = "ws-old", "ws-new", "ws-small"
+    _seed(database, old, 300)
+    with psycopg.connect(database, autocommit=True) as conn:
+        conn.execute("ANALYZE")
+    _seed(database, new, 100)   # 1,000 drawers the statistics have never seen
+    _seed(database, small, 5)   # 50: under the threshold
+
+    # The planner expects one row of the new workspace, in every table that has it.
+    assert _maintenance(database, lambda c: estimated_rows(c, "drawers", new)) <= 1
+    blind = wait_for(lambda: _maintenance(database, lambda c: blind_tables(c, 100)) or None, 30,
+                     "the written rows to reach the table statistics")
+    assert blind.get("drawers") == [new] and blind.get("drawer_sources") == [new], blind
+    assert all(ws == [new] for ws in blind.values()), blind  # neither the analyzed nor the small one
+
+    assert sorted(asyncio.run(analyze_tables(database, sorted(blind)))) == sorted(blind)
+    assert _maintenance(database, lambda c: estimated_rows(c, "drawers", new)) >= 100
+    assert _maintenance(database, lambda c: blind_tables(c, 100)) == {}
+    # A session's turns are read by primary key: its ten drawers, not the workspace's thousand.
+    assert _drawer_rows_read(database, new, "s7") <= 2 * TURNS
+
+
+def test_known_pairs_are_not_asked_again(database: str) -> None:
+    _seed(database, "ws-a", 30)
+    with psycopg.connect(database, autocommit=True) as conn:
+        conn.execute("ANALYZE")
+    _seed(database, "ws-b", 30)
+    known: set[tuple[str, str]] = set()
+    blind = wait_for(lambda: _maintenance(database, lambda c: blind_tables(c, 100, known=known)) or None, 30,
+                     "the written rows to reach the table statistics")
+    assert blind["drawers"] == ["ws-b"]
+    assert ("drawers", "ws-a") in known and ("drawers", "ws-b") not in known
