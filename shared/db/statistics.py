@@ -10,15 +10,16 @@ fact. Each call then costs in proportion to the workspace, until autovacuum anal
 by default waits for a tenth of the table to change: a hundred thousand rows in a million.
 
 So maintain looks, every few seconds, for the state that misleads the planner: a workspace holding at
-least ``min_rows`` rows of a table that the planner estimates at fewer. Only then is the table
-analyzed. The estimates come from the planner itself (``EXPLAIN``), not from ``pg_stats``, which
-hides the statistics of a table under row-level security from every role but a superuser's. The
-check is cheap where nothing is wrong: it looks only at tables that had ``min_rows`` rows written
-since they were last analyzed, and of those only at tables where a workspace never seen would be
-estimated at fewer than ``min_rows`` (a list that covers every workspace, so few of them: a skip scan
-of the primary key lists them); counting a workspace's rows stops at ``min_rows``. A workspace once
-analyzed is in the list, with the size it had then: it may grow past that, but it is no longer
-estimated as empty, which is what makes the plans go wrong.
+least ``min_rows`` rows of a table that the planner estimates at fewer. Only then is the table analyzed
+(its workspace column). The estimates come from the planner itself (``EXPLAIN``), not from ``pg_stats``,
+which hides the statistics of a table under row-level security from every role but a superuser's. The
+check is cheap where nothing is wrong: it looks only at tables that had ``min_rows`` rows written since
+they were last analyzed in full (autovacuum's; this one's, of one column, leaves the count), and of
+those only at tables where a workspace never seen would be estimated at fewer than ``min_rows`` (a list
+that covers every workspace, so few of them: a skip scan of the primary key lists them); counting a
+workspace's rows stops at ``min_rows``. A workspace once analyzed is in the list, with the size it had
+then: it may grow past that, but it is no longer estimated as empty, which is what makes the plans go
+wrong.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from psycopg import AsyncConnection, sql
 __all__ = ["analyze_tables", "blind_tables", "estimated_rows"]
 
 # Tables with a workspace_id column and an index leading with it (the skip scan needs one), with the rows
-# written since their last ANALYZE (a workspace the statistics lack can only have grown among those).
+# written since their last full ANALYZE (a workspace the statistics lack can only have grown among those).
 _TABLES_SQL = """
 SELECT c.relname, COALESCE(pg_stat_get_mod_since_analyze(c.oid), 0)
   FROM pg_class c
@@ -106,9 +107,11 @@ async def blind_tables(conn: AsyncConnection[Any], min_rows: int, *, known: set[
 
 
 async def analyze_tables(database_url: str, tables: list[str]) -> list[str]:
-    """``ANALYZE`` each table, as the login role that owns it, on a connection of its own (autocommit).
-    SKIP_LOCKED: a table locked by an index build is left for the next round rather than waited on.
-    Returns the tables analyzed."""
+    """``ANALYZE`` each table's workspace column, as the login role that owns it, on a connection of its
+    own (autocommit). The column alone: the statistics of a vector, a tsvector or an array column cost
+    several times the sampling itself, and autovacuum keeps those on its own schedule. SKIP_LOCKED: a
+    table locked by an index build is left for the next round rather than waited on. Returns the tables
+    analyzed."""
     done: list[str] = []
     async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as conn:
         for table in tables:
@@ -120,7 +123,7 @@ async def analyze_tables(database_url: str, tables: list[str]) -> list[str]:
 
             conn.add_notice_handler(notice)
             try:
-                await conn.execute(sql.SQL("ANALYZE (SKIP_LOCKED) {}").format(sql.Identifier(table)))
+                await conn.execute(sql.SQL("ANALYZE (SKIP_LOCKED) {} (workspace_id)").format(sql.Identifier(table)))
             finally:
                 conn.remove_notice_handler(notice)
             if not skipped:
