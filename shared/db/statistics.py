@@ -41,6 +41,9 @@ SELECT c.relname, COALESCE(pg_stat_get_mod_since_analyze(c.oid), 0)
   JOIN pg_attribute a ON a.attrelid = c.oid AND a.attname = 'workspace_id' AND NOT a.attisdropped
  WHERE c.relkind = 'r'
    AND EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = c.oid AND i.indkey[0] = a.attnum)
+   -- one row per workspace (unique on the column alone): no workspace can grow there
+   AND NOT EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = c.oid AND i.indisunique AND i.indnkeyatts = 1
+                                             AND i.indkey[0] = a.attnum)
  ORDER BY c.relname
 """
 # No workspace is called this (ids are printable): what the planner expects of one it has never seen.
@@ -71,35 +74,41 @@ async def _workspaces(conn: AsyncConnection[Any], table: str, limit: int) -> lis
     return [str(r[0]) for r in await cur.fetchall()]
 
 
-async def _has_rows(conn: AsyncConnection[Any], table: str, workspace_id: str, n: int) -> bool:
+async def _holding(conn: AsyncConnection[Any], table: str, workspaces: list[str], n: int) -> list[str]:
+    """Those of ``workspaces`` with at least ``n`` rows in the table: one statement, each workspace's count
+    stopping at ``n`` (an index-only range scan apiece)."""
+    if not workspaces:
+        return []
     cur = await conn.execute(sql.SQL(
-        "SELECT count(*) FROM (SELECT 1 FROM {t} WHERE workspace_id = %s LIMIT %s) x"
-    ).format(t=sql.Identifier(table)), (workspace_id, n))
-    row = await cur.fetchone()
-    return bool(row) and int(row[0]) >= n
+        """SELECT w FROM unnest(%(ws)s::text[]) AS q(w)
+            WHERE (SELECT count(*) FROM (SELECT 1 FROM {t} x WHERE x.workspace_id = q.w LIMIT %(n)s) c) >= %(n)s"""
+    ).format(t=sql.Identifier(table)), {"ws": workspaces, "n": n})
+    return [str(r[0]) for r in await cur.fetchall()]
 
 
 async def blind_tables(conn: AsyncConnection[Any], min_rows: int, *, known: set[tuple[str, str]] | None = None,
-                       max_workspaces: int = 1000) -> dict[str, list[str]]:
+                       max_workspaces: int = 500) -> dict[str, list[str]]:
     """Tables whose planner estimates a workspace holding at least ``min_rows`` rows at fewer, with those
     workspaces. Read under a role that sees every workspace (maintenance).
 
     ``known`` (kept by the caller between checks) holds the (table, workspace) pairs already estimated at
     ``min_rows`` or more: an ANALYZE keeps a workspace in the list while it has rows, so they are not
-    asked again."""
+    asked again. A table with more than ``max_workspaces`` workspaces is passed over: its list (a hundred
+    values by default) cannot hold them all, so one outside it is estimated from what the list leaves."""
     known = set() if known is None else known
     out: dict[str, list[str]] = {}
     cur = await conn.execute(_TABLES_SQL)
     for table, changed in await cur.fetchall():
         if int(changed) < min_rows or await estimated_rows(conn, table, _NEVER_SEEN) >= min_rows:
             continue
+        workspaces = await _workspaces(conn, table, max_workspaces + 1)
+        if len(workspaces) > max_workspaces:
+            continue  # more than the list can hold: a workspace outside it is estimated from the rest
         blind = []
-        for w in await _workspaces(conn, table, max_workspaces):
-            if (table, w) in known:
-                continue
+        for w in await _holding(conn, table, [w for w in workspaces if (table, w) not in known], min_rows):
             if await estimated_rows(conn, table, w) >= min_rows:
                 known.add((table, w))
-            elif await _has_rows(conn, table, w, min_rows):
+            else:
                 blind.append(w)
         if blind:
             out[str(table)] = blind
