@@ -222,7 +222,12 @@ def run_worker(spec: WorkerSpec, settings: Settings | None = None) -> None:
             loop.add_signal_handler(sig, stop.set)
         await serve_worker(spec, settings, stop)
 
-    asyncio.run(main())
+    if settings.event_loop == "uvloop":
+        import uvloop
+
+        uvloop.run(main())
+    else:
+        asyncio.run(main())
 
 
 def holder_name() -> str:

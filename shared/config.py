@@ -69,6 +69,10 @@ class Settings(BaseSettings):
     dependency_retry_max_s: float = Field(5.0, description="Longest pause between those in-place retries.")
     max_ack_pending: int = Field(256, description="Un-acked messages a consumer may hold (backpressure).")
     fetch_batch: int = Field(16, description="Messages per batch of a batch consumer (embed).")
+    event_loop: Literal["uvloop", "asyncio"] = Field(
+        "uvloop", description="The worker services' event loop: uvloop (libuv; less CPU per database round trip and "
+        "per message) or the standard library's asyncio.",
+    )
     consumer_concurrency: int = Field(
         8, description="Messages one replica of a service handles at once, per consumer (a bounded window: it fetches "
         "only as many as it has free slots).",
