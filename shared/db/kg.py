@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import date, datetime
 from typing import Any, NamedTuple
 
@@ -242,6 +243,17 @@ async def resolve_entity(conn: AsyncConnection[Any], workspace_id: str, name: st
     return str(rows[0][0]) if len(rows) == 1 else None
 
 
+@dataclass(frozen=True)
+class _Written:
+    """What writing a fact did: its id and start (the existing fact's, when it already held)."""
+
+    id: str
+    valid_from: datetime | None
+    created: bool
+    subject_created: bool
+    object_created: bool
+
+
 async def add_triple(
     conn: AsyncConnection[Any], workspace_id: str, subject: str, predicate: str, obj: str, *,
     valid_from: When = None, valid_to: When = None, confidence: float = 1.0,
@@ -263,6 +275,21 @@ async def add_triple(
     existing fact is returned); one said earlier than the current fact's start moves that start back.
     ``valid_to`` records a fact that has already ended.
     """
+    w = await _write_triple(conn, workspace_id, subject, predicate, obj, valid_from=valid_from, valid_to=valid_to,
+                            confidence=confidence, subject_type=subject_type, object_type=object_type,
+                            source_drawer=source_drawer, source_episode=source_episode,
+                            source_session=source_session, source_seq=source_seq, known=known)
+    return TripleAdded(fact=await _fact_by_id(conn, workspace_id, w.id), created=w.created,
+                       subject_created=w.subject_created, object_created=w.object_created)
+
+
+async def _write_triple(
+    conn: AsyncConnection[Any], workspace_id: str, subject: str, predicate: str, obj: str, *,
+    valid_from: When, valid_to: When, confidence: float, subject_type: str, object_type: str,
+    source_drawer: str | None, source_episode: str | None, source_session: str | None, source_seq: int | None,
+    known: Mapping[str, str] | None,
+) -> _Written:
+    """``add_triple`` without reading the fact back: an extraction needs only its id and start."""
     s_name = validate_name(subject, "subject")
     o_name = validate_name(obj, "object")
     pred = normalize_predicate(predicate)
@@ -271,18 +298,21 @@ async def add_triple(
     vf_in = parse_when(valid_from, "valid_from")
     vt = parse_when(valid_to, "valid_to")
 
-    cur = await conn.execute(
-        """SELECT COALESCE(%(vf)s::timestamptz, m.created_at, d.occurred_at, now()),
-                  COALESCE(%(sess)s, d.session_id), COALESCE(%(seq)s::integer, d.seq)
-             FROM (SELECT 1) one
-             LEFT JOIN drawers d ON d.workspace_id = %(ws)s AND d.id = %(drawer)s
-             LEFT JOIN messages m ON m.workspace_id = %(ws)s AND m.session_id = COALESCE(%(sess)s, d.session_id)
-                                 AND m.seq = COALESCE(%(seq)s::integer, d.seq)""",
-        {"vf": vf_in, "sess": source_session, "seq": source_seq, "ws": workspace_id, "drawer": source_drawer},
-    )
-    row = await cur.fetchone()
-    assert row is not None
-    vf, source_session, source_seq = row
+    if vf_in is not None and source_session is not None and source_seq is not None:
+        vf = vf_in  # all given (an extraction knows when each turn was said): nothing to look up
+    else:
+        cur = await conn.execute(
+            """SELECT COALESCE(%(vf)s::timestamptz, m.created_at, d.occurred_at, now()),
+                      COALESCE(%(sess)s, d.session_id), COALESCE(%(seq)s::integer, d.seq)
+                 FROM (SELECT 1) one
+                 LEFT JOIN drawers d ON d.workspace_id = %(ws)s AND d.id = %(drawer)s
+                 LEFT JOIN messages m ON m.workspace_id = %(ws)s AND m.session_id = COALESCE(%(sess)s, d.session_id)
+                                     AND m.seq = COALESCE(%(seq)s::integer, d.seq)""",
+            {"vf": vf_in, "sess": source_session, "seq": source_seq, "ws": workspace_id, "drawer": source_drawer},
+        )
+        row = await cur.fetchone()
+        assert row is not None
+        vf, source_session, source_seq = row
     if vt is not None and vt < vf:
         raise KgError(f"valid_to {vt.isoformat()} is before valid_from {vf.isoformat()}")
 
@@ -297,14 +327,15 @@ async def add_triple(
 
     # Already true at that time (said before, or replayed): the fact stands as it is.
     cur = await conn.execute(
-        """SELECT id FROM triples
+        """SELECT id, valid_from FROM triples
             WHERE workspace_id = %(ws)s AND subject_id = %(s)s AND predicate = %(p)s AND object_id = %(o)s
               AND (valid_from IS NULL OR valid_from <= %(vf)s) AND (valid_to IS NULL OR valid_to >= %(vf)s)
             ORDER BY valid_from DESC NULLS LAST LIMIT 1""", key)
     found = await cur.fetchone()
     created = False
+    start: datetime | None = vf
     if found:
-        tid = str(found[0])
+        tid, start = str(found[0]), found[1]
     else:
         tid = triple_id(workspace_id, sid, pred, oid, vf)
         cur = await conn.execute(
@@ -330,8 +361,7 @@ async def add_triple(
             if moved is not None:
                 tid = str(moved[0])
             # else: this very row (same statement, same start) exists already and has ended.
-    return TripleAdded(fact=await _fact_by_id(conn, workspace_id, tid), created=created,
-                       subject_created=created_entities[s0], object_created=created_entities.get(o0, False))
+    return _Written(tid, start, created, created_entities[s0], created_entities.get(o0, False))
 
 
 async def invalidate_triple(
@@ -505,16 +535,16 @@ async def record_extraction(
             if entity_id(workspace_id, subj) not in valid or entity_id(workspace_id, obj) not in valid:
                 continue
             try:
-                added = await add_triple(
-                    conn, workspace_id, subj, pred, obj, valid_from=sg.said_at, confidence=conf,
-                    source_drawer=sg.drawer_id, source_episode=episode_id, source_session=sg.session_id,
-                    source_seq=sg.seq, known=known)
+                added = await _write_triple(
+                    conn, workspace_id, subj, pred, obj, valid_from=sg.said_at, valid_to=None, confidence=conf,
+                    subject_type="unknown", object_type="unknown", source_drawer=sg.drawer_id,
+                    source_episode=episode_id, source_session=sg.session_id, source_seq=sg.seq, known=known)
             except KgError as e:
                 skipped.append(f"triple ({subj[:40]!r}, {pred[:40]!r}, {obj[:40]!r}): {e}")
                 continue
             new_facts += int(added.created)
-            facts.add(added.fact.id)
-            evidence.append((added.fact.id, sg.drawer_id, float(conf), added.fact.valid_from, sg.session_id, sg.seq))
+            facts.add(added.id)
+            evidence.append((added.id, sg.drawer_id, float(conf), added.valid_from, sg.session_id, sg.seq))
     if evidence:
         async with conn.cursor() as cur:
             await cur.executemany(
