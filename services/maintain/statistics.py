@@ -22,6 +22,7 @@ __all__ = ["refresh_statistics", "statistics_loop"]
 log = get_logger("palace.maintain")
 _LEASE_S = 120.0
 _FORGET_KNOWN_S = 3600.0
+_warned: dict[str, float] = {}  # table → when its "not allowed to analyze" warning may be logged again
 
 
 async def refresh_statistics(deps: Deps, holder: str, known: set[tuple[str, str]] | None = None) -> list[str]:
@@ -36,7 +37,13 @@ async def refresh_statistics(deps: Deps, holder: str, known: set[tuple[str, str]
             return []
     try:
         db_url, _ = resolve_urls(deps.settings)
-        done = await analyze_tables(db_url, sorted(blind))
+        done, skipped = await analyze_tables(db_url, sorted(blind))
+        for table, why in skipped.items():
+            # Locked by an index build: next round. Not allowed (a login role that does not own the table):
+            # every round, so said once an hour.
+            if "lock" not in why and time.monotonic() >= _warned.get(table, 0.0):
+                _warned[table] = time.monotonic() + 3600.0
+                log.warning("statistics_not_refreshed", table=table, reason=why[:300])
         for table in done:
             STATISTICS_REFRESHES.labels(table).inc()
             log.info("statistics_refreshed", table=table, workspaces=blind[table][:5], unseen=len(blind[table]))

@@ -115,26 +115,29 @@ async def blind_tables(conn: AsyncConnection[Any], min_rows: int, *, known: set[
     return out
 
 
-async def analyze_tables(database_url: str, tables: list[str]) -> list[str]:
+async def analyze_tables(database_url: str, tables: list[str]) -> tuple[list[str], dict[str, str]]:
     """``ANALYZE`` each table's workspace column, as the login role that owns it, on a connection of its
     own (autocommit). The column alone: the statistics of a vector, a tsvector or an array column cost
     several times the sampling itself, and autovacuum keeps those on its own schedule. SKIP_LOCKED: a
     table locked by an index build is left for the next round rather than waited on. Returns the tables
-    analyzed."""
+    analyzed, and those skipped with PostgreSQL's reason (locked, or a login role that does not own it)."""
     done: list[str] = []
+    skipped: dict[str, str] = {}
     async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as conn:
         for table in tables:
-            skipped = False
+            why: list[str] = []
 
-            def notice(d: psycopg.errors.Diagnostic, table: str = table) -> None:
-                nonlocal skipped
-                skipped = skipped or "skipping" in (d.message_primary or "")
+            def notice(d: psycopg.errors.Diagnostic, why: list[str] = why) -> None:
+                if "skipping" in (d.message_primary or ""):
+                    why.append(d.message_primary or "")
 
             conn.add_notice_handler(notice)
             try:
                 await conn.execute(sql.SQL("ANALYZE (SKIP_LOCKED) {} (workspace_id)").format(sql.Identifier(table)))
             finally:
                 conn.remove_notice_handler(notice)
-            if not skipped:
+            if why:
+                skipped[table] = why[0]
+            else:
                 done.append(table)
-    return done
+    return done, skipped

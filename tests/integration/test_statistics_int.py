@@ -103,11 +103,27 @@ def test_a_new_workspace_the_statistics_miss_gets_its_tables_analyzed(database: 
     assert blind.get("drawers") == [new] and blind.get("drawer_sources") == [new], blind
     assert all(ws == [new] for ws in blind.values()), blind  # neither the analyzed nor the small one
 
-    assert sorted(asyncio.run(analyze_tables(database, sorted(blind)))) == sorted(blind)
+    done, skipped = asyncio.run(analyze_tables(database, sorted(blind)))
+    assert sorted(done) == sorted(blind) and not skipped
     assert _maintenance(database, lambda c: estimated_rows(c, "drawers", new)) >= 100
     assert _maintenance(database, lambda c: blind_tables(c, 100)) == {}
     # A session's turns are read by primary key: its ten drawers, not the workspace's thousand.
     assert _drawer_rows_read(database, new, "s7") <= 2 * TURNS
+
+
+def test_a_role_that_does_not_own_the_table_is_told_why(database: str) -> None:
+    """ANALYZE by a role that does not own the table only warns; the check must say so, not count it."""
+    info = psycopg.conninfo.conninfo_to_dict(database)
+    role = f"stats_{uuid.uuid4().hex[:6]}"
+    with psycopg.connect(database, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(role)))
+    try:
+        info["user"] = role
+        done, skipped = asyncio.run(analyze_tables(psycopg.conninfo.make_conninfo(**info), ["drawers"]))
+        assert done == [] and "lock" not in skipped["drawers"], skipped  # PostgreSQL's "permission denied"
+    finally:
+        with psycopg.connect(database, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
 
 
 def test_known_pairs_are_not_asked_again(database: str) -> None:
