@@ -6,7 +6,8 @@ import asyncio
 import json
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -129,3 +130,19 @@ def analyze(conn: psycopg.Connection[Any], table: str) -> None:
             if attempt == 4:
                 raise
             time.sleep(0.5)
+
+
+@contextmanager
+def fresh_database(stack: Stack, prefix: str) -> Iterator[str]:
+    """An empty database of its own on the stack's server (its URL), dropped afterwards: for a test whose
+    subject is what a whole database holds (its migrations, its planner statistics)."""
+    name = f"{prefix}_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(stack.database_url, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    info = psycopg.conninfo.conninfo_to_dict(stack.database_url)
+    info["dbname"] = name
+    try:
+        yield psycopg.conninfo.make_conninfo(**info)
+    finally:
+        with psycopg.connect(stack.database_url, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))

@@ -6,29 +6,19 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import uuid
 from collections.abc import Iterator
 
 import psycopg
 import pytest
-from psycopg import sql
 
 from shared.db.migrate import load_migrations
-from tests.integration.helpers import Stack
+from tests.integration.helpers import Stack, fresh_database
 
 
 @pytest.fixture
 def empty_database(stack: Stack) -> Iterator[str]:
-    name = f"palace_check_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(stack.database_url, autocommit=True) as conn:
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    info = psycopg.conninfo.conninfo_to_dict(stack.database_url)
-    info["dbname"] = name
-    try:
-        yield psycopg.conninfo.make_conninfo(**info)
-    finally:
-        with psycopg.connect(stack.database_url, autocommit=True) as conn:
-            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+    with fresh_database(stack, "palace_check") as url:
+        yield url
 
 
 def _palace(stack: Stack, database_url: str, *args: str) -> subprocess.CompletedProcess[str]:

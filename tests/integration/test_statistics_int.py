@@ -17,7 +17,7 @@ from psycopg import sql
 
 from shared.db.migrate import apply_migrations
 from shared.db.statistics import analyze_tables, blind_tables, estimated_rows
-from tests.integration.helpers import Stack, wait_for
+from tests.integration.helpers import Stack, fresh_database, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -31,18 +31,9 @@ TURNS_SQL = """SELECT d.id FROM drawer_sources ds
 @pytest.fixture
 def database(stack: Stack) -> Iterator[str]:
     """A database of its own: what its statistics hold is up to this test alone."""
-    name = f"palace_stats_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(stack.database_url, autocommit=True) as conn:
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    info = psycopg.conninfo.conninfo_to_dict(stack.database_url)
-    info["dbname"] = name
-    url = psycopg.conninfo.make_conninfo(**info)
-    try:
+    with fresh_database(stack, "palace_stats") as url:
         apply_migrations(url, stack.settings.embed_dim)
         yield url
-    finally:
-        with psycopg.connect(stack.database_url, autocommit=True) as conn:
-            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
 
 
 def _seed(url: str, workspace: str, sessions: int) -> None:
