@@ -76,6 +76,9 @@ class Consumer:
     subject: str
     service: str
     batch: bool = False  # the handler takes a list (embed: one model call for many drawers)
+    # A batch handler whose work is database round trips, not one CPU-bound call, runs several batches
+    # at once (the service's window): one slow batch (an LLM label) does not hold up the rest.
+    parallel_batches: bool = False
 
 
 # The single declaration of every consumer. Streams, consumers, services, lag and age gauges, the
@@ -83,7 +86,7 @@ class Consumer:
 CONSUMERS: tuple[Consumer, ...] = (
     Consumer("ingest", "session.completed", "ingest"),
     Consumer("embed", "drawer.created", "embed", batch=True),
-    Consumer("classify", "drawer.embedded", "classify"),
+    Consumer("classify", "drawer.embedded", "classify", batch=True, parallel_batches=True),
     Consumer("cluster", "drawer.classified", "cluster"),
     Consumer("cluster-entities", "entity.upserted", "cluster"),
     Consumer("enrich", "session.stored", "enrich"),
@@ -167,8 +170,9 @@ class PullConsumer:
         self.js, self.broker, self.settings, self.c = js, broker, settings, c
         self.handler = handler
         self.dead_letter = dead_letter
-        # A batch consumer runs one batch at a time (its handler already amortises over the batch).
-        self.window = 1 if c.batch else max(1, window or settings.consumer_concurrency)
+        # A batch consumer runs one batch at a time (its handler already amortises over the batch), unless
+        # its batches are parallel: then up to the window's number of batches.
+        self.window = 1 if c.batch and not c.parallel_batches else max(1, window or settings.consumer_concurrency)
         self.fetch_size = settings.fetch_batch if c.batch else self.window
         self._tasks: set[asyncio.Task[None]] = set()
         self._live: dict[int, tuple[Msg, float]] = {}  # id(msg) → (msg, started) for heartbeats

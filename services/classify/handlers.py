@@ -2,19 +2,23 @@
 
 from __future__ import annotations
 
+from collections import defaultdict
+from dataclasses import dataclass
 from typing import Any
 
 from nats.aio.msg import Msg
 from psycopg import AsyncConnection
+from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential_jitter
 
 from services._runtime import Deps
 from shared.adapters.llm import LlmClient, Usage
-from shared.bus import decode_event, publish_event
+from shared.bus import Poison, dead_letter, decode_event, publish_event
 from shared.db.centroids import load_centroids
 from shared.db.curation import LLM_FAILURE_PREFIX, record_llm_failures, record_usage, save_llm_labels
 from shared.db.drawers import DrawerRow, drawers_by_id, save_classifications
-from shared.db.tenancy import workspace_tx, workspace_write
+from shared.db.tenancy import WRITE_CONFLICTS, workspace_write, workspaces_tx
 from shared.events import DrawerClassified, DrawerEmbedded
+from shared.faults import is_transient
 from shared.ids import event_id_for
 from shared.logging import get_logger
 from shared.memory.centroids import nearest_type
@@ -38,20 +42,110 @@ def register(deps: Deps) -> None:
     llm = LlmClient(s) if s.llm_base_url else None
 
     @deps.handle(DrawerEmbedded)
-    async def on_drawer_embedded(body: bytes, raw: Msg) -> None:
-        """drawer.embedded → (classify, then commit) → drawer.classified. No LLM call holds a transaction."""
-        ev: DrawerEmbedded = decode_event(DrawerEmbedded, body, s)
-        ws = ev.workspace_id
-        async with workspace_tx(deps.pool, ws) as conn:
-            # 'failed' too: maintain gives up on drawers raw for too long, even when their events were
-            # only queued behind a backlog; when the work does arrive, it completes them. Not those the
-            # LLM phase gave up on: their failure is final until an operator re-drives them. Only drawers
-            # with a vector: one whose text changed after this event was published (forget re-points a
-            # shared drawer) waits for its re-embedding, which announces it again.
-            rows = [r for r in await drawers_by_id(conn, ws, ev.drawer_ids, with_embedding=True)
-                    if r.has_embedding
-                    and (r.state == "raw" or (r.state == "failed" and not _llm_gave_up(r.failure_reason)))]
-            centroids = await load_centroids(conn, ws) if rows else []
+    async def on_drawer_embedded(bodies: list[bytes], raws: list[Msg]) -> None:
+        """drawer.embedded (batched) → (classify, then commit) → drawer.classified, one per event. No LLM
+        call holds a transaction."""
+        events: list[tuple[DrawerEmbedded, Msg]] = []
+        for raw, b in zip(raws, bodies, strict=True):
+            try:
+                events.append((decode_event(DrawerEmbedded, b, s), raw))
+            except Poison as e:
+                # One bad event must not hold back (or silently ride along with) the good ones.
+                await dead_letter(deps.broker, s, service=deps.service, raw=raw, reason=str(e), error_type="invalid")
+                await raw.ack()
+        if not events:
+            return
+        try:
+            settled = await classify_events(events)
+        except Exception as e:
+            if is_transient(e) or len(events) == 1:
+                raise  # the database is down for all of them: the loop holds, NAKs or dead-letters them
+            # Something in the batch broke its transaction: each event alone, so one bad event fails only
+            # itself (NAKed, then dead-lettered, by the loop); the others are committed and acked here.
+            failed: Exception | None = None
+            for one in events:
+                try:
+                    alone = await classify_events([one])
+                except Exception as err:
+                    failed = failed or err
+                    continue
+                if alone.pending:
+                    failed = failed or LlmPending(f"drawers still lacking an LLM label: {alone.why[:200]}")
+                else:
+                    await _ack(one[1])
+            if failed is not None:
+                raise failed from None
+            return
+        if settled.pending:
+            # Acked: the events whose drawers are all labelled; the rest come back after a backoff.
+            for ev, raw in events:
+                if (ev.event_id or "") not in settled.pending:
+                    await _ack(raw)
+            raise LlmPending(f"{len(settled.pending)} events with drawers still lacking an LLM label: "
+                             f"{settled.why[:200]}")
+
+    async def classify_events(events: list[tuple[DrawerEmbedded, Msg]]) -> _Settled:
+        """Read, classify and save every event's drawers in one transaction (CPU work only between the
+        read and the write), a workspace at a time; then the LLM's labels for the cold ones, outside it;
+        then announce each event. Returns the events that are still waiting on the LLM."""
+        by_ws: dict[str, list[DrawerEmbedded]] = defaultdict(list)
+        for ev, _ in events:
+            by_ws[ev.workspace_id].append(ev)
+        cold: list[tuple[DrawerEmbedded, list[DrawerRow], dict[str, Decision]]] = []
+        processed = 0
+        async for attempt in AsyncRetrying(
+            retry=retry_if_exception_type(WRITE_CONFLICTS), stop=stop_after_attempt(8),
+            wait=wait_exponential_jitter(multiplier=0.05, max=2.0), reraise=True,
+        ):
+            with attempt:
+                cold, processed = [], 0
+                # Workspaces in a fixed order, each under its own row-level-security scope: the transaction
+                # sees one workspace at a time (shared.db.tenancy.workspaces_tx).
+                async with workspaces_tx(deps.pool) as scope:
+                    for ws in sorted(by_ws):
+                        conn = await scope(ws)
+                        got, cold_here = await _classify_workspace(conn, ws, by_ws[ws])
+                        processed += got
+                        cold += cold_here
+        DRAWERS.labels(deps.service, "processed").inc(processed)
+        pending: dict[str, str] = {}
+        for ev, rows, decisions in cold:
+            if llm is None:
+                continue
+            try:
+                await _cold_path(deps, llm, ev, rows, decisions)
+            except LlmPending as e:
+                pending[ev.event_id or ""] = str(e)
+        for ev, _ in events:
+            if (ev.event_id or "") in pending:
+                continue  # announced once its drawers are labelled (or given up on)
+            await publish_event(deps.broker, s, DrawerClassified(
+                event_id=event_id_for("drawer.classified", ev.event_id), workspace_id=ev.workspace_id,
+                session_id=ev.session_id, drawer_ids=ev.drawer_ids,
+            ), caused_by=ev)
+        return _Settled(set(pending), next(iter(pending.values()), ""))
+
+    async def _classify_workspace(
+        conn: AsyncConnection[Any], ws: str, evs: list[DrawerEmbedded],
+    ) -> tuple[int, list[tuple[DrawerEmbedded, list[DrawerRow], dict[str, Decision]]]]:
+        """One workspace's share of a batch, inside the batch's transaction: (drawers saved, the events
+        with drawers left for the LLM)."""
+        # Each drawer is audited under the first event of the batch that names it.
+        owner: dict[str, DrawerEmbedded] = {}
+        for ev in evs:
+            for i in ev.drawer_ids:
+                owner.setdefault(i, ev)
+        # 'failed' too: maintain gives up on drawers raw for too long, even when their events were only
+        # queued behind a backlog; when the work does arrive, it completes them. Not those the LLM phase
+        # gave up on: their failure is final until an operator re-drives them. Only drawers with a vector:
+        # one whose text changed after this event was published (forget re-points a shared drawer) waits
+        # for its re-embedding, which announces it again.
+        rows = [r for r in await drawers_by_id(conn, ws, list(owner), with_embedding=True)
+                if r.has_embedding
+                and (r.state == "raw" or (r.state == "failed" and not _llm_gave_up(r.failure_reason)))]
+        if not rows:
+            return 0, []
+        centroids = await load_centroids(conn, ws)
         decisions: dict[str, Decision] = {}
         for r in rows:
             c = classify(r.content)
@@ -62,18 +156,27 @@ def register(deps: Deps) -> None:
             decisions[r.id] = decide(c, low=s.heuristic_low, high=s.heuristic_high, centroid_hit=hit,
                                      llm_enabled=llm is not None)
         decided = [{"id": i, "memory_type": d.memory_type, "confidence": d.confidence, "importance": d.importance,
-                    "tier": d.tier} for i, d in decisions.items() if d.tier != "llm"]
-        if decided:
-            async with workspace_tx(deps.pool, ws) as conn:
-                await save_classifications(conn, ws, decided, event_id=ev.event_id, actor="classify")
-        DRAWERS.labels(deps.service, "processed").inc(len(decided))
-        cold = [r for r in rows if decisions[r.id].tier == "llm"]
-        if cold and llm is not None:
-            await _cold_path(deps, llm, ev, cold, decisions)
-        await publish_event(deps.broker, s, DrawerClassified(
-            event_id=event_id_for("drawer.classified", ev.event_id), workspace_id=ws,
-            session_id=ev.session_id, drawer_ids=ev.drawer_ids,
-        ))
+                    "tier": d.tier, "event_id": owner[i].event_id} for i, d in decisions.items() if d.tier != "llm"]
+        saved = await save_classifications(conn, ws, decided, event_id=None, actor="classify") if decided else 0
+        cold = []
+        for ev in evs:
+            mine = [r for r in rows if owner[r.id] is ev and decisions[r.id].tier == "llm"]
+            if mine:
+                cold.append((ev, mine, {r.id: decisions[r.id] for r in mine}))
+        return saved, cold
+
+
+async def _ack(raw: Msg) -> None:
+    if not raw._ackd:  # a retry in place of this batch may have acked it already
+        await raw.ack()
+
+
+@dataclass(frozen=True)
+class _Settled:
+    """What a batch left undone: the events still waiting on LLM labels, and why."""
+
+    pending: set[str]
+    why: str
 
 
 def _llm_gave_up(reason: str | None) -> bool:

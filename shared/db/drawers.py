@@ -144,10 +144,11 @@ async def note_failure(conn: AsyncConnection[Any], workspace_id: str, ids: list[
 
 
 async def save_classifications(
-    conn: AsyncConnection[Any], workspace_id: str, rows: list[dict[str, Any]], *, event_id: str, actor: str
+    conn: AsyncConnection[Any], workspace_id: str, rows: list[dict[str, Any]], *, event_id: str | None, actor: str
 ) -> int:
     """Apply classifier outcomes to drawers still raw, or failed by maintain while their work was only
-    queued behind a backlog (a late success beats a give-up); audit each one. Returns drawers changed.
+    queued behind a backlog (a late success beats a give-up); audit each one, under the row's own
+    ``event_id`` when it has one (a batch of events), else ``event_id``. Returns drawers changed.
 
     One UPDATE for the whole list and one round trip for its audit rows: a statement per drawer cost a
     round trip and a plan each."""
@@ -180,7 +181,7 @@ async def save_classifications(
     )
     changed = {r[0] for r in await cur.fetchall()}
     await insert_history(conn, workspace_id, [
-        {"drawer_id": r["id"], "action": "CLASSIFY", "actor": actor, "event_id": event_id,
+        {"drawer_id": r["id"], "action": "CLASSIFY", "actor": actor, "event_id": r.get("event_id", event_id),
          "reason": f"{r['tier']} confidence {r['confidence']}",
          "new_value": {k: r[k] for k in ("memory_type", "confidence", "importance", "tier")}}
         for r in rows if r["id"] in changed])

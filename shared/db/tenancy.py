@@ -17,7 +17,7 @@ from psycopg_pool import AsyncConnectionPool
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential_jitter
 
 __all__ = ["WRITE_CONFLICTS", "act_as_maintenance", "key_lookup_tx", "maintenance_tx", "scope_to_workspace",
-           "workspace_tx", "workspace_write"]
+           "workspace_tx", "workspace_write", "workspaces_tx"]
 
 T = TypeVar("T")
 
@@ -39,6 +39,26 @@ async def workspace_tx(pool: AsyncConnectionPool, workspace_id: str) -> AsyncIte
     async with pool.connection() as conn, conn.transaction():
         await scope_to_workspace(conn, workspace_id)
         yield conn
+
+
+@asynccontextmanager
+async def workspaces_tx(
+    pool: AsyncConnectionPool,
+) -> AsyncIterator[Callable[[str], Awaitable[AsyncConnection[Any]]]]:
+    """One transaction for a batch of events from several workspaces, seeing one workspace at a time:
+    ``conn = await scope(ws)`` points row-level security at ``ws`` for the statements that follow, until
+    the next call. One BEGIN, one COMMIT and one connection for the whole batch instead of a transaction
+    per event; commits on success. Only for work with no call to the network between its statements."""
+
+    async with pool.connection() as conn, conn.transaction():
+
+        async def scope(workspace_id: str) -> AsyncConnection[Any]:
+            if not workspace_id:
+                raise ValueError("a workspace transaction needs a workspace id")
+            await scope_to_workspace(conn, workspace_id)
+            return conn
+
+        yield scope
 
 
 async def workspace_write(pool: AsyncConnectionPool, workspace_id: str,

@@ -142,3 +142,45 @@ def test_bad_event_in_an_embed_batch_is_dead_lettered_and_the_rest_embedded(stac
     stack.wait_processed(w, 2)
     dead = wait_for(lambda: [d for d in _dead(stack, w) if d.info.subject == "drawer.created"], what="dead letter")
     assert dead[0].info.service == "embed" and "drawer_ids" in dead[0].info.reason
+
+
+def test_a_failing_event_in_a_classify_batch_fails_alone(stack: Stack) -> None:
+    """Classify takes drawer.embedded in batches, one transaction a batch: when that transaction fails
+    (here a trigger refuses one drawer), each event is run alone, its batch-mates are committed and
+    acknowledged, and only the failing one is retried and dead-lettered."""
+    good, bad = ws(), ws()
+    marker = "CLASSIFY-REFUSED"
+    with psycopg.connect(stack.database_url, autocommit=True) as conn:
+        conn.execute(f"""CREATE OR REPLACE FUNCTION test_refuse_classify() RETURNS trigger LANGUAGE plpgsql AS $$
+                          BEGIN
+                            IF NEW.state = 'processed' AND OLD.state <> 'processed' AND NEW.content LIKE '%{marker}%'
+                            THEN RAISE EXCEPTION 'refused by the test'; END IF;
+                            RETURN NEW;
+                          END $$""")
+        conn.execute("CREATE TRIGGER test_refuse_classify BEFORE UPDATE ON drawers FOR EACH ROW"
+                     " EXECUTE FUNCTION test_refuse_classify()")
+    child = stack.supervisor.children["classify"]
+    try:
+        # Classify stopped while the events queue up, so that its first fetch takes them in one batch.
+        child.proc.send_signal(signal.SIGTERM)
+        child.proc.wait(stack.settings.shutdown_grace_s + 10)
+        stack.publish(session(good, "g1", ["The staging cluster moves to the new datacenter in March."]))
+        stack.publish(session(bad, "b1", [f"This drawer is {marker} by the database on purpose."]))
+        stack.publish(session(good, "g2", ["Our design review happens every other Thursday afternoon."]))
+        embedded = "SELECT count(*) FROM drawers WHERE workspace_id = ANY(%s) AND embedding IS NOT NULL"
+        wait_for(lambda: stack.sql(embedded, ([good, bad],))[0][0] == 3, what="drawers embedded")
+        stack.supervisor.spawn("classify")
+        stack.supervisor.wait_healthy()
+        stack.wait_processed(good, 2)
+        dead = wait_for(lambda: [d for d in _dead(stack, bad) if d.info.subject == "drawer.embedded"],
+                        what="the refused event dead-lettered")
+        assert dead[0].info.service == "classify" and "refused by the test" in dead[0].info.reason
+        assert not [d for d in _dead(stack, good) if d.info.subject == "drawer.embedded"]
+        assert stack.sql("SELECT state FROM drawers WHERE workspace_id = %s", (bad,)) != [("processed",)]
+    finally:
+        with psycopg.connect(stack.database_url, autocommit=True) as conn:
+            conn.execute("DROP TRIGGER IF EXISTS test_refuse_classify ON drawers")
+            conn.execute("DROP FUNCTION IF EXISTS test_refuse_classify()")
+        if child.proc.poll() is not None and stack.supervisor.children["classify"].proc.poll() is not None:
+            stack.supervisor.spawn("classify")
+            stack.supervisor.wait_healthy()
