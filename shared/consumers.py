@@ -91,7 +91,7 @@ CONSUMERS: tuple[Consumer, ...] = (
     Consumer("cluster-entities", "entity.upserted", "cluster"),
     Consumer("enrich", "session.stored", "enrich"),
     Consumer("enrich-episode", "drawer.embedded", "enrich"),
-    Consumer("enrich-kg", "episodic.created", "enrich"),
+    Consumer("enrich-kg", "episodic.created", "enrich", batch=True, parallel_batches=True),
 )
 
 

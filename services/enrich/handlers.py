@@ -8,10 +8,11 @@ from typing import Any
 
 from nats.aio.msg import Msg
 from psycopg import AsyncConnection
+from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential_jitter
 
 from services._runtime import Deps, leased_rounds
 from shared.adapters.llm import LlmClient, LlmError, Usage
-from shared.bus import Poison, decode_event, publish_event
+from shared.bus import Poison, dead_letter, decode_event, publish_event
 from shared.db.curation import record_usage
 from shared.db.drawers import record_history
 from shared.db.episodes import (
@@ -29,8 +30,9 @@ from shared.db.episodes import (
 from shared.db.extraction_queue import due_drawers, due_turns, mark_extracted
 from shared.db.forget import forgotten
 from shared.db.kg import ExtractionStored, record_extraction, refresh_entities
-from shared.db.tenancy import maintenance_tx, workspace_tx, workspace_write
+from shared.db.tenancy import WRITE_CONFLICTS, maintenance_tx, workspace_tx, workspace_write, workspaces_tx
 from shared.events import DrawerEmbedded, EntityUpserted, EpisodicCreated, SessionStored
+from shared.faults import is_transient
 from shared.ids import event_id_for, stable_id
 from shared.logging import get_logger
 from shared.memory.episodes import episode_embedding, parse_summary, summarize_session, summary_messages
@@ -38,7 +40,8 @@ from shared.memory.kg import Sighting
 from shared.memory.llm_labels import LlmParseError
 from shared.memory.semantic import Turn, build_messages, parse_answer, pattern_sightings, speaker_types
 
-__all__ = ["complete_episode", "episode_sweeper", "extract_due_drawers", "extract_episode", "kg_sweeper", "register",
+__all__ = ["complete_episode", "episode_sweeper", "extract_due_drawers", "extract_episode", "extract_episodes",
+           "kg_sweeper", "register",
            "sweep_due_drawers"]
 
 log = get_logger("palace.enrich")
@@ -171,6 +174,7 @@ def register(deps: Deps) -> None:
     s = deps.settings
     llm = LlmClient(s) if s.llm_base_url else None
     deps.extra["llm"] = llm  # complete_episode's summary, from every trigger (handlers and the sweep)
+    alone = asyncio.Semaphore(s.consumer_concurrency)  # episodes extracted one by one, at once in this process
 
     @deps.handle(SessionStored)
     async def on_session_stored(body: bytes, raw: Msg) -> None:
@@ -205,10 +209,42 @@ def register(deps: Deps) -> None:
             await complete_episode(deps, ev.workspace_id, session_id, step=step)
 
     @deps.handle(EpisodicCreated)
-    async def on_episodic_created(body: bytes, raw: Msg) -> None:
-        """episodic.created → (extract, then commit) → entity.upserted."""
-        ev: EpisodicCreated = decode_event(EpisodicCreated, body, s)
-        await extract_episode(deps, llm, ev)
+    async def on_episodic_created(bodies: list[bytes], raws: list[Msg]) -> None:
+        """episodic.created (batched) → (extract, then commit) → entity.upserted, one per episode."""
+        events: list[tuple[EpisodicCreated, Msg]] = []
+        for raw, b in zip(raws, bodies, strict=True):
+            try:
+                events.append((decode_event(EpisodicCreated, b, s), raw))
+            except Poison as e:
+                # One bad event must not hold back (or silently ride along with) the good ones.
+                await dead_letter(deps.broker, s, service=deps.service, raw=raw, reason=str(e), error_type="invalid")
+                await raw.ack()
+        if not events:
+            return
+        if llm is None and len(events) > 1:
+            try:
+                await extract_episodes(deps, [ev for ev, _ in events])
+                return
+            except Exception as e:
+                if is_transient(e):
+                    raise  # the database is down for all of them: the loop holds, NAKs or dead-letters them
+                # Something in the batch broke its transaction: each episode alone, below.
+        # Each episode on its own: with a model (side by side, at most the consumer's window of them in
+        # this process, each waiting on its own answer), or after a failed batch, so that one bad episode
+        # fails only itself (NAKed, then dead-lettered, by the loop).
+        async def one(ev: EpisodicCreated) -> None:
+            async with alone:
+                await extract_episode(deps, llm, ev)
+
+        outcomes = await asyncio.gather(*(one(ev) for ev, _ in events), return_exceptions=True)
+        failed = [o for o in outcomes if isinstance(o, BaseException)]
+        if failed and (len(events) == 1 or any(is_transient(f) for f in failed)):
+            raise failed[0]
+        for (_, raw), outcome in zip(events, outcomes, strict=True):
+            if not isinstance(outcome, BaseException) and not raw._ackd:
+                await raw.ack()
+        if failed:
+            raise failed[0]
 
 
 async def _read_graph(
@@ -265,6 +301,50 @@ async def extract_episode(deps: Deps, llm: LlmClient | None, ev: EpisodicCreated
         entity_ids=ids, names=[stored.entities[i] for i in ids], source_episode_id=ev.episode_id,
     ))
     return stored
+
+
+async def extract_episodes(deps: Deps, events: list[EpisodicCreated]) -> dict[str, ExtractionStored | None]:
+    """``extract_episode`` without a model for a batch of episodes: every episode's turns read, matched
+    (CPU only) and stored in one transaction, a workspace at a time; their entities recounted in a
+    second; then each episode announced. Returns what was stored, by event id."""
+    order = sorted(range(len(events)), key=lambda i: (events[i].workspace_id, events[i].session_id or ""))
+    stored: dict[int, ExtractionStored | None] = {}
+    async for attempt in AsyncRetrying(
+        retry=retry_if_exception_type(WRITE_CONFLICTS), stop=stop_after_attempt(8),
+        wait=wait_exponential_jitter(multiplier=0.05, max=2.0), reraise=True,
+    ):
+        with attempt:
+            stored = {}
+            async with workspaces_tx(deps.pool) as scope:
+                for i in order:
+                    ev = events[i]
+                    conn = await scope(ev.workspace_id)
+                    turns = _turns(await session_turns(conn, ev.workspace_id, ev.session_id, with_embedding=False))
+                    stored[i] = await _store_extraction(conn, deps, ev, turns, pattern_sightings(turns, ev.session_id),
+                                                        "patterns", [], []) if turns else None
+    touched: dict[str, set[str]] = {}
+    for i, got in stored.items():
+        if got is not None and got.entities:
+            touched.setdefault(events[i].workspace_id, set()).update(got.entities)
+    if touched:
+        async for attempt in AsyncRetrying(
+            retry=retry_if_exception_type(WRITE_CONFLICTS), stop=stop_after_attempt(8),
+            wait=wait_exponential_jitter(multiplier=0.05, max=2.0), reraise=True,
+        ):
+            with attempt:
+                async with workspaces_tx(deps.pool) as scope:
+                    for ws in sorted(touched):
+                        await refresh_entities(await scope(ws), ws, sorted(touched[ws]))
+    for i in sorted(stored):
+        got, ev = stored[i], events[i]
+        if got is None or not got.entities:
+            continue
+        ids = sorted(got.entities)
+        await publish_event(deps.broker, deps.settings, EntityUpserted(
+            event_id=event_id_for("entity.upserted", ev.event_id), workspace_id=ev.workspace_id,
+            entity_ids=ids, names=[got.entities[e] for e in ids], source_episode_id=ev.episode_id,
+        ), caused_by=ev)
+    return {events[i].event_id or "": got for i, got in stored.items()}
 
 
 async def _store_extraction(

@@ -223,3 +223,45 @@ def test_a_failing_session_in_an_ingest_batch_fails_alone(stack: Stack) -> None:
         if stack.supervisor.children["ingest"].proc.poll() is not None:
             stack.supervisor.spawn("ingest")
             stack.supervisor.wait_healthy()
+
+
+def test_a_failing_episode_in_an_extraction_batch_fails_alone(stack: Stack) -> None:
+    """Without a model, enrich extracts episodic.created in batches, one transaction a batch: when it fails
+    (here a trigger refuses one workspace's facts), each episode is extracted alone; its batch-mates get
+    their graph and are acknowledged, and only the failing one is retried and dead-lettered."""
+    from tests.integration.test_kg_extract_int import TURNS, _session
+
+    good, bad = ws(), ws()
+    with psycopg.connect(stack.database_url, autocommit=True) as conn:
+        conn.execute(f"""CREATE OR REPLACE FUNCTION test_refuse_facts() RETURNS trigger LANGUAGE plpgsql AS $$
+                         BEGIN
+                           IF NEW.workspace_id = '{bad}' THEN RAISE EXCEPTION 'facts refused by the test'; END IF;
+                           RETURN NEW;
+                         END $$""")
+        conn.execute("CREATE TRIGGER test_refuse_facts BEFORE INSERT ON triples FOR EACH ROW"
+                     " EXECUTE FUNCTION test_refuse_facts()")
+    child = stack.supervisor.children["enrich"]
+    try:
+        # Enrich stopped while the sessions are filed, so that their episodes come out together.
+        child.proc.send_signal(signal.SIGTERM)
+        child.proc.wait(stack.settings.shutdown_grace_s + 10)
+        for w in (good, bad):
+            stack.publish(_session(w))
+        for w in (good, bad):
+            stack.wait_processed(w, len(TURNS))
+        stack.supervisor.spawn("enrich")
+        stack.supervisor.wait_healthy()
+        wait_for(lambda: stack.sql("SELECT count(*) FROM triples WHERE workspace_id = %s", (good,))[0][0] > 0, 90,
+                 "the good episode's facts")
+        dead = wait_for(lambda: [d for d in _dead(stack, bad) if d.info.subject == "episodic.created"],
+                        what="the refused episodes dead-lettered")
+        assert {d.info.service for d in dead} == {"enrich"} and "facts refused by the test" in dead[0].info.reason
+        assert not [d for d in _dead(stack, good) if d.info.subject == "episodic.created"]
+        assert stack.sql("SELECT count(*) FROM triples WHERE workspace_id = %s", (bad,)) == [(0,)]
+    finally:
+        with psycopg.connect(stack.database_url, autocommit=True) as conn:
+            conn.execute("DROP TRIGGER IF EXISTS test_refuse_facts ON triples")
+            conn.execute("DROP FUNCTION IF EXISTS test_refuse_facts()")
+        if stack.supervisor.children["enrich"].proc.poll() is not None:
+            stack.supervisor.spawn("enrich")
+            stack.supervisor.wait_healthy()
