@@ -12,7 +12,7 @@ from threadpoolctl import threadpool_limits
 
 from services._runtime import Deps
 from shared.adapters.llm import LlmClient, Usage
-from shared.bus import decode_event
+from shared.bus import Poison, dead_letter, decode_event
 from shared.db.clustering import cluster_candidates, merge_into, record_history_many, supersede
 from shared.db.curation import record_usage
 from shared.db.decisions import apply_proposal
@@ -29,6 +29,7 @@ from shared.db.forget import lock_for_write
 from shared.db.tenancy import maintenance_tx, workspace_tx
 from shared.db.vector_indexes import recheck_after, vector_index_for
 from shared.events import DrawerClassified, EntityUpserted
+from shared.faults import is_transient
 from shared.kg_dedup import dedup_entities
 from shared.logging import get_logger
 from shared.memory import contradiction
@@ -190,16 +191,59 @@ def register(deps: Deps) -> None:
                 await record_usage(conn, ws, s.llm_model, usage)
 
     @deps.handle(EntityUpserted)
-    async def on_entity_upserted(body: bytes, raw: Msg) -> None:
-        """entity.upserted → mention counts, then entity dedup: merge the same entity (audited,
-        reversible), flag look-alikes for an operator."""
-        ev: EntityUpserted = decode_event(EntityUpserted, body, s)
-        out = await dedup_entities(deps.pool, ev.workspace_id, ev.entity_ids,
-                                   context_threshold=s.entity_context_similarity, event_id=ev.event_id)
+    async def on_entity_upserted(bodies: list[bytes], raws: list[Msg]) -> None:
+        """entity.upserted (batched) → mention counts, then entity dedup: merge the same entity (audited,
+        reversible), flag look-alikes for an operator. The events of one workspace are taken together:
+        one recount and one candidate search for all the entities they name."""
+        events: list[tuple[EntityUpserted, Msg]] = []
+        for raw, b in zip(raws, bodies, strict=True):
+            try:
+                events.append((decode_event(EntityUpserted, b, s), raw))
+            except Poison as e:
+                # One bad event must not hold back (or silently ride along with) the good ones.
+                await dead_letter(deps.broker, s, service=deps.service, raw=raw, reason=str(e), error_type="invalid")
+                await raw.ack()
+        by_ws: dict[str, list[tuple[EntityUpserted, Msg]]] = {}
+        for ev, raw in events:
+            by_ws.setdefault(ev.workspace_id, []).append((ev, raw))
+        failed: Exception | None = None
+        for ws in sorted(by_ws):
+            group = by_ws[ws]
+            try:
+                await dedup_events(ws, [ev for ev, _ in group])
+            except Exception as e:
+                if is_transient(e) or len(events) == 1:
+                    raise  # the database is down for all of them: the loop holds, NAKs or dead-letters them
+                # Each event of the workspace alone: one bad event fails only itself (NAKed, then
+                # dead-lettered, by the loop); the others are committed and acked here.
+                for ev, raw in group:
+                    try:
+                        await dedup_events(ws, [ev])
+                    except Exception as one:
+                        failed = failed or one
+                    else:
+                        await _ack(raw)
+                continue
+            if failed is not None or len(by_ws) > 1:
+                for _, raw in group:  # done: not to be redone if a later workspace's events fail
+                    await _ack(raw)
+        if failed is not None:
+            raise failed from None
+
+    async def dedup_events(ws: str, evs: list[EntityUpserted]) -> None:
+        # A merge is audited under the first of the events (a replay merges nothing twice).
+        out = await dedup_entities(deps.pool, ws, sorted({i for ev in evs for i in ev.entity_ids}),
+                                   context_threshold=s.entity_context_similarity,
+                                   event_id=min(ev.event_id or "" for ev in evs) or None)
         if out.merged:
             ENTITIES.labels(deps.service, "merged").inc(len(out.merged))
         if out.flagged:
             ENTITIES.labels(deps.service, "flagged").inc(out.flagged)
+
+
+async def _ack(raw: Msg) -> None:
+    if not raw._ackd:  # a retry in place of this batch may have acked it already
+        await raw.ack()
 
 
 async def backfill_bands(deps: Deps, stop: asyncio.Event) -> None:

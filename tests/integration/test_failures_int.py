@@ -265,3 +265,45 @@ def test_a_failing_episode_in_an_extraction_batch_fails_alone(stack: Stack) -> N
         if stack.supervisor.children["enrich"].proc.poll() is not None:
             stack.supervisor.spawn("enrich")
             stack.supervisor.wait_healthy()
+
+
+def test_a_failing_workspace_in_an_entity_dedup_batch_fails_alone(stack: Stack) -> None:
+    """Cluster takes entity.upserted in batches, a workspace's events together: when one workspace's
+    dedup fails (here a trigger refuses its dedup keys), the other workspaces' events are done and
+    acknowledged, and only the failing one is retried and dead-lettered."""
+    from tests.integration.test_kg_extract_int import _session
+
+    good, bad = ws(), ws()
+    with psycopg.connect(stack.database_url, autocommit=True) as conn:
+        conn.execute(f"""CREATE OR REPLACE FUNCTION test_refuse_keys() RETURNS trigger LANGUAGE plpgsql AS $$
+                         BEGIN
+                           IF NEW.workspace_id = '{bad}' THEN RAISE EXCEPTION 'keys refused by the test'; END IF;
+                           RETURN NEW;
+                         END $$""")
+        conn.execute("CREATE TRIGGER test_refuse_keys BEFORE INSERT ON entity_keys FOR EACH ROW"
+                     " EXECUTE FUNCTION test_refuse_keys()")
+    child = stack.supervisor.children["cluster"]
+    try:
+        # Cluster stopped while the graphs are extracted, so that their entity.upserted come out together.
+        child.proc.send_signal(signal.SIGTERM)
+        child.proc.wait(stack.settings.shutdown_grace_s + 10)
+        for w in (good, bad):
+            stack.publish(_session(w))
+        for w in (good, bad):
+            wait_for(lambda w=w: stack.sql("SELECT count(*) FROM triples WHERE workspace_id = %s", (w,))[0][0] > 0,
+                     90, "the extracted facts")
+        stack.supervisor.spawn("cluster")
+        stack.supervisor.wait_healthy()
+        wait_for(lambda: stack.sql("SELECT count(*) FROM entity_keys WHERE workspace_id = %s", (good,))[0][0] > 0,
+                 60, "the good workspace's entities keyed")
+        dead = wait_for(lambda: [d for d in _dead(stack, bad) if d.info.subject == "entity.upserted"],
+                        what="the refused workspace's event dead-lettered")
+        assert {d.info.service for d in dead} == {"cluster"} and "keys refused by the test" in dead[0].info.reason
+        assert not [d for d in _dead(stack, good) if d.info.subject == "entity.upserted"]
+    finally:
+        with psycopg.connect(stack.database_url, autocommit=True) as conn:
+            conn.execute("DROP TRIGGER IF EXISTS test_refuse_keys ON entity_keys")
+            conn.execute("DROP FUNCTION IF EXISTS test_refuse_keys()")
+        if stack.supervisor.children["cluster"].proc.poll() is not None:
+            stack.supervisor.spawn("cluster")
+            stack.supervisor.wait_healthy()
