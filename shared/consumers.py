@@ -84,7 +84,7 @@ class Consumer:
 # The single declaration of every consumer. Streams, consumers, services, lag and age gauges, the
 # re-drive path and the deployment's autoscalers all read it.
 CONSUMERS: tuple[Consumer, ...] = (
-    Consumer("ingest", "session.completed", "ingest", batch=True, parallel_batches=True),
+    Consumer("ingest", "session.completed", "ingest"),
     Consumer("embed", "drawer.created", "embed", batch=True),
     Consumer("classify", "drawer.embedded", "classify", batch=True, parallel_batches=True),
     Consumer("cluster", "drawer.classified", "cluster"),

@@ -186,45 +186,6 @@ def test_a_failing_event_in_a_classify_batch_fails_alone(stack: Stack) -> None:
             stack.supervisor.wait_healthy()
 
 
-def test_a_failing_session_in_an_ingest_batch_fails_alone(stack: Stack) -> None:
-    """Ingest files session.completed in batches, one transaction a batch: when that transaction fails
-    (here a trigger refuses one session), each event is filed alone; its batch-mates are stored,
-    announced and acknowledged, and only the failing one is retried and dead-lettered."""
-    good, bad = ws(), ws()
-    with psycopg.connect(stack.database_url, autocommit=True) as conn:
-        conn.execute("""CREATE OR REPLACE FUNCTION test_refuse_session() RETURNS trigger LANGUAGE plpgsql AS $$
-                        BEGIN
-                          IF NEW.session_id = 'refused' THEN RAISE EXCEPTION 'session refused by the test'; END IF;
-                          RETURN NEW;
-                        END $$""")
-        conn.execute("CREATE TRIGGER test_refuse_session BEFORE INSERT ON sessions FOR EACH ROW"
-                     " EXECUTE FUNCTION test_refuse_session()")
-    child = stack.supervisor.children["ingest"]
-    try:
-        # Ingest stopped while the events queue up, so that its first fetch takes them in one batch.
-        child.proc.send_signal(signal.SIGTERM)
-        child.proc.wait(stack.settings.shutdown_grace_s + 10)
-        stack.publish(session(good, "g1", ["The payroll export now runs on the last Friday of the month."]))
-        stack.publish(session(bad, "refused", ["Nothing of this session may be stored by ingest."]))
-        stack.publish(session(good, "g2", ["Visitors must sign in at the front desk of building C."]))
-        stack.supervisor.spawn("ingest")
-        stack.supervisor.wait_healthy()
-        stack.wait_processed(good, 2)
-        dead = wait_for(lambda: [d for d in _dead(stack, bad) if d.info.subject == "session.completed"],
-                        what="the refused session dead-lettered")
-        assert dead[0].info.service == "ingest" and "session refused by the test" in dead[0].info.reason
-        assert not [d for d in _dead(stack, good) if d.info.subject == "session.completed"]
-        assert stack.sql("SELECT count(*) FROM drawers WHERE workspace_id = %s", (bad,)) == [(0,)]
-        assert stack.sql("SELECT count(*) FROM sessions WHERE workspace_id = %s", (good,)) == [(2,)]
-    finally:
-        with psycopg.connect(stack.database_url, autocommit=True) as conn:
-            conn.execute("DROP TRIGGER IF EXISTS test_refuse_session ON sessions")
-            conn.execute("DROP FUNCTION IF EXISTS test_refuse_session()")
-        if stack.supervisor.children["ingest"].proc.poll() is not None:
-            stack.supervisor.spawn("ingest")
-            stack.supervisor.wait_healthy()
-
-
 def test_a_failing_episode_in_an_extraction_batch_fails_alone(stack: Stack) -> None:
     """Without a model, enrich extracts episodic.created in batches, one transaction a batch: when it fails
     (here a trigger refuses one workspace's facts), each episode is extracted alone; its batch-mates get
