@@ -12,11 +12,12 @@ import signal
 import socket
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import structlog
 import uvicorn
 from faststream.nats import NatsBroker
+from nats.aio.msg import Msg
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from psycopg_pool import AsyncConnectionPool
 from starlette.applications import Starlette
@@ -25,7 +26,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from shared import metrics
-from shared.bus import build_broker, dead_letter, ensure_streams, stream_usage
+from shared.bus import Poison, build_broker, dead_letter, decode_event, ensure_streams, stream_usage
 from shared.config import Settings
 from shared.consumers import Consumer, PullConsumer, consumer_for, consumers_of, oldest_unacked_age_s
 from shared.db.lifecycle import renew_lease
@@ -39,7 +40,10 @@ from shared.logging import configure_logging, get_logger
 from shared.ports import Embedder
 from shared.tracing import setup_tracing
 
-__all__ = ["Deps", "QuietServer", "WorkerSpec", "holder_name", "leased_rounds", "run_worker", "serve_worker"]
+__all__ = ["Deps", "QuietServer", "WorkerSpec", "ack_once", "decode_batch", "holder_name", "leased_rounds",
+           "run_worker", "serve_worker"]
+
+E = TypeVar("E", bound=Event)
 
 
 @dataclass
@@ -67,6 +71,29 @@ class Deps:
             return fn
 
         return register
+
+
+async def decode_batch(deps: Deps, model: type[E], bodies: list[bytes], raws: list[Msg], *,
+                       dead_letters: bool = True) -> list[tuple[E, Msg]]:
+    """A batch handler's events, decoded. A malformed one must not hold back (or silently ride along with)
+    the good ones: it is dead-lettered with its reason and acked here, or only acked where another
+    consumer of the subject is the one that dead-letters it (``dead_letters=False``)."""
+    events: list[tuple[E, Msg]] = []
+    for raw, body in zip(raws, bodies, strict=True):
+        try:
+            events.append((decode_event(model, body, deps.settings), raw))
+        except Poison as e:
+            if dead_letters:
+                await dead_letter(deps.broker, deps.settings, service=deps.service, raw=raw, reason=str(e),
+                                  error_type="invalid")
+            await raw.ack()
+    return events
+
+
+async def ack_once(raw: Msg) -> None:
+    """Ack a message of a batch that is done, unless a retry of the batch already did."""
+    if not raw._ackd:
+        await raw.ack()
 
 
 @dataclass

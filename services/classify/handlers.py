@@ -8,15 +8,14 @@ from typing import Any
 
 from nats.aio.msg import Msg
 from psycopg import AsyncConnection
-from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential_jitter
 
-from services._runtime import Deps
+from services._runtime import Deps, ack_once, decode_batch
 from shared.adapters.llm import LlmClient, Usage
-from shared.bus import Poison, dead_letter, decode_event, publish_event
+from shared.bus import publish_event
 from shared.db.centroids import load_centroids
 from shared.db.curation import LLM_FAILURE_PREFIX, record_llm_failures, record_usage, save_llm_labels
 from shared.db.drawers import DrawerRow, drawers_by_id, save_classifications
-from shared.db.tenancy import WRITE_CONFLICTS, workspace_write, workspaces_tx
+from shared.db.tenancy import retry_conflicts, workspace_write, workspaces_tx
 from shared.events import DrawerClassified, DrawerEmbedded
 from shared.faults import is_transient
 from shared.ids import event_id_for
@@ -45,14 +44,7 @@ def register(deps: Deps) -> None:
     async def on_drawer_embedded(bodies: list[bytes], raws: list[Msg]) -> None:
         """drawer.embedded (batched) → (classify, then commit) → drawer.classified, one per event. No LLM
         call holds a transaction."""
-        events: list[tuple[DrawerEmbedded, Msg]] = []
-        for raw, b in zip(raws, bodies, strict=True):
-            try:
-                events.append((decode_event(DrawerEmbedded, b, s), raw))
-            except Poison as e:
-                # One bad event must not hold back (or silently ride along with) the good ones.
-                await dead_letter(deps.broker, s, service=deps.service, raw=raw, reason=str(e), error_type="invalid")
-                await raw.ack()
+        events = await decode_batch(deps, DrawerEmbedded, bodies, raws)
         if not events:
             return
         try:
@@ -72,7 +64,7 @@ def register(deps: Deps) -> None:
                 if alone.pending:
                     failed = failed or LlmPending(f"drawers still lacking an LLM label: {alone.why[:200]}")
                 else:
-                    await _ack(one[1])
+                    await ack_once(one[1])
             if failed is not None:
                 raise failed from None
             return
@@ -80,7 +72,7 @@ def register(deps: Deps) -> None:
             # Acked: the events whose drawers are all labelled; the rest come back after a backoff.
             for ev, raw in events:
                 if (ev.event_id or "") not in settled.pending:
-                    await _ack(raw)
+                    await ack_once(raw)
             raise LlmPending(f"{len(settled.pending)} events with drawers still lacking an LLM label: "
                              f"{settled.why[:200]}")
 
@@ -93,10 +85,7 @@ def register(deps: Deps) -> None:
             by_ws[ev.workspace_id].append(ev)
         cold: list[tuple[DrawerEmbedded, list[DrawerRow], dict[str, Decision]]] = []
         processed = 0
-        async for attempt in AsyncRetrying(
-            retry=retry_if_exception_type(WRITE_CONFLICTS), stop=stop_after_attempt(8),
-            wait=wait_exponential_jitter(multiplier=0.05, max=2.0), reraise=True,
-        ):
+        async for attempt in retry_conflicts():
             with attempt:
                 cold, processed = [], 0
                 # Workspaces in a fixed order, each under its own row-level-security scope: the transaction
@@ -164,11 +153,6 @@ def register(deps: Deps) -> None:
             if mine:
                 cold.append((ev, mine, {r.id: decisions[r.id] for r in mine}))
         return saved, cold
-
-
-async def _ack(raw: Msg) -> None:
-    if not raw._ackd:  # a retry in place of this batch may have acked it already
-        await raw.ack()
 
 
 @dataclass(frozen=True)

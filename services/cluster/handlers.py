@@ -10,9 +10,9 @@ from typing import Any
 from nats.aio.msg import Msg
 from threadpoolctl import threadpool_limits
 
-from services._runtime import Deps
+from services._runtime import Deps, ack_once, decode_batch
 from shared.adapters.llm import LlmClient, Usage
-from shared.bus import Poison, dead_letter, decode_event
+from shared.bus import decode_event
 from shared.db.clustering import cluster_candidates, merge_into, record_history_many, supersede
 from shared.db.curation import record_usage
 from shared.db.decisions import apply_proposal
@@ -195,14 +195,7 @@ def register(deps: Deps) -> None:
         """entity.upserted (batched) → mention counts, then entity dedup: merge the same entity (audited,
         reversible), flag look-alikes for an operator. The events of one workspace are taken together:
         one recount and one candidate search for all the entities they name."""
-        events: list[tuple[EntityUpserted, Msg]] = []
-        for raw, b in zip(raws, bodies, strict=True):
-            try:
-                events.append((decode_event(EntityUpserted, b, s), raw))
-            except Poison as e:
-                # One bad event must not hold back (or silently ride along with) the good ones.
-                await dead_letter(deps.broker, s, service=deps.service, raw=raw, reason=str(e), error_type="invalid")
-                await raw.ack()
+        events = await decode_batch(deps, EntityUpserted, bodies, raws)
         by_ws: dict[str, list[tuple[EntityUpserted, Msg]]] = {}
         for ev, raw in events:
             by_ws.setdefault(ev.workspace_id, []).append((ev, raw))
@@ -222,11 +215,11 @@ def register(deps: Deps) -> None:
                     except Exception as one:
                         failed = failed or one
                     else:
-                        await _ack(raw)
+                        await ack_once(raw)
                 continue
             if failed is not None or len(by_ws) > 1:
                 for _, raw in group:  # done: not to be redone if a later workspace's events fail
-                    await _ack(raw)
+                    await ack_once(raw)
         if failed is not None:
             raise failed from None
 
@@ -239,11 +232,6 @@ def register(deps: Deps) -> None:
             ENTITIES.labels(deps.service, "merged").inc(len(out.merged))
         if out.flagged:
             ENTITIES.labels(deps.service, "flagged").inc(out.flagged)
-
-
-async def _ack(raw: Msg) -> None:
-    if not raw._ackd:  # a retry in place of this batch may have acked it already
-        await raw.ack()
 
 
 async def backfill_bands(deps: Deps, stop: asyncio.Event) -> None:

@@ -10,9 +10,9 @@ from typing import Any, NamedTuple
 import psycopg
 from nats.aio.msg import Msg
 
-from services._runtime import Deps
+from services._runtime import Deps, ack_once, decode_batch
 from shared.adapters.space_embedder import pinned
-from shared.bus import Poison, dead_letter, decode_event, publish_event
+from shared.bus import publish_event
 from shared.db.drawers import cached_embeddings, drawers_by_id, note_failure, save_embeddings
 from shared.db.tenancy import workspace_tx
 from shared.events import DrawerCreated, DrawerEmbedded
@@ -46,14 +46,7 @@ def register(deps: Deps) -> None:
         # The active embedding space, looked up for every batch (one small query): a batch retried after
         # `palace reembed` switched spaces must not fail again on the old one. Pinned for the whole batch.
         embedder = await pinned(deps.embedder, force=True)
-        events: list[tuple[DrawerCreated, Msg]] = []
-        for raw, b in zip(raws, bodies, strict=True):
-            try:
-                events.append((decode_event(DrawerCreated, b, s), raw))
-            except Poison as e:
-                # One bad event must not hold back (or silently ride along with) the good ones.
-                await dead_letter(deps.broker, s, service=deps.service, raw=raw, reason=str(e), error_type="invalid")
-                await raw.ack()
+        events = await decode_batch(deps, DrawerCreated, bodies, raws)
         if not events:
             return
         try:
@@ -70,8 +63,7 @@ def register(deps: Deps) -> None:
                 except Exception as one:
                     failed = failed or one
                 else:
-                    if not raw._ackd:  # a retry in place of this batch may have acked it already
-                        await raw.ack()
+                    await ack_once(raw)
             if failed is not None:
                 raise failed from None
 

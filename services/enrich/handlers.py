@@ -8,11 +8,10 @@ from typing import Any
 
 from nats.aio.msg import Msg
 from psycopg import AsyncConnection
-from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential_jitter
 
-from services._runtime import Deps, leased_rounds
+from services._runtime import Deps, ack_once, decode_batch, leased_rounds
 from shared.adapters.llm import LlmClient, LlmError, Usage
-from shared.bus import Poison, dead_letter, decode_event, publish_event
+from shared.bus import Poison, decode_event, publish_event
 from shared.db.curation import record_usage
 from shared.db.drawers import record_history
 from shared.db.episodes import (
@@ -30,7 +29,7 @@ from shared.db.episodes import (
 from shared.db.extraction_queue import due_drawers, due_turns, mark_extracted
 from shared.db.forget import forgotten
 from shared.db.kg import ExtractionStored, record_extraction, refresh_entities
-from shared.db.tenancy import WRITE_CONFLICTS, maintenance_tx, workspace_tx, workspace_write, workspaces_tx
+from shared.db.tenancy import maintenance_tx, retry_conflicts, workspace_tx, workspace_write, workspaces_tx
 from shared.events import DrawerEmbedded, EntityUpserted, EpisodicCreated, SessionStored
 from shared.faults import is_transient
 from shared.ids import event_id_for, stable_id
@@ -211,14 +210,7 @@ def register(deps: Deps) -> None:
     @deps.handle(EpisodicCreated)
     async def on_episodic_created(bodies: list[bytes], raws: list[Msg]) -> None:
         """episodic.created (batched) → (extract, then commit) → entity.upserted, one per episode."""
-        events: list[tuple[EpisodicCreated, Msg]] = []
-        for raw, b in zip(raws, bodies, strict=True):
-            try:
-                events.append((decode_event(EpisodicCreated, b, s), raw))
-            except Poison as e:
-                # One bad event must not hold back (or silently ride along with) the good ones.
-                await dead_letter(deps.broker, s, service=deps.service, raw=raw, reason=str(e), error_type="invalid")
-                await raw.ack()
+        events = await decode_batch(deps, EpisodicCreated, bodies, raws)
         if not events:
             return
         if llm is None and len(events) > 1:
@@ -241,8 +233,8 @@ def register(deps: Deps) -> None:
         if failed and (len(events) == 1 or any(is_transient(f) for f in failed)):
             raise failed[0]
         for (_, raw), outcome in zip(events, outcomes, strict=True):
-            if not isinstance(outcome, BaseException) and not raw._ackd:
-                await raw.ack()
+            if not isinstance(outcome, BaseException):
+                await ack_once(raw)
         if failed:
             raise failed[0]
 
@@ -309,10 +301,7 @@ async def extract_episodes(deps: Deps, events: list[EpisodicCreated]) -> dict[st
     second; then each episode announced. Returns what was stored, by event id."""
     order = sorted(range(len(events)), key=lambda i: (events[i].workspace_id, events[i].session_id or ""))
     stored: dict[int, ExtractionStored | None] = {}
-    async for attempt in AsyncRetrying(
-        retry=retry_if_exception_type(WRITE_CONFLICTS), stop=stop_after_attempt(8),
-        wait=wait_exponential_jitter(multiplier=0.05, max=2.0), reraise=True,
-    ):
+    async for attempt in retry_conflicts():
         with attempt:
             stored = {}
             async with workspaces_tx(deps.pool) as scope:
@@ -327,10 +316,7 @@ async def extract_episodes(deps: Deps, events: list[EpisodicCreated]) -> dict[st
         if got is not None and got.entities:
             touched.setdefault(events[i].workspace_id, set()).update(got.entities)
     if touched:
-        async for attempt in AsyncRetrying(
-            retry=retry_if_exception_type(WRITE_CONFLICTS), stop=stop_after_attempt(8),
-            wait=wait_exponential_jitter(multiplier=0.05, max=2.0), reraise=True,
-        ):
+        async for attempt in retry_conflicts():
             with attempt:
                 async with workspaces_tx(deps.pool) as scope:
                     for ws in sorted(touched):

@@ -16,7 +16,8 @@ from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential_jitter
 
-__all__ = ["WRITE_CONFLICTS", "act_as_maintenance", "key_lookup_tx", "maintenance_tx", "scope_to_workspace",
+__all__ = ["WRITE_CONFLICTS", "act_as_maintenance", "key_lookup_tx", "maintenance_tx", "retry_conflicts",
+           "scope_to_workspace",
            "workspace_tx", "workspace_write", "workspaces_tx"]
 
 T = TypeVar("T")
@@ -61,16 +62,20 @@ async def workspaces_tx(
         yield scope
 
 
+def retry_conflicts() -> AsyncRetrying:
+    """Attempts of a transaction that PostgreSQL may roll back for a conflict (``WRITE_CONFLICTS``): its
+    writes must be upserts, so running it again is the remedy. ``async for attempt in retry_conflicts():``."""
+    return AsyncRetrying(retry=retry_if_exception_type(WRITE_CONFLICTS), stop=stop_after_attempt(8),
+                         wait=wait_exponential_jitter(multiplier=0.05, max=2.0), reraise=True)
+
+
 async def workspace_write(pool: AsyncConnectionPool, workspace_id: str,
                           write: Callable[[AsyncConnection[Any]], Awaitable[T]]) -> T:
     """``write`` in a workspace transaction, run again when PostgreSQL picks that transaction as a
     deadlock's victim (another service locked the same rows in another order) or fails it for
     serialization. For writes that follow work too costly or too visible to repeat, such as an LLM's
     answer: a handler's own retry would ask the model again."""
-    async for attempt in AsyncRetrying(
-        retry=retry_if_exception_type(WRITE_CONFLICTS), stop=stop_after_attempt(8),
-        wait=wait_exponential_jitter(multiplier=0.05, max=2.0), reraise=True,
-    ):
+    async for attempt in retry_conflicts():
         with attempt:
             async with workspace_tx(pool, workspace_id) as conn:
                 return await write(conn)

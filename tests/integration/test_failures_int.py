@@ -4,9 +4,11 @@ stuck drawers. Nothing already stored is ever lost, and good events keep flowing
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import signal
 import time
+from collections.abc import Iterator
 
 import httpx
 import psycopg
@@ -144,46 +146,60 @@ def test_bad_event_in_an_embed_batch_is_dead_lettered_and_the_rest_embedded(stac
     assert dead[0].info.service == "embed" and "drawer_ids" in dead[0].info.reason
 
 
+
+@contextlib.contextmanager
+def _refusing(stack: Stack, service: str, table: str, when: str, condition: str, message: str) -> Iterator[None]:
+    """A trigger that makes ``table``'s rows meeting ``condition`` fail with ``message``, and ``service``
+    stopped while the test queues its events, so that its restart fetches them as one batch (the test
+    then calls ``_resume``). Both undone on the way out."""
+    with psycopg.connect(stack.database_url, autocommit=True) as conn:
+        conn.execute(f"""CREATE OR REPLACE FUNCTION test_refuse() RETURNS trigger LANGUAGE plpgsql AS $$
+                         BEGIN
+                           IF {condition} THEN RAISE EXCEPTION '{message}'; END IF;
+                           RETURN NEW;
+                         END $$""")
+        conn.execute(f"CREATE TRIGGER test_refuse BEFORE {when} ON {table} FOR EACH ROW EXECUTE FUNCTION test_refuse()")
+    child = stack.supervisor.children[service]
+    try:
+        child.proc.send_signal(signal.SIGTERM)
+        child.proc.wait(stack.settings.shutdown_grace_s + 10)
+        yield
+    finally:
+        with psycopg.connect(stack.database_url, autocommit=True) as conn:
+            conn.execute(f"DROP TRIGGER IF EXISTS test_refuse ON {table}")
+            conn.execute("DROP FUNCTION IF EXISTS test_refuse()")
+        if stack.supervisor.children[service].proc.poll() is not None:
+            _resume(stack, service)
+
+
+def _resume(stack: Stack, service: str) -> None:
+    stack.supervisor.spawn(service)
+    stack.supervisor.wait_healthy()
+
+
+def _dead_on(stack: Stack, workspace: str, subject: str) -> list:
+    return [d for d in _dead(stack, workspace) if d.info.subject == subject]
+
+
 def test_a_failing_event_in_a_classify_batch_fails_alone(stack: Stack) -> None:
     """Classify takes drawer.embedded in batches, one transaction a batch: when that transaction fails
     (here a trigger refuses one drawer), each event is run alone, its batch-mates are committed and
     acknowledged, and only the failing one is retried and dead-lettered."""
     good, bad = ws(), ws()
     marker = "CLASSIFY-REFUSED"
-    with psycopg.connect(stack.database_url, autocommit=True) as conn:
-        conn.execute(f"""CREATE OR REPLACE FUNCTION test_refuse_classify() RETURNS trigger LANGUAGE plpgsql AS $$
-                          BEGIN
-                            IF NEW.state = 'processed' AND OLD.state <> 'processed' AND NEW.content LIKE '%{marker}%'
-                            THEN RAISE EXCEPTION 'refused by the test'; END IF;
-                            RETURN NEW;
-                          END $$""")
-        conn.execute("CREATE TRIGGER test_refuse_classify BEFORE UPDATE ON drawers FOR EACH ROW"
-                     " EXECUTE FUNCTION test_refuse_classify()")
-    child = stack.supervisor.children["classify"]
-    try:
-        # Classify stopped while the events queue up, so that its first fetch takes them in one batch.
-        child.proc.send_signal(signal.SIGTERM)
-        child.proc.wait(stack.settings.shutdown_grace_s + 10)
+    with _refusing(stack, "classify", "drawers", "UPDATE", "NEW.state = 'processed' AND OLD.state <> 'processed'"
+                   f" AND NEW.content LIKE '%{marker}%'", "refused by the test"):
         stack.publish(session(good, "g1", ["The staging cluster moves to the new datacenter in March."]))
         stack.publish(session(bad, "b1", [f"This drawer is {marker} by the database on purpose."]))
         stack.publish(session(good, "g2", ["Our design review happens every other Thursday afternoon."]))
         embedded = "SELECT count(*) FROM drawers WHERE workspace_id = ANY(%s) AND embedding IS NOT NULL"
         wait_for(lambda: stack.sql(embedded, ([good, bad],))[0][0] == 3, what="drawers embedded")
-        stack.supervisor.spawn("classify")
-        stack.supervisor.wait_healthy()
+        _resume(stack, "classify")
         stack.wait_processed(good, 2)
-        dead = wait_for(lambda: [d for d in _dead(stack, bad) if d.info.subject == "drawer.embedded"],
-                        what="the refused event dead-lettered")
+        dead = wait_for(lambda: _dead_on(stack, bad, "drawer.embedded"), what="the refused event dead-lettered")
         assert dead[0].info.service == "classify" and "refused by the test" in dead[0].info.reason
-        assert not [d for d in _dead(stack, good) if d.info.subject == "drawer.embedded"]
+        assert not _dead_on(stack, good, "drawer.embedded")
         assert stack.sql("SELECT state FROM drawers WHERE workspace_id = %s", (bad,)) != [("processed",)]
-    finally:
-        with psycopg.connect(stack.database_url, autocommit=True) as conn:
-            conn.execute("DROP TRIGGER IF EXISTS test_refuse_classify ON drawers")
-            conn.execute("DROP FUNCTION IF EXISTS test_refuse_classify()")
-        if child.proc.poll() is not None and stack.supervisor.children["classify"].proc.poll() is not None:
-            stack.supervisor.spawn("classify")
-            stack.supervisor.wait_healthy()
 
 
 def test_a_failing_episode_in_an_extraction_batch_fails_alone(stack: Stack) -> None:
@@ -193,39 +209,19 @@ def test_a_failing_episode_in_an_extraction_batch_fails_alone(stack: Stack) -> N
     from tests.integration.test_kg_extract_int import TURNS, _session
 
     good, bad = ws(), ws()
-    with psycopg.connect(stack.database_url, autocommit=True) as conn:
-        conn.execute(f"""CREATE OR REPLACE FUNCTION test_refuse_facts() RETURNS trigger LANGUAGE plpgsql AS $$
-                         BEGIN
-                           IF NEW.workspace_id = '{bad}' THEN RAISE EXCEPTION 'facts refused by the test'; END IF;
-                           RETURN NEW;
-                         END $$""")
-        conn.execute("CREATE TRIGGER test_refuse_facts BEFORE INSERT ON triples FOR EACH ROW"
-                     " EXECUTE FUNCTION test_refuse_facts()")
-    child = stack.supervisor.children["enrich"]
-    try:
-        # Enrich stopped while the sessions are filed, so that their episodes come out together.
-        child.proc.send_signal(signal.SIGTERM)
-        child.proc.wait(stack.settings.shutdown_grace_s + 10)
+    # Enrich stopped while the sessions are filed, so that their episodes come out together.
+    with _refusing(stack, "enrich", "triples", "INSERT", f"NEW.workspace_id = '{bad}'", "facts refused by the test"):
         for w in (good, bad):
             stack.publish(_session(w))
         for w in (good, bad):
             stack.wait_processed(w, len(TURNS))
-        stack.supervisor.spawn("enrich")
-        stack.supervisor.wait_healthy()
+        _resume(stack, "enrich")
         wait_for(lambda: stack.sql("SELECT count(*) FROM triples WHERE workspace_id = %s", (good,))[0][0] > 0, 90,
                  "the good episode's facts")
-        dead = wait_for(lambda: [d for d in _dead(stack, bad) if d.info.subject == "episodic.created"],
-                        what="the refused episodes dead-lettered")
+        dead = wait_for(lambda: _dead_on(stack, bad, "episodic.created"), what="the refused episodes dead-lettered")
         assert {d.info.service for d in dead} == {"enrich"} and "facts refused by the test" in dead[0].info.reason
-        assert not [d for d in _dead(stack, good) if d.info.subject == "episodic.created"]
+        assert not _dead_on(stack, good, "episodic.created")
         assert stack.sql("SELECT count(*) FROM triples WHERE workspace_id = %s", (bad,)) == [(0,)]
-    finally:
-        with psycopg.connect(stack.database_url, autocommit=True) as conn:
-            conn.execute("DROP TRIGGER IF EXISTS test_refuse_facts ON triples")
-            conn.execute("DROP FUNCTION IF EXISTS test_refuse_facts()")
-        if stack.supervisor.children["enrich"].proc.poll() is not None:
-            stack.supervisor.spawn("enrich")
-            stack.supervisor.wait_healthy()
 
 
 def test_a_failing_workspace_in_an_entity_dedup_batch_fails_alone(stack: Stack) -> None:
@@ -235,36 +231,18 @@ def test_a_failing_workspace_in_an_entity_dedup_batch_fails_alone(stack: Stack) 
     from tests.integration.test_kg_extract_int import _session
 
     good, bad = ws(), ws()
-    with psycopg.connect(stack.database_url, autocommit=True) as conn:
-        conn.execute(f"""CREATE OR REPLACE FUNCTION test_refuse_keys() RETURNS trigger LANGUAGE plpgsql AS $$
-                         BEGIN
-                           IF NEW.workspace_id = '{bad}' THEN RAISE EXCEPTION 'keys refused by the test'; END IF;
-                           RETURN NEW;
-                         END $$""")
-        conn.execute("CREATE TRIGGER test_refuse_keys BEFORE INSERT ON entity_keys FOR EACH ROW"
-                     " EXECUTE FUNCTION test_refuse_keys()")
-    child = stack.supervisor.children["cluster"]
-    try:
-        # Cluster stopped while the graphs are extracted, so that their entity.upserted come out together.
-        child.proc.send_signal(signal.SIGTERM)
-        child.proc.wait(stack.settings.shutdown_grace_s + 10)
+    # Cluster stopped while the graphs are extracted, so that their entity.upserted come out together.
+    with _refusing(stack, "cluster", "entity_keys", "INSERT", f"NEW.workspace_id = '{bad}'",
+                   "keys refused by the test"):
         for w in (good, bad):
             stack.publish(_session(w))
         for w in (good, bad):
             wait_for(lambda w=w: stack.sql("SELECT count(*) FROM triples WHERE workspace_id = %s", (w,))[0][0] > 0,
                      90, "the extracted facts")
-        stack.supervisor.spawn("cluster")
-        stack.supervisor.wait_healthy()
+        _resume(stack, "cluster")
         wait_for(lambda: stack.sql("SELECT count(*) FROM entity_keys WHERE workspace_id = %s", (good,))[0][0] > 0,
                  60, "the good workspace's entities keyed")
-        dead = wait_for(lambda: [d for d in _dead(stack, bad) if d.info.subject == "entity.upserted"],
+        dead = wait_for(lambda: _dead_on(stack, bad, "entity.upserted"),
                         what="the refused workspace's event dead-lettered")
         assert {d.info.service for d in dead} == {"cluster"} and "keys refused by the test" in dead[0].info.reason
-        assert not [d for d in _dead(stack, good) if d.info.subject == "entity.upserted"]
-    finally:
-        with psycopg.connect(stack.database_url, autocommit=True) as conn:
-            conn.execute("DROP TRIGGER IF EXISTS test_refuse_keys ON entity_keys")
-            conn.execute("DROP FUNCTION IF EXISTS test_refuse_keys()")
-        if stack.supervisor.children["cluster"].proc.poll() is not None:
-            stack.supervisor.spawn("cluster")
-            stack.supervisor.wait_healthy()
+        assert not _dead_on(stack, good, "entity.upserted")
