@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from dataclasses import dataclass, field
 from typing import Any
 
 from nats.aio.msg import Msg
@@ -45,6 +46,31 @@ log = get_logger("palace.cluster")
 # is asked again after PALACE_VECTOR_INDEX_POLL_S). Either answer gives correct neighbours (the index
 # only makes the walk cheaper), so a stale one costs time, never a result.
 _INDEX_CHECK_S = 60.0
+
+
+@dataclass(frozen=True)
+class _Reading:
+    """What a drawer.classified event's decisions are taken on: its drawers still waiting for one, their
+    twins and neighbours (by drawer id), and who said each candidate."""
+
+    rows: list[Any]
+    found: dict[str, Any]
+    voices: dict[str, str | None]
+
+
+@dataclass
+class _Plan:
+    """The writes decided for an event's drawers, and the model's usage that decided them."""
+
+    rows: list[Any]
+    decisions: list[tuple[str, Any]] = field(default_factory=list)  # (drawer, its MERGE decision)
+    supersede: list[tuple[str, str, float, str]] = field(default_factory=list)  # (older, newer, cosine, why)
+    proposals: list[tuple[Any, writes.Proposal, list[tuple[str, str]]]] = field(default_factory=list)
+    usage: list[Usage] = field(default_factory=list)
+
+    @property
+    def empty(self) -> bool:
+        return not (self.decisions or self.supersede or self.proposals or self.usage)
 
 
 def register(deps: Deps) -> None:
@@ -100,25 +126,27 @@ def register(deps: Deps) -> None:
                                           source="rule")
         return writes.Proposal("ADD", None, "no LLM configured: kept as new", 1.0, source="rule")
 
-    @deps.handle(DrawerClassified)
-    async def on_drawer_classified(body: bytes, raw: Msg) -> None:
-        """drawer.classified → merge near-duplicates into their older twin; an older drawer that a newer
-        one contradicts is superseded by it (ranks below it, never deleted); a write decision on the rest,
-        taken against their nearest older memories. All audited; one read and one write transaction."""
-        ev: DrawerClassified = decode_event(DrawerClassified, body, s)
+    async def read_event(conn: Any, ev: DrawerClassified) -> _Reading:
+        """The event's drawers still waiting for a decision, their twins and neighbours, and who said each
+        candidate a decision could concern."""
         ws = ev.workspace_id
-        async with workspace_tx(deps.pool, ws) as conn:
-            rows = [r for r in await drawers_by_id(conn, ws, ev.drawer_ids, with_embedding=True)
-                    if r.state == "processed" and r.embedding is not None]
-            # Ingest stored the bands with the row (the backfill below covers older drawers).
-            found = await cluster_candidates(conn, ws, [(r.id, r.embedding, wording_bands(ws, r.content))
-                                                        for r in rows], indexed=await has_index(conn, ws),
-                                        cache=vectors)
-            # Who said each twin and each neighbour a contradiction check could concern (same_voice).
-            asked = sorted({t[0] for r in rows for t in found[r.id].twins}
-                           | {t[0] for r in rows for t in found[r.id].near if t[1] >= s.contradiction_low})
-            voices = await speakers_of(conn, ws, asked) if asked else {}
-        decisions = []
+        rows = [r for r in await drawers_by_id(conn, ws, ev.drawer_ids, with_embedding=True)
+                if r.state == "processed" and r.embedding is not None]
+        # Ingest stored the bands with the row (the backfill below covers older drawers).
+        found = await cluster_candidates(conn, ws, [(r.id, r.embedding, wording_bands(ws, r.content))
+                                                    for r in rows], indexed=await has_index(conn, ws),
+                                         cache=vectors)
+        # Who said each twin and each neighbour a contradiction check could concern (same_voice).
+        asked = sorted({t[0] for r in rows for t in found[r.id].twins}
+                       | {t[0] for r in rows for t in found[r.id].near if t[1] >= s.contradiction_low})
+        voices = await speakers_of(conn, ws, asked) if asked else {}
+        return _Reading(rows, found, voices)
+
+    async def decide_reading(got: _Reading) -> _Plan:
+        """Merges, supersessions and write decisions for what was read: rules only, or the model's
+        answers (then called outside any transaction: see on_drawer_classified)."""
+        rows, found, voices = got.rows, got.found, got.voices
+        plan = _Plan(rows)
         checks = []
         proposing = []
         for r in rows:
@@ -131,7 +159,7 @@ def register(deps: Deps) -> None:
                                    and not contradiction.lexical_contradiction(t[2], r.content).contradicts],
                        s.dedup_threshold)
             if d.action == "MERGE":
-                decisions.append((r.id, d))
+                plan.decisions.append((r.id, d))
                 continue
             # The band's upper end is the merge rule: a neighbour that is not near-verbatim may still be
             # its negation ("enabled" / "disabled" sit very close in embedding space). Neighbours by
@@ -142,22 +170,53 @@ def register(deps: Deps) -> None:
             if band:
                 checks.append((r.id, r.content, band))
             proposing.append((r, [(nid, content) for nid, _, content in n.near]))
-        # Contradiction checks outside any transaction: the LLM may be asked.
-        usage: list[Usage] = []
-        supersede_ = []
         for did, content, band in checks:
             for tid, sim, tcontent in band:
-                v = await verdict(tcontent, content, usage)
+                v = await verdict(tcontent, content, plan.usage)
                 if v.contradicts:
-                    supersede_.append((tid, did, sim, v.reason))
-        proposals = [(r, await propose(r.content, cands, usage), cands) for r, cands in proposing]
-        if not (supersede_ or usage or proposals or decisions):
+                    plan.supersede.append((tid, did, sim, v.reason))
+        plan.proposals = [(r, await propose(r.content, cands, plan.usage), cands) for r, cands in proposing]
+        return plan
+
+    @deps.handle(DrawerClassified)
+    async def on_drawer_classified(body: bytes, raw: Msg) -> None:
+        """drawer.classified → merge near-duplicates into their older twin; an older drawer that a newer
+        one contradicts is superseded by it (ranks below it, never deleted); a write decision on the rest,
+        taken against their nearest older memories. All audited.
+
+        Without a model, deciding is CPU work on what was just read, so reading, deciding and writing are
+        one transaction, ordered with forget from its start. With one, the model is asked between a read
+        transaction and a write transaction, and the write checks what was forgotten meanwhile."""
+        ev: DrawerClassified = decode_event(DrawerClassified, body, s)
+        ws = ev.workspace_id
+        if llm is None:
+            async with workspace_tx(deps.pool, ws) as conn:
+                # A forget waits for this transaction (and one under way finishes first): nothing read
+                # below can be forgotten before this commits.
+                await lock_for_write(conn, ws)
+                plan = await decide_reading(await read_event(conn, ev))
+                if not plan.empty:
+                    await write_plan(conn, ev, plan, checked=True)
             return
         async with workspace_tx(deps.pool, ws) as conn:
-            # Ordered with forget (shared.db.forget): a drawer forgotten since it was read above is gone
-            # now, and no decision involving it is written (one would name it, or carry its text into
-            # another drawer); a forget starting now waits for this transaction and sees what it wrote.
+            got = await read_event(conn, ev)
+        plan = await decide_reading(got)  # the model's calls, outside any transaction
+        if plan.empty:
+            return
+        async with workspace_tx(deps.pool, ws) as conn:
             await lock_for_write(conn, ws)
+            await write_plan(conn, ev, plan, checked=False)
+
+    async def write_plan(conn: Any, ev: DrawerClassified, plan: _Plan, *, checked: bool) -> None:
+        """Write the plan in the caller's transaction, which holds the forget lock. ``checked``: the drawers
+        were read in this same transaction, after the lock (none can have been forgotten since)."""
+        ws = ev.workspace_id
+        rows, decisions, supersede_, proposals, usage = (plan.rows, plan.decisions, plan.supersede,
+                                                         plan.proposals, plan.usage)
+        if not checked:
+            # Ordered with forget (shared.db.forget): a drawer forgotten since it was read is gone now,
+            # and no decision involving it is written (one would name it, or carry its text into
+            # another drawer); a forget starting now waits for this transaction and sees what it wrote.
             involved = {r.id for r in rows} | {t for old, new, _, _ in supersede_ for t in (old, new)}
             involved |= {d.target for _, d in decisions} | {c for _, _, cands in proposals for c, _ in cands}
             gone = involved - await existing_drawers(conn, ws, sorted(involved))
@@ -166,29 +225,29 @@ def register(deps: Deps) -> None:
                 decisions = [(did, d) for did, d in decisions if did not in gone and d.target not in gone]
                 proposals = [(r, p, cands) for r, p, cands in proposals
                              if r.id not in gone and not {c for c, _ in cands} & gone]
-            history: list[dict[str, Any]] = []
-            for old, new, sim, reason in supersede_:
-                if await supersede(conn, ws, old, new):
-                    history.append({"drawer_id": old, "action": "SUPERSEDE", "actor": "cluster",
-                                    "event_id": ev.event_id, "reason": reason, "old_value": {"superseded_by": None},
-                                    "new_value": {"superseded_by": new, "similarity": round(sim, 4)}})
-                    DRAWERS.labels(deps.service, "superseded").inc()
-            for did, d in decisions:
-                if await merge_into(conn, ws, did, d.target):
-                    history.append({"drawer_id": did, "action": "MERGE", "actor": "cluster", "event_id": ev.event_id,
-                                    "reason": d.reason, "new_value": {"cluster_id": d.target}})
-                    DRAWERS.labels(deps.service, "merged").inc()
-            # Pipelined: an audit-only decision (ADD, NONE) waits for no answer, so the event's decisions
-            # travel in one round trip instead of one each; their audit rows are collected, and written with
-            # the merges' and supersessions' in one statement.
-            async with conn.pipeline():
-                for r, p, cands in proposals:
-                    why = writes.validate(p, {c for c, _ in cands}, gate=s.decisions_gate)
-                    await apply_proposal(conn, ws, p, source_drawer=r.id, source_embedding=r.embedding,
-                                         mode=s.decisions_mode, event_id=ev.event_id, dropped=why, audit=history)
-            await record_history_many(conn, ws, history)
-            if usage:
-                await record_usage(conn, ws, s.llm_model, usage)
+        history: list[dict[str, Any]] = []
+        for old, new, sim, reason in supersede_:
+            if await supersede(conn, ws, old, new):
+                history.append({"drawer_id": old, "action": "SUPERSEDE", "actor": "cluster",
+                                "event_id": ev.event_id, "reason": reason, "old_value": {"superseded_by": None},
+                                "new_value": {"superseded_by": new, "similarity": round(sim, 4)}})
+                DRAWERS.labels(deps.service, "superseded").inc()
+        for did, d in decisions:
+            if await merge_into(conn, ws, did, d.target):
+                history.append({"drawer_id": did, "action": "MERGE", "actor": "cluster", "event_id": ev.event_id,
+                                "reason": d.reason, "new_value": {"cluster_id": d.target}})
+                DRAWERS.labels(deps.service, "merged").inc()
+        # Pipelined: an audit-only decision (ADD, NONE) waits for no answer, so the event's decisions
+        # travel in one round trip instead of one each; their audit rows are collected, and written with
+        # the merges' and supersessions' in one statement.
+        async with conn.pipeline():
+            for r, p, cands in proposals:
+                why = writes.validate(p, {c for c, _ in cands}, gate=s.decisions_gate)
+                await apply_proposal(conn, ws, p, source_drawer=r.id, source_embedding=r.embedding,
+                                     mode=s.decisions_mode, event_id=ev.event_id, dropped=why, audit=history)
+        await record_history_many(conn, ws, history)
+        if usage:
+            await record_usage(conn, ws, s.llm_model, usage)
 
     @deps.handle(EntityUpserted)
     async def on_entity_upserted(bodies: list[bytes], raws: list[Msg]) -> None:

@@ -57,11 +57,14 @@ class _EpisodeStep:
     source_hash: str | None = None
 
 
-async def _advance_episode(conn: AsyncConnection[Any], deps: Deps, workspace_id: str, session_id: str) -> _EpisodeStep:
+async def _advance_episode(conn: AsyncConnection[Any], deps: Deps, workspace_id: str, session_id: str, *,
+                           forget_checked: bool = False) -> _EpisodeStep:
     """Inside the caller's workspace transaction (which may already have done other work): decide what
     is left to do for the session's episode and do it, up to the announcement. Without a model, building
     it is CPU work on the turns just read, so it commits with the read (one transaction where there were
-    two); with one, the turns come back to be summarised outside any transaction."""
+    two); with one, the turns come back to be summarised outside any transaction. ``forget_checked``: this
+    transaction already asked ``forgotten`` about the session, and holds the lock that orders it with a
+    forget, so the answer still stands."""
     s = deps.settings
     episode_id = stable_id("episode", workspace_id, session_id)
     progress = await episode_progress(conn, workspace_id, episode_id)
@@ -79,7 +82,7 @@ async def _advance_episode(conn: AsyncConnection[Any], deps: Deps, workspace_id:
         return _EpisodeStep("absent")
     if deps.extra.get("llm") is not None:
         return _EpisodeStep("summarise", turns=turns, source_hash=progress.source_hash)
-    if await forgotten(conn, workspace_id, session_id=session_id):
+    if not forget_checked and await forgotten(conn, workspace_id, session_id=session_id):
         return _EpisodeStep("forgotten")  # nothing may be written back
     draft = summarize_session([(t["speaker"], t["content"]) for t in turns])
     await _save_episode(conn, deps, workspace_id, episode_id, progress.source_hash, draft, turns)
@@ -182,16 +185,18 @@ def register(deps: Deps) -> None:
         if not ev.drawer_ids:
             return  # nothing but noise: no episode
         episode_id = stable_id("episode", ev.workspace_id, ev.session_id)
-        # Committed on its own: the upsert locks the episode's row, and a build in the same transaction
-        # would hold that lock while drawer.embedded of the same session waits to save it.
         async with workspace_tx(deps.pool, ev.workspace_id) as conn:
             # A session.stored published just before its session was forgotten must not open an episode
             # (the forget, ordered by the lock ``forgotten`` takes, has deleted it or will see this row).
             if await forgotten(conn, ev.workspace_id, session_id=ev.session_id):
                 return
             await mark_episode_pending(conn, ev.workspace_id, episode_id, ev.session_id)
-        # Its drawers may all be embedded already (fast embedder, or every one an exact repeat).
-        await complete_episode(deps, ev.workspace_id, ev.session_id)
+            # Its drawers may all be embedded already (fast embedder, or every one an exact repeat): then it
+            # is built in this same transaction. That holds the episode's row (locked by the upsert) only
+            # while the turns are read and summarised without a model; a model's summary is asked for after
+            # the commit (complete_episode), never under the lock.
+            step = await _advance_episode(conn, deps, ev.workspace_id, ev.session_id, forget_checked=True)
+        await complete_episode(deps, ev.workspace_id, ev.session_id, step=step)
 
     @deps.handle(DrawerEmbedded)
     async def on_drawer_embedded(body: bytes, raw: Msg) -> None:

@@ -67,9 +67,12 @@ def summarize_session(
     """
     if not turns:
         return EpisodeDraft("", "", [])
-    scored = sorted(range(len(turns)), key=lambda i: (-classify(turns[i][1]).importance, i))[:max_sentences]
+    # Every turn is kept when there are no more than max_sentences: their importance would decide nothing
+    # (the kept turns stay in conversation order), so it is not computed.
+    keep = (range(len(turns)) if len(turns) <= max_sentences else
+            sorted(range(len(turns)), key=lambda i: (-classify(turns[i][1]).importance, i))[:max_sentences])
     parts = []
-    for i in sorted(scored):
+    for i in sorted(keep):
         who, text = turns[i]
         snippet = text if len(text) <= 300 else text[:297].rsplit(" ", 1)[0] + "…"
         parts.append(f"{who}: {snippet}" if who else snippet)

@@ -39,3 +39,15 @@ def test_entities_names_and_people() -> None:
 def test_entity_ids_normalise_case() -> None:
     assert entity_id("w", "PostgreSQL") == entity_id("w", "postgresql ")
     assert entity_id("w", "x") != entity_id("v", "x")
+
+
+def test_a_short_session_keeps_every_turn_in_order() -> None:
+    # No more turns than max_sentences: all are kept, in conversation order, whatever their importance.
+    turns = [("Bob", "ok then"), ("Ann", "We decided to move the launch to March."), ("Bob", "fine")]
+    d = summarize_session(turns, max_sentences=3)
+    assert d.summary == "Bob: ok then Ann: We decided to move the launch to March. Bob: fine"
+    # One turn more than max_sentences: the least important one leaves, the rest keep their order.
+    d = summarize_session([*turns, ("Ann", "I was so relieved we finally shipped the release, it was huge!")],
+                          max_sentences=3)
+    assert d.summary.startswith("Bob: ") and "launch to March" in d.summary and "relieved" in d.summary
+    assert d.summary.count("Bob: ") == 1
