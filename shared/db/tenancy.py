@@ -7,16 +7,17 @@ local (``set_config(..., true)``): a pooled connection never carries a workspace
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
 import psycopg
-from psycopg import AsyncConnection
+from psycopg import AsyncConnection, sql
 from psycopg_pool import AsyncConnectionPool
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential_jitter
 
-__all__ = ["WRITE_CONFLICTS", "act_as_maintenance", "key_lookup_tx", "maintenance_tx", "retry_conflicts",
+__all__ = ["WRITE_CONFLICTS", "act_as_maintenance", "begun_with", "key_lookup_tx", "maintenance_tx", "retry_conflicts",
            "scope_to_workspace",
            "workspace_tx", "workspace_write", "workspaces_tx"]
 
@@ -27,9 +28,46 @@ T = TypeVar("T")
 WRITE_CONFLICTS = (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure)
 
 
+_SCOPE = "SELECT set_config('palace.workspace_id', {}, true)"
+_IDLE = psycopg.pq.TransactionStatus.IDLE
+
+
 async def scope_to_workspace(conn: AsyncConnection[Any], workspace_id: str) -> None:
     """Let the connection's current transaction see and write ``workspace_id`` only (until it ends)."""
     await conn.execute("SELECT set_config('palace.workspace_id', %s, true)", (workspace_id,))
+
+
+@asynccontextmanager
+async def begun_with(conn: AsyncConnection[Any], first: sql.Composable) -> AsyncIterator[AsyncConnection[Any]]:
+    """A transaction on an idle pooled connection whose BEGIN travels with its first statement (``first``,
+    parameters bound client-side) in one round trip; commits on success, rolls back on an error.
+
+    Why: a round trip, not the statement's work, is most of what a short transaction costs both
+    processes (a send, a wake-up of the server process, a wait), and psycopg's ``transaction()`` sends
+    BEGIN on its own before the statement that scopes the transaction. The two go here as one
+    simple-protocol string on a connection switched to autocommit for the duration, so psycopg adds no
+    BEGIN of its own; ``conn.transaction()`` inside the block makes a savepoint, as it would inside
+    ``transaction()``. Afterwards the connection goes back to the pool as it came (autocommit off); one
+    left mid-statement (a cancelled handler) or broken is closed, and the pool replaces it.
+    """
+    await conn.set_autocommit(True)
+    try:
+        await conn.execute(sql.SQL("BEGIN; ") + first)
+        try:
+            yield conn
+        except BaseException:
+            if conn.info.transaction_status != _IDLE:
+                with contextlib.suppress(psycopg.Error):  # a connection lost mid-way: its server rolled back
+                    await conn.rollback()
+            raise
+        await conn.commit()
+    finally:
+        if conn.closed:
+            pass
+        elif conn.info.transaction_status == _IDLE:
+            await conn.set_autocommit(False)
+        else:
+            await conn.close()
 
 
 @asynccontextmanager
@@ -37,8 +75,7 @@ async def workspace_tx(pool: AsyncConnectionPool, workspace_id: str) -> AsyncIte
     """One transaction that can only see and write ``workspace_id``; commits on success."""
     if not workspace_id:
         raise ValueError("a workspace transaction needs a workspace id")
-    async with pool.connection() as conn, conn.transaction():
-        await scope_to_workspace(conn, workspace_id)
+    async with pool.connection() as conn, begun_with(conn, sql.SQL(_SCOPE).format(workspace_id)):
         yield conn
 
 
@@ -91,14 +128,13 @@ async def act_as_maintenance(conn: AsyncConnection[Any]) -> None:
 async def maintenance_tx(pool: AsyncConnectionPool) -> AsyncIterator[AsyncConnection[Any]]:
     """One transaction across all workspaces, for sweeps that are per-workspace by nature
     (re-driving stuck drawers, decay, leases). Kept to the maintain service and operator tools."""
-    async with pool.connection() as conn, conn.transaction():
-        await act_as_maintenance(conn)
+    async with pool.connection() as conn, begun_with(conn, sql.SQL("SET LOCAL ROLE palace_maintenance")):
         yield conn
 
 
 @asynccontextmanager
 async def key_lookup_tx(pool: AsyncConnectionPool, key_id: str) -> AsyncIterator[AsyncConnection[Any]]:
     """Authentication: may read the one ``api_keys`` row of ``key_id`` before any workspace is known."""
-    async with pool.connection() as conn, conn.transaction():
-        await conn.execute("SELECT set_config('palace.api_key_id', %s, true)", (key_id,))
+    async with pool.connection() as conn, begun_with(
+            conn, sql.SQL("SELECT set_config('palace.api_key_id', {}, true)").format(key_id)):
         yield conn

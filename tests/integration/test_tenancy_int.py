@@ -1,0 +1,68 @@
+"""The workspace transaction (shared.db.tenancy): BEGIN and the workspace scope in one round trip, and the
+pooled connection handed back exactly as it came, whatever happened inside."""
+
+from __future__ import annotations
+
+import asyncio
+
+import psycopg
+import pytest
+
+from shared.db.pool import open_pool
+from shared.db.tenancy import maintenance_tx, workspace_tx
+from tests.integration.helpers import Stack, ws
+
+_IDLE = psycopg.pq.TransactionStatus.IDLE
+
+
+async def _setting(conn: psycopg.AsyncConnection) -> str:  # type: ignore[type-arg]
+    row = await (await conn.execute("SELECT current_setting('palace.workspace_id', true)")).fetchone()
+    return str(row[0] if row else "")
+
+
+async def test_scoped_transaction_commits_rolls_back_and_returns_the_connection_as_it_came(stack: Stack) -> None:
+    pool = await open_pool(stack.database_url, name="test-tenancy", max_size=1)
+    a = ws()
+    try:
+        # A quote in the id travels bound client-side (a literal), never as SQL.
+        async with workspace_tx(pool, a + "'") as conn:
+            assert await _setting(conn) == a + "'"
+            assert conn.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS
+            async with conn.transaction():  # inside it: a savepoint, as inside conn.transaction()
+                await conn.execute("SELECT 1")
+        # Committed: a row written in one is seen by the next; the scope did not outlive its transaction.
+        async with workspace_tx(pool, a) as conn:
+            await conn.execute("INSERT INTO palace_graph_versions (workspace_id, version) VALUES (%s, 1)", (a,))
+        async with pool.connection() as conn:
+            assert not conn.autocommit and conn.info.transaction_status == _IDLE
+            assert await _setting(conn) == ""
+        # An error rolls everything back and reaches the caller; a savepoint's error stays inside it.
+        with pytest.raises(psycopg.errors.DivisionByZero):
+            async with workspace_tx(pool, a) as conn:
+                await conn.execute("UPDATE palace_graph_versions SET version = 7 WHERE workspace_id = %s", (a,))
+                await conn.execute("SELECT 1/0")
+        async with workspace_tx(pool, a) as conn:
+            with pytest.raises(psycopg.errors.DivisionByZero):
+                async with conn.transaction():
+                    await conn.execute("SELECT 1/0")
+            await conn.execute("UPDATE palace_graph_versions SET version = 3 WHERE workspace_id = %s", (a,))
+        assert stack.sql("SELECT version FROM palace_graph_versions WHERE workspace_id = %s", (a,)) == [(3,)]
+        # Cancelled mid-statement: the connection cannot be handed on half-way through, so it is closed
+        # and the pool opens another, as it came (autocommit off, no scope).
+        async def slow() -> None:
+            async with workspace_tx(pool, a) as conn:
+                await conn.execute("SELECT pg_sleep(10)")
+
+        task = asyncio.create_task(slow())
+        await asyncio.sleep(0.5)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        async with pool.connection() as conn:
+            assert not conn.autocommit and conn.info.transaction_status == _IDLE and await _setting(conn) == ""
+        async with maintenance_tx(pool) as conn:
+            assert (await (await conn.execute("SELECT current_user")).fetchone()) == ("palace_maintenance",)
+        async with pool.connection() as conn:
+            assert (await (await conn.execute("SELECT current_user")).fetchone()) == ("palace_app",)
+    finally:
+        await pool.close()
