@@ -85,16 +85,22 @@ async def _advance_episode(conn: AsyncConnection[Any], deps: Deps, workspace_id:
     if not forget_checked and await forgotten(conn, workspace_id, session_id=session_id):
         return _EpisodeStep("forgotten")  # nothing may be written back
     draft = summarize_session([(t["speaker"], t["content"]) for t in turns])
-    await _save_episode(conn, deps, workspace_id, episode_id, progress.source_hash, draft, turns)
-    return _EpisodeStep("built", await unannounced_episode(conn, workspace_id, episode_id))
+    return _EpisodeStep("built", await _save_episode(conn, deps, workspace_id, session_id, episode_id,
+                                                     progress.source_hash, draft, turns))
 
 
-async def _save_episode(conn: AsyncConnection[Any], deps: Deps, workspace_id: str, episode_id: str,
-                        source_hash: str | None, draft: Any, turns: list[dict[str, Any]]) -> None:
+async def _save_episode(conn: AsyncConnection[Any], deps: Deps, workspace_id: str, session_id: str, episode_id: str,
+                        source_hash: str | None, draft: Any, turns: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """Fill the pending episode and return what its episodic.created carries (``unannounced_episode``'s
+    answer): what was just written when this call filled it (a pending episode is never announced), else
+    whatever the episode holds now (built meanwhile, or reopened by newer content)."""
     vector = episode_embedding([t["embedding"] for t in turns if t["embedding"] is not None])
-    await save_episode(conn, workspace_id, episode_id=episode_id, source_hash=source_hash,
-                       summary=draft.summary, abstract=draft.abstract, topics=draft.topics,
-                       embedding=vector, ttl_days=deps.settings.episode_ttl_days)
+    if await save_episode(conn, workspace_id, episode_id=episode_id, source_hash=source_hash,
+                          summary=draft.summary, abstract=draft.abstract, topics=draft.topics,
+                          embedding=vector, ttl_days=deps.settings.episode_ttl_days):
+        return {"session_id": session_id, "summary": draft.summary, "abstract": draft.abstract,
+                "topics": list(draft.topics), "source_hash": source_hash}
+    return await unannounced_episode(conn, workspace_id, episode_id)
 
 
 async def _summarise_episode(deps: Deps, workspace_id: str, session_id: str, step: _EpisodeStep) -> _EpisodeStep:
@@ -118,8 +124,8 @@ async def _summarise_episode(deps: Deps, workspace_id: str, session_id: str, ste
             await record_usage(conn, workspace_id, s.llm_model, usage)
         if await forgotten(conn, workspace_id, session_id=session_id):
             return _EpisodeStep("forgotten")  # forgotten while it was summarised: nothing may be written back
-        await _save_episode(conn, deps, workspace_id, episode_id, step.source_hash, draft, turns)
-        return _EpisodeStep("built", await unannounced_episode(conn, workspace_id, episode_id))
+        return _EpisodeStep("built", await _save_episode(conn, deps, workspace_id, session_id, episode_id,
+                                                         step.source_hash, draft, turns))
 
     # A deadlock with another service's writes runs this transaction again, not the model's call.
     return await workspace_write(deps.pool, workspace_id, write)
@@ -152,8 +158,7 @@ async def complete_episode(deps: Deps, workspace_id: str, session_id: str, *,
         workspace_id=workspace_id, episode_id=episode_id, session_id=session_id, summary=ready["summary"],
         abstract=ready["abstract"], topics=list(ready["topics"]),
     ))
-    async with workspace_tx(deps.pool, workspace_id) as conn:
-        await mark_announced(conn, workspace_id, episode_id, ready["source_hash"])
+    await mark_announced(deps.pool, workspace_id, episode_id, ready["source_hash"])
     return "announced"
 
 
@@ -275,11 +280,7 @@ async def extract_episode(deps: Deps, llm: LlmClient | None, ev: EpisodicCreated
     s = deps.settings
     if llm is None:
         async with workspace_tx(deps.pool, ev.workspace_id) as conn:
-            turns = _turns(await session_turns(conn, ev.workspace_id, ev.session_id, with_embedding=False))
-            if not turns:
-                return None
-            stored = await _store_extraction(conn, deps, ev, turns, pattern_sightings(turns, ev.session_id),
-                                             "patterns", [], [])
+            stored = await _extract_locked(conn, deps, ev)
     else:
         async with workspace_tx(deps.pool, ev.workspace_id) as conn:
             turns = _turns(await session_turns(conn, ev.workspace_id, ev.session_id, with_embedding=False))
@@ -312,10 +313,7 @@ async def extract_episodes(deps: Deps, events: list[EpisodicCreated]) -> dict[st
             async with workspaces_tx(deps.pool) as scope:
                 for i in order:
                     ev = events[i]
-                    conn = await scope(ev.workspace_id)
-                    turns = _turns(await session_turns(conn, ev.workspace_id, ev.session_id, with_embedding=False))
-                    stored[i] = await _store_extraction(conn, deps, ev, turns, pattern_sightings(turns, ev.session_id),
-                                                        "patterns", [], []) if turns else None
+                    stored[i] = await _extract_locked(await scope(ev.workspace_id), deps, ev)
     touched: dict[str, set[str]] = {}
     for i, got in stored.items():
         if got is not None and got.entities:
@@ -338,17 +336,34 @@ async def extract_episodes(deps: Deps, events: list[EpisodicCreated]) -> dict[st
     return {events[i].event_id or "": got for i, got in stored.items()}
 
 
-async def _store_extraction(
-    conn: AsyncConnection[Any], deps: Deps, ev: EpisodicCreated, turns: list[Turn], sightings: list[Sighting],
-    tier: str, warnings: list[str], usage: list[Usage],
-) -> ExtractionStored | None:
-    """Store what was read, inside the caller's transaction (None: forgotten, or nothing left to store)."""
-    if usage:
-        await record_usage(conn, ev.workspace_id, deps.settings.llm_model, usage)
+async def _extract_locked(conn: AsyncConnection[Any], deps: Deps, ev: EpisodicCreated) -> ExtractionStored | None:
+    """Without a model, in the caller's transaction: ordered with forget first, then the session's turns
+    read, matched (CPU only) and stored. Every drawer read after the forget lock is still there when this
+    commits, so none needs checking again."""
     if await forgotten(conn, ev.workspace_id, session_id=ev.session_id):
         return None
-    # Only drawers that still exist (one forgotten meanwhile must not gain a mention).
-    alive = await existing_drawers(conn, ev.workspace_id, sorted({t.drawer_id for t in turns}))
+    turns = _turns(await session_turns(conn, ev.workspace_id, ev.session_id, with_embedding=False))
+    if not turns:
+        return None
+    return await _store_extraction(conn, deps, ev, turns, pattern_sightings(turns, ev.session_id), "patterns", [], [],
+                                   read_after_lock=True)
+
+
+async def _store_extraction(
+    conn: AsyncConnection[Any], deps: Deps, ev: EpisodicCreated, turns: list[Turn], sightings: list[Sighting],
+    tier: str, warnings: list[str], usage: list[Usage], *, read_after_lock: bool = False,
+) -> ExtractionStored | None:
+    """Store what was read, inside the caller's transaction (None: forgotten, or nothing left to store).
+    ``read_after_lock``: the turns were read in this transaction after ``forgotten`` (``_extract_locked``)."""
+    if usage:
+        await record_usage(conn, ev.workspace_id, deps.settings.llm_model, usage)
+    if read_after_lock:
+        alive = {t.drawer_id for t in turns}
+    else:
+        if await forgotten(conn, ev.workspace_id, session_id=ev.session_id):
+            return None
+        # Only drawers that still exist (one forgotten meanwhile must not gain a mention).
+        alive = await existing_drawers(conn, ev.workspace_id, sorted({t.drawer_id for t in turns}))
     # A replay of this episode comes through here again; the sweep only reads drawers never marked.
     await mark_extracted(conn, ev.workspace_id, sorted(alive))
     sightings = [sg for sg in sightings if sg.drawer_id in alive]

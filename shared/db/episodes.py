@@ -8,8 +8,10 @@ from typing import Any
 
 import numpy as np
 from psycopg import AsyncConnection
+from psycopg_pool import AsyncConnectionPool
 
 from shared.db.drawers import as_array
+from shared.db.tenancy import scoped_statement
 
 __all__ = [
     "EpisodeHit",
@@ -254,13 +256,16 @@ async def unannounced_episode(conn: AsyncConnection[Any], workspace_id: str, epi
 
 
 async def mark_announced(
-    conn: AsyncConnection[Any], workspace_id: str, episode_id: str, source_hash: str | None
+    pool: AsyncConnectionPool, workspace_id: str, episode_id: str, source_hash: str | None
 ) -> None:
-    """Record that episodic.created went out for this content, so no later attempt publishes it again."""
-    await conn.execute(
+    """Record that episodic.created went out for this content, so no later attempt publishes it again: a
+    transaction of its own (it follows the publish), in one round trip."""
+    await scoped_statement(
+        pool, workspace_id,
         """UPDATE episodes SET announced_at = now()
-            WHERE workspace_id = %s AND id = %s AND status = 'ready' AND source_hash IS NOT DISTINCT FROM %s""",
-        (workspace_id, episode_id, source_hash),
+            WHERE workspace_id = %(ws)s AND id = %(id)s AND status = 'ready'
+              AND source_hash IS NOT DISTINCT FROM %(hash)s""",
+        {"ws": workspace_id, "id": episode_id, "hash": source_hash},
     )
 
 

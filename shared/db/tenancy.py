@@ -18,7 +18,7 @@ from psycopg_pool import AsyncConnectionPool
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential_jitter
 
 __all__ = ["WRITE_CONFLICTS", "act_as_maintenance", "begun_with", "key_lookup_tx", "maintenance_tx", "retry_conflicts",
-           "scope_to_workspace",
+           "scope_to_workspace", "scoped_statement",
            "workspace_tx", "workspace_write", "workspaces_tx"]
 
 T = TypeVar("T")
@@ -70,6 +70,32 @@ async def begun_with(conn: AsyncConnection[Any], first: sql.Composable) -> Async
             await conn.close()
 
 
+async def scoped_statement(pool: AsyncConnectionPool, workspace_id: str, query: str, params: dict[str, Any]) -> int:
+    """One statement in a transaction of its own that sees only ``workspace_id``, in one round trip;
+    returns its row count. ``query`` takes ``%(name)s`` parameters, bound client-side.
+
+    The scope and the statement go as one simple-protocol string on an idle connection in autocommit, so
+    PostgreSQL runs them as one implicit transaction (an error anywhere rolls back both): one round trip
+    where ``workspace_tx`` needs three (BEGIN with the scope, the statement, COMMIT)."""
+    if not workspace_id:
+        raise ValueError("a workspace transaction needs a workspace id")
+    async with pool.connection() as conn:
+        await conn.set_autocommit(True)
+        try:
+            async with psycopg.AsyncClientCursor(conn) as cur:
+                await cur.execute("SELECT set_config('palace.workspace_id', %(palace_workspace)s, true);\n" + query,
+                                  {**params, "palace_workspace": workspace_id})
+                cur.nextset()
+                return cur.rowcount
+        finally:
+            if conn.closed:
+                pass
+            elif conn.info.transaction_status == _IDLE:
+                await conn.set_autocommit(False)
+            else:
+                await conn.close()
+
+
 @asynccontextmanager
 async def workspace_tx(pool: AsyncConnectionPool, workspace_id: str) -> AsyncIterator[AsyncConnection[Any]]:
     """One transaction that can only see and write ``workspace_id``; commits on success."""
@@ -88,12 +114,17 @@ async def workspaces_tx(
     the next call. One BEGIN, one COMMIT and one connection for the whole batch instead of a transaction
     per event; commits on success. Only for work with no call to the network between its statements."""
 
-    async with pool.connection() as conn, conn.transaction():
+    async with pool.connection() as conn, contextlib.AsyncExitStack() as stack:
+        current: list[str] = []  # the workspace the transaction sees now; empty until it begins
 
         async def scope(workspace_id: str) -> AsyncConnection[Any]:
             if not workspace_id:
                 raise ValueError("a workspace transaction needs a workspace id")
-            await scope_to_workspace(conn, workspace_id)
+            if not current:  # the first scope travels with the BEGIN (begun_with)
+                await stack.enter_async_context(begun_with(conn, sql.SQL(_SCOPE).format(workspace_id)))
+            elif current[0] != workspace_id:
+                await scope_to_workspace(conn, workspace_id)
+            current[:] = [workspace_id]
             return conn
 
         yield scope

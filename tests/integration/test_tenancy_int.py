@@ -9,7 +9,7 @@ import psycopg
 import pytest
 
 from shared.db.pool import open_pool
-from shared.db.tenancy import maintenance_tx, workspace_tx
+from shared.db.tenancy import maintenance_tx, scoped_statement, workspace_tx
 from tests.integration.helpers import Stack, ws
 
 _IDLE = psycopg.pq.TransactionStatus.IDLE
@@ -64,5 +64,27 @@ async def test_scoped_transaction_commits_rolls_back_and_returns_the_connection_
             assert (await (await conn.execute("SELECT current_user")).fetchone()) == ("palace_maintenance",)
         async with pool.connection() as conn:
             assert (await (await conn.execute("SELECT current_user")).fetchone()) == ("palace_app",)
+    finally:
+        await pool.close()
+
+
+async def test_a_scoped_statement_is_its_own_transaction_in_its_workspace(stack: Stack) -> None:
+    pool = await open_pool(stack.database_url, name="test-tenancy-one", max_size=1)
+    a, b = ws(), ws()
+    try:
+        for w in (a, b):
+            async with workspace_tx(pool, w) as conn:
+                await conn.execute("INSERT INTO palace_graph_versions (workspace_id, version) VALUES (%s, 1)", (w,))
+        # No workspace filter at all: row-level security keeps it to a; the count is the statement's.
+        n = await scoped_statement(pool, a, "UPDATE palace_graph_versions SET version = version + %(k)s", {"k": 4})
+        assert n == 1
+        assert stack.sql("SELECT workspace_id, version FROM palace_graph_versions WHERE workspace_id = ANY(%s)"
+                         " ORDER BY version", ([a, b],)) == sorted([(a, 5), (b, 1)], key=lambda r: r[1])
+        # An error rolls the statement back, reaches the caller and leaves the connection as it came.
+        with pytest.raises(psycopg.errors.DivisionByZero):
+            await scoped_statement(pool, a, "UPDATE palace_graph_versions SET version = version / 0", {})
+        async with pool.connection() as conn:
+            assert not conn.autocommit and conn.info.transaction_status == _IDLE and await _setting(conn) == ""
+        assert stack.sql("SELECT version FROM palace_graph_versions WHERE workspace_id = %s", (a,)) == [(5,)]
     finally:
         await pool.close()
