@@ -6,9 +6,9 @@ from nats.aio.msg import Msg
 
 from services._runtime import Deps
 from shared.bus import decode_event, publish_event
-from shared.db.forget import forgotten, forgotten_drawers
+from shared.db.forget import forgotten, forgotten_session_drawers
 from shared.db.kg import link_drawers
-from shared.db.sessions import store_session, unembedded_drawer_ids
+from shared.db.sessions import store_session
 from shared.db.tenancy import workspace_tx
 from shared.events import DrawerCreated, SessionCompleted, SessionStored
 from shared.forget import drop_forgotten_drawers
@@ -38,18 +38,23 @@ def register(deps: Deps) -> None:
         # bounded the whole event by max_event_bytes).
         plan = plan_session(event, chunk_chars=s.chunk_chars, chunk_overlap=s.chunk_overlap, min_chars=s.min_chars)
         async with workspace_tx(deps.pool, event.workspace_id) as conn:
-            # Forgotten (this session, its user or agent, the workspace)? An event still in flight,
-            # redelivered or re-driven from the DLQ must not bring it back (shared.db.forget).
-            if await forgotten(conn, event.workspace_id, session_id=event.session_id, user_id=event.user_id,
-                               agent_id=event.agent_id):
+            # Forgotten (this session, its user or agent, the workspace, or drawers one by one)? An event
+            # still in flight, redelivered or re-driven from the DLQ must not bring it back (shared.db.forget).
+            gone, gone_drawers = await forgotten_session_drawers(
+                conn, event.workspace_id, session_id=event.session_id, user_id=event.user_id,
+                agent_id=event.agent_id, drawer_ids=[d.id for d in plan.drawers])
+            if gone:
                 log.info("forgotten_session_refused", workspace=event.workspace_id, session=event.session_id)
                 return
-            plan = drop_forgotten_drawers(plan, await forgotten_drawers(
-                conn, event.workspace_id, [d.id for d in plan.drawers]))
-            created = await store_session(conn, plan)
-        DRAWERS.labels(deps.service, "created").inc(len(created))
+            plan = drop_forgotten_drawers(plan, gone_drawers)
+            stored = await store_session(conn, plan)
+        DRAWERS.labels(deps.service, "created").inc(len(stored.created))
         all_ids = [d.id for d in plan.drawers]
-        pending: list[str] = []
+        # Every drawer of the session still raw is announced, not only the new ones: if an earlier attempt
+        # committed and then died before publishing, this redelivery finishes its job. In the plan's order,
+        # so a redelivery that finds the same drawers raw announces them under the same event ids.
+        raw = set(stored.raw)
+        pending = [i for i in all_ids if i in raw]
         if all_ids:
             # Inline linker: the session's drawers → the workspace's existing entities they name (no LLM,
             # never a new entity). After the raw rows are committed; idempotent, so a redelivery completes it.
@@ -61,9 +66,6 @@ def register(deps: Deps) -> None:
                     log.info("forgotten_session_refused", workspace=event.workspace_id, session=event.session_id)
                     return
                 await link_drawers(conn, event.workspace_id, [(d.id, d.content) for d in plan.drawers])
-                # Announce every drawer of the session still raw, not only the new ones: if an earlier
-                # attempt committed and then died before publishing, this redelivery finishes its job.
-                pending = await unembedded_drawer_ids(conn, event.workspace_id, all_ids)
         for i in range(0, len(pending), _ANNOUNCE_CHUNK):
             ids = pending[i : i + _ANNOUNCE_CHUNK]
             await publish_event(deps.broker, s, DrawerCreated(

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from psycopg import AsyncConnection
+from psycopg import AsyncConnection, sql
 from psycopg.types.json import Jsonb
 
 from shared.db.decisions import restore_columns
@@ -24,8 +24,8 @@ __all__ = [
     "KINDS",
     "finish_audit",
     "forgotten",
-    "forgotten_drawers",
     "forgotten_pair",
+    "forgotten_session_drawers",
     "lock_for_write",
     "start_audit",
     "write_tombstones",
@@ -33,6 +33,24 @@ __all__ = [
 
 KINDS = ("workspace", "user", "agent", "session", "drawer")
 _LOCK = "SELECT pg_advisory_xact_lock{mode}(hashtextextended('palace.forget:' || %s, 0))"
+# Whether the workspace, the session (%(s)s), its user (%(u)s) or its agent (%(a)s) was forgotten; a session
+# known only by its id is matched to its user and agent through the stored session row.
+_FORGOTTEN = """(EXISTS (SELECT 1 FROM forget_tombstones
+                          WHERE workspace_id = %(ws)s
+                            AND ((kind = 'workspace' AND value = '*')
+                              OR (kind = 'session' AND value = %(s)s)
+                              OR (kind = 'user' AND value = %(u)s)
+                              OR (kind = 'agent' AND value = %(a)s)))
+              OR EXISTS (SELECT 1 FROM sessions ss JOIN forget_tombstones t
+                            ON t.workspace_id = ss.workspace_id
+                           AND ((t.kind = 'user' AND t.value = ss.user_id)
+                             OR (t.kind = 'agent' AND t.value = ss.agent_id))
+                          WHERE ss.workspace_id = %(ws)s AND ss.session_id = %(s)s))"""
+_FORGOTTEN_SQL = sql.SQL("SELECT {}").format(sql.SQL(_FORGOTTEN)).as_string()
+_FORGOTTEN_DRAWERS_SQL = sql.SQL(
+    "SELECT {}, ARRAY(SELECT value FROM forget_tombstones"
+    " WHERE workspace_id = %(ws)s AND kind = 'drawer' AND value = ANY(%(ids)s))"
+).format(sql.SQL(_FORGOTTEN)).as_string()
 
 
 async def lock_for_write(conn: AsyncConnection[Any], workspace_id: str) -> None:
@@ -46,22 +64,21 @@ async def forgotten(conn: AsyncConnection[Any], workspace_id: str, *, session_id
     lock first: call it in the transaction that writes). A few primary-key probes; a stage that
     knows only the session finds its user and agent on the stored session row."""
     await lock_for_write(conn, workspace_id)
-    cur = await conn.execute(
-        """SELECT EXISTS (SELECT 1 FROM forget_tombstones
-                           WHERE workspace_id = %(ws)s
-                             AND ((kind = 'workspace' AND value = '*')
-                               OR (kind = 'session' AND value = %(s)s)
-                               OR (kind = 'user' AND value = %(u)s)
-                               OR (kind = 'agent' AND value = %(a)s)))
-               OR EXISTS (SELECT 1 FROM sessions ss JOIN forget_tombstones t
-                             ON t.workspace_id = ss.workspace_id
-                            AND ((t.kind = 'user' AND t.value = ss.user_id)
-                              OR (t.kind = 'agent' AND t.value = ss.agent_id))
-                           WHERE ss.workspace_id = %(ws)s AND ss.session_id = %(s)s)""",
-        {"ws": workspace_id, "s": session_id, "u": user_id, "a": agent_id},
-    )
+    cur = await conn.execute(_FORGOTTEN_SQL, {"ws": workspace_id, "s": session_id, "u": user_id, "a": agent_id})
     row = await cur.fetchone()
     return bool(row and row[0])
+
+
+async def forgotten_session_drawers(conn: AsyncConnection[Any], workspace_id: str, *, session_id: str,
+                                    user_id: str | None, agent_id: str | None,
+                                    drawer_ids: list[str]) -> tuple[bool, set[str]]:
+    """``forgotten`` and the drawers forgotten one by one, in one round trip after the writer's lock: whether
+    the session (its user, its agent, the workspace) was forgotten, and which of these drawers were."""
+    await lock_for_write(conn, workspace_id)
+    cur = await conn.execute(_FORGOTTEN_DRAWERS_SQL, {"ws": workspace_id, "s": session_id, "u": user_id,
+                                                      "a": agent_id, "ids": drawer_ids})
+    row = await cur.fetchone()
+    return (bool(row[0]), set(row[1] or ())) if row else (False, set())
 
 
 async def forgotten_pair(conn: AsyncConnection[Any], workspace_id: str, agent_id: str, user_id: str) -> bool:
@@ -76,17 +93,6 @@ async def forgotten_pair(conn: AsyncConnection[Any], workspace_id: str, agent_id
         {"ws": workspace_id, "u": user_id or None, "a": agent_id or None})
     row = await cur.fetchone()
     return bool(row and row[0])
-
-
-async def forgotten_drawers(conn: AsyncConnection[Any], workspace_id: str, drawer_ids: list[str]) -> set[str]:
-    """Which of these drawer ids were forgotten one by one."""
-    if not drawer_ids:
-        return set()
-    cur = await conn.execute(
-        "SELECT value FROM forget_tombstones WHERE workspace_id = %s AND kind = 'drawer' AND value = ANY(%s)",
-        (workspace_id, drawer_ids),
-    )
-    return {r[0] for r in await cur.fetchall()}
 
 
 async def write_tombstones(conn: AsyncConnection[Any], workspace_id: str, forget_id: str, kind: str,

@@ -189,3 +189,41 @@ def test_a_date_in_the_query_finds_what_happened_then(stack: Stack) -> None:
     assert "deep blue" in top[0]["content"]
     top = stack.search(w, "What colour did I paint the kitchen cabinets in March 2025?", k=3)
     assert "pale green" in top[0]["content"]
+
+
+def test_a_redelivery_announces_the_drawers_an_earlier_attempt_stored_but_never_announced(stack: Stack) -> None:
+    """An ingest attempt that committed its rows and died before publishing leaves them raw: the event's
+    redelivery stores nothing new, finds them still raw in the same statement, and announces them."""
+    import asyncio
+
+    from shared.config import Settings
+    from shared.db.pool import open_pool
+    from shared.db.sessions import store_session
+    from shared.db.tenancy import workspace_tx
+    from shared.events import SessionCompleted
+    from shared.memory.filing import plan_session
+
+    w = ws()
+    body = session(w, "s-crashed", ["my cello lesson moved to thursday at five",
+                                    "then I will bring the rosin and the spare strings"])
+    settings = Settings()
+    plan = plan_session(SessionCompleted.model_validate(body), chunk_chars=settings.chunk_chars,
+                        chunk_overlap=settings.chunk_overlap, min_chars=settings.min_chars)
+    ids = [d.id for d in plan.drawers]
+
+    async def attempt() -> tuple[list[str], list[str]]:
+        pool = await open_pool(stack.database_url, name="test-crashed-ingest", max_size=1)
+        try:
+            async with workspace_tx(pool, w) as conn:
+                stored = await store_session(conn, plan)
+            return stored.created, stored.raw
+        finally:
+            await pool.close()
+
+    assert asyncio.run(attempt()) == (ids, ids)  # the first attempt: all new, all raw
+    assert asyncio.run(attempt()) == ([], ids)  # again: nothing new, all still raw (never announced)
+    assert stack.sql("SELECT count(*) FROM drawer_sources WHERE workspace_id = %s", (w,)) == [(len(plan.sources),)]
+    stack.publish(body)  # the redelivery, through the running ingest
+    stack.wait_processed(w, len(ids))
+    assert stack.sql("SELECT count(*) FROM drawers WHERE workspace_id = %s", (w,)) == [(len(ids),)]
+    assert stack.sql("SELECT count(*) FROM messages WHERE workspace_id = %s", (w,)) == [(2,)]
