@@ -21,7 +21,6 @@ from shared.db.drawers import (
     drawers_by_id,
     drawers_missing_bands,
     set_dedup_bands,
-    speakers_of,
     workspace_size,
 )
 from shared.db.entity_dedup import key_entities_span
@@ -136,10 +135,8 @@ def register(deps: Deps) -> None:
         found = await cluster_candidates(conn, ws, [(r.id, r.embedding, wording_bands(ws, r.content))
                                                     for r in rows], indexed=await has_index(conn, ws),
                                          cache=vectors)
-        # Who said each twin and each neighbour a contradiction check could concern (same_voice).
-        asked = sorted({t[0] for r in rows for t in found[r.id].twins}
-                       | {t[0] for r in rows for t in found[r.id].near if t[1] >= s.contradiction_low})
-        voices = await speakers_of(conn, ws, asked) if asked else {}
+        # Who said each twin and each neighbour (same_voice), read with them.
+        voices = {i: who for r in rows for i, who in found[r.id].speakers.items()}
         return _Reading(rows, found, voices)
 
     async def decide_reading(got: _Reading) -> _Plan:

@@ -56,9 +56,9 @@ WITH q AS MATERIALIZED (
 )
 """
 _TWINS = """
-SELECT q.i, true AS twin, t.id, t.sim, t.content
+SELECT q.i, true AS twin, t.id, t.sim, t.content, t.speaker
   FROM q CROSS JOIN LATERAL (
-       SELECT d.id, 1 - (d.embedding <=> q.emb) AS sim, d.content
+       SELECT d.id, 1 - (d.embedding <=> q.emb) AS sim, d.content, d.speaker
          FROM drawers d
         WHERE d.workspace_id = %(ws)s
           AND d.id = ANY(ARRAY(SELECT c.id FROM palace_wording_candidates(%(ws)s, q.bands, 200) c))
@@ -67,9 +67,9 @@ SELECT q.i, true AS twin, t.id, t.sim, t.content
         ORDER BY d.embedding <=> q.emb LIMIT %(n)s) t
 """
 _NEIGHBOURS = """
-SELECT q.i, false, n.id, n.sim, n.content
+SELECT q.i, false, n.id, n.sim, n.content, n.speaker
   FROM q CROSS JOIN LATERAL (
-       SELECT d.id, 1 - (d.embedding <=> q.emb) AS sim, d.content
+       SELECT d.id, 1 - (d.embedding <=> q.emb) AS sim, d.content, d.speaker
          FROM drawers d
         WHERE d.workspace_id = %(ws)s AND d.id <> q.id AND d.state = 'processed' AND d.deleted_at IS NULL
           AND d.embedding IS NOT NULL AND (d.filed_at, d.id) < (q.filed_at, q.id)
@@ -90,7 +90,7 @@ _SCANNED = """
 # OFFSET 0 keeps the inner query from being flattened into the outer one, which would bring the
 # second evaluation back.
 _SCANNED_NEIGHBOURS = """
-SELECT q.i, false, n.id, 1 - n.dist, d.content
+SELECT q.i, false, n.id, 1 - n.dist, d.content, d.speaker
   FROM q CROSS JOIN LATERAL (
        SELECT r.id, r.dist FROM (
               SELECT w.id, w.embedding <=> q.emb AS dist FROM w
@@ -127,8 +127,8 @@ DELTA_SQL = _ROWS + "(d.rev >= %(xmax)s::xid8 OR d.rev = ANY(%(xip)s::text[]::xi
 # How many live drawers a workspace has, before reading them all into the cache.
 LIVE_COUNT_SQL = """SELECT count(*) FROM drawers d WHERE d.workspace_id = %(ws)s AND d.state = 'processed'
                        AND d.deleted_at IS NULL AND d.embedding IS NOT NULL"""
-# The winners' contents, for those still candidates (one deleted outright is not in any read above).
-CONTENTS_SQL = """SELECT d.id, d.content FROM drawers d WHERE d.workspace_id = %(ws)s AND d.id = ANY(%(ids)s)
+# The winners' contents and speakers, for those still candidates (one deleted outright is not in any read above).
+CONTENTS_SQL = """SELECT d.id, d.content, d.speaker FROM drawers d WHERE d.workspace_id = %(ws)s AND d.id = ANY(%(ids)s)
                      AND d.state = 'processed' AND d.deleted_at IS NULL AND d.embedding IS NOT NULL"""
 # The work table holds a row per drawer of the workspace (its vector is most of it): room for it in
 # memory, for this transaction only, instead of a temporary file written and read back every event.
@@ -140,10 +140,12 @@ _WALK_EF = 40
 
 @dataclass
 class Neighbours:
-    """(drawer id, cosine, content), nearest first."""
+    """(drawer id, cosine, content), nearest first, and who said each (``speakers``, by drawer id: a merge
+    and a contradiction concern one speaker's words), read with them."""
 
     twins: list[tuple[str, float, str]] = field(default_factory=list)
     near: list[tuple[str, float, str]] = field(default_factory=list)
+    speakers: dict[str, str | None] = field(default_factory=dict)
 
 
 async def cluster_candidates(
@@ -181,19 +183,21 @@ async def cluster_candidates(
 
 def _collect(out: dict[str, Neighbours], drawers: list[tuple[str, np.ndarray, list[int]]],
              rows: list[Any]) -> dict[str, Neighbours]:
-    """(event drawer's ordinal, twin?, id, similarity, content) rows into each drawer's lists, nearest first."""
+    """(event drawer's ordinal, twin?, id, similarity, content, speaker) rows into each drawer's lists,
+    nearest first."""
     ids = [d for d, _, _ in drawers]
-    for i, twin, nid, sim, content in sorted(rows, key=lambda r: (r[0], not r[1], -float(r[3]), r[2])):
+    for i, twin, nid, sim, content, speaker in sorted(rows, key=lambda r: (r[0], not r[1], -float(r[3]), r[2])):
         n = out[ids[i - 1]]
         (n.twins if twin else n.near).append((nid, float(sim), content))
+        n.speakers[nid] = speaker
     return out
 
 
 async def _ranked_here(conn: AsyncConnection[Any], workspace_id: str,
                        drawers: list[tuple[str, np.ndarray, list[int]]], limit: int,
-                       cache: VectorCache) -> list[tuple[int, bool, str, float, str]] | None:
+                       cache: VectorCache) -> list[tuple[int, bool, str, float, str, str | None]] | None:
     """Each drawer's twins and neighbours, as the candidate statements' rows (drawer's ordinal, twin?,
-    id, cosine, content), ranked from what the cache holds once the workspace's entry has read what
+    id, cosine, content, speaker), ranked from what the cache holds once the workspace's entry has read what
     changed. None where the database should rank instead: the workspace does not fit the cache, a
     vector of other dimensions, or a drawer of the event no longer a candidate."""
     queries = [(d, as_array(e), bands) for d, e, bands in drawers]
@@ -227,11 +231,12 @@ async def _ranked_here(conn: AsyncConnection[Any], workspace_id: str,
             if ranked is None:
                 return None
             winners = sorted({i for r in ranked for i, _ in r.twins + r.near})
-            contents = dict(await (await conn.execute(CONTENTS_SQL, {"ws": workspace_id, "ids": winners})).fetchall())
+            contents = {i: (c, who) for i, c, who in await (await conn.execute(
+                CONTENTS_SQL, {"ws": workspace_id, "ids": winners})).fetchall()}
             gone = [i for i in winners if i not in contents]
             if not gone:
                 cache.trim()
-                return [(q, twin, i, sim, contents[i]) for q, r in enumerate(ranked, 1)
+                return [(q, twin, i, sim, *contents[i]) for q, r in enumerate(ranked, 1)
                         for twin, found in ((True, r.twins), (False, r.near)) for i, sim in found]
             wv.drop(gone)
     return None

@@ -16,7 +16,6 @@ from shared.memory.kg import KG_MIN_IMPORTANCE
 
 __all__ = [
     "OLDER_TWINS_SQL",
-    "SPEAKERS_SQL",
     "WORKSPACE_SIZE_SQL",
     "DrawerRow",
     "as_array",
@@ -31,7 +30,6 @@ __all__ = [
     "save_classifications",
     "save_embeddings",
     "set_dedup_bands",
-    "speakers_of",
     "workspace_size",
 ]
 
@@ -310,15 +308,6 @@ async def drawers_missing_bands(conn: AsyncConnection[Any], limit: int) -> list[
         (limit,),
     )
     return [(r[0], r[1], r[2]) for r in await cur.fetchall()]
-
-
-SPEAKERS_SQL = "SELECT id, speaker FROM drawers WHERE workspace_id = %s AND id = ANY(%s)"
-
-
-async def speakers_of(conn: AsyncConnection[Any], workspace_id: str, ids: list[str]) -> dict[str, str | None]:
-    """Who said each of these drawers (None: no name given), by primary key."""
-    cur = await conn.execute(SPEAKERS_SQL, (workspace_id, ids))
-    return {r[0]: r[1] for r in await cur.fetchall()}
 
 
 # Live drawers that are not merged away: what an exact scan reads and a workspace's vector index holds.

@@ -180,17 +180,10 @@ def test_maintenance_sweeps_use_an_index(stack: Stack, big_workspace: str, sql: 
     assert '"Seq Scan"' not in plan, plan
 
 
-def test_cluster_reads_its_neighbours_speakers_by_primary_key(stack: Stack, big_workspace: str) -> None:
-    from shared.db.drawers import SPEAKERS_SQL
-
-    ids = [r[0] for r in stack.sql("SELECT id FROM drawers WHERE workspace_id = %s LIMIT 5", (big_workspace,))]
-    plan = _plan(stack, SPEAKERS_SQL, (big_workspace, ids))
-    assert "drawers_pkey" in plan and '"Seq Scan"' not in plan, plan
-
-
 def test_cluster_reads_what_changed_in_a_workspace_from_its_rev_index(stack: Stack, big_workspace: str) -> None:
     """Each event, the cluster's vector cache reads only the drawers changed since its last read, from the
-    (workspace, rev) index, however large the workspace; the winners' contents come by primary key."""
+    (workspace, rev) index, however large the workspace; the winners' contents (and who said each) come by
+    primary key."""
     from shared.db.clustering import CONTENTS_SQL, DELTA_SQL
 
     xmax, xip = stack.sql("SELECT pg_snapshot_xmax(s)::text, ARRAY(SELECT x::text FROM pg_snapshot_xip(s) x) "
