@@ -210,9 +210,12 @@ def register(deps: Deps) -> None:
             ev: DrawerEmbedded = decode_event(DrawerEmbedded, body, s)
         except Poison:
             return  # classify, the subject's main consumer, dead-letters it: one dead letter per bad event
+        sessions = await sessions_awaiting_episode(deps.pool, ev.workspace_id, ev.drawer_ids)
+        if not sessions:
+            return
         async with workspace_tx(deps.pool, ev.workspace_id) as conn:
-            sessions = await sessions_awaiting_episode(conn, ev.workspace_id, ev.drawer_ids)
-            # In session order: two events of the same sessions lock their episodes in one order.
+            # In session order: two events of the same sessions lock their episodes in one order. Each
+            # episode's state is read again here (_advance_episode): the read above only picks them.
             steps = [(sid, await _advance_episode(conn, deps, ev.workspace_id, sid)) for sid in sorted(sessions)]
         for session_id, step in steps:
             await complete_episode(deps, ev.workspace_id, session_id, step=step)

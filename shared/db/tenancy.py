@@ -18,7 +18,7 @@ from psycopg_pool import AsyncConnectionPool
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential_jitter
 
 __all__ = ["WRITE_CONFLICTS", "act_as_maintenance", "begun_with", "key_lookup_tx", "maintenance_tx", "retry_conflicts",
-           "scope_to_workspace", "scoped_statement",
+           "scope_to_workspace", "scoped_rows", "scoped_statement",
            "workspace_tx", "workspace_write", "workspaces_tx"]
 
 T = TypeVar("T")
@@ -77,6 +77,17 @@ async def scoped_statement(pool: AsyncConnectionPool, workspace_id: str, query: 
     The scope and the statement go as one simple-protocol string on an idle connection in autocommit, so
     PostgreSQL runs them as one implicit transaction (an error anywhere rolls back both): one round trip
     where ``workspace_tx`` needs three (BEGIN with the scope, the statement, COMMIT)."""
+    return (await _scoped(pool, workspace_id, query, params, fetch=False))[0]
+
+
+async def scoped_rows(pool: AsyncConnectionPool, workspace_id: str, query: str,
+                      params: dict[str, Any]) -> list[tuple[Any, ...]]:
+    """``scoped_statement`` for a read: its rows."""
+    return (await _scoped(pool, workspace_id, query, params, fetch=True))[1]
+
+
+async def _scoped(pool: AsyncConnectionPool, workspace_id: str, query: str, params: dict[str, Any], *,
+                  fetch: bool) -> tuple[int, list[tuple[Any, ...]]]:
     if not workspace_id:
         raise ValueError("a workspace transaction needs a workspace id")
     async with pool.connection() as conn:
@@ -86,7 +97,7 @@ async def scoped_statement(pool: AsyncConnectionPool, workspace_id: str, query: 
                 await cur.execute("SELECT set_config('palace.workspace_id', %(palace_workspace)s, true);\n" + query,
                                   {**params, "palace_workspace": workspace_id})
                 cur.nextset()
-                return cur.rowcount
+                return cur.rowcount, (await cur.fetchall() if fetch else [])
         finally:
             if conn.closed:
                 pass
