@@ -22,8 +22,10 @@ import argparse
 import asyncio
 import os
 import random
+import re
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 
 # maintain runs here, as it does in production (it builds the vector index that cluster asks for once the
@@ -74,6 +76,36 @@ def pg_cpu_by_service(database_url: str) -> dict[str, float]:
     return out
 
 
+def log_statements(database_url: str, on: bool) -> None:
+    """Have PostgreSQL log every statement with the service that sent it (``--round-trips``), or stop."""
+    import psycopg
+
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        if on:
+            conn.execute("ALTER SYSTEM SET log_min_duration_statement = 0")
+            conn.execute("ALTER SYSTEM SET log_line_prefix = '%a|'")
+        else:
+            conn.execute("ALTER SYSTEM RESET log_min_duration_statement")
+            conn.execute("ALTER SYSTEM RESET log_line_prefix")
+        conn.execute("SELECT pg_reload_conf()")
+
+
+_LOGGED = re.compile(r"^palace-([\w-]+)\|LOG:  duration: [\d.]+ ms  (?:execute|statement)")
+
+
+def count_round_trips(log: Path, offset: int) -> dict[str, int]:
+    """Statements each service sent, from the server log past ``offset``. One line per protocol-level
+    execution: a string of several statements (simple protocol) is one, as it is one round trip."""
+    counts: dict[str, int] = {}
+    with log.open("rb") as f:
+        f.seek(offset)
+        for raw in f:
+            m = _LOGGED.match(raw.decode("utf-8", "replace"))
+            if m:
+                counts[m.group(1)] = counts.get(m.group(1), 0) + 1
+    return counts
+
+
 def run_config(settings: Any, turns: list[Any], args: argparse.Namespace, replicas: int) -> dict[str, Any]:
     """One configuration on its own stack start: services up, publish, wait, measure, stop."""
     from palace_dev.supervisor import Supervisor
@@ -87,6 +119,12 @@ def run_config(settings: Any, turns: list[Any], args: argparse.Namespace, replic
         with console.status("starting PostgreSQL and NATS ..."):
             start_servers(sup)
         settle_drawers(sup.database_url, owned=settings.database_url is None)
+        log_offset = 0
+        if args.round_trips:
+            if sup.stack is None:
+                raise SystemExit("--round-trips reads the bench's own PostgreSQL log: unset PALACE_DATABASE_URL")
+            log_statements(sup.database_url, True)
+            log_offset = sup.stack.pg_log.stat().st_size
         sup.start_services()
         with console.status(f"{replicas} replica(s) of {', '.join(services)}: waiting for them to be ready ..."):
             sup.wait_healthy()
@@ -101,6 +139,9 @@ def run_config(settings: Any, turns: list[Any], args: argparse.Namespace, replic
         result["cpu_seconds"] = {k: cpu1[k] - cpu0[k] for k in cpu1 if k in cpu0}
         result["postgres_cpu_seconds_by_service"] = {k: round(v - pg0.get(k, 0.0), 2) for k, v in pg1.items()}
         result["cpu_wall_s"] = wall1 - wall0
+        if args.round_trips:
+            log_statements(sup.database_url, False)
+            result["round_trips"] = count_round_trips(sup.stack.pg_log, log_offset)
         if not args.keep:
             asyncio.run(cleanup_workspace(sup.database_url, workspace))
     finally:
@@ -136,6 +177,9 @@ def main() -> None:
     ap.add_argument("--keep", action="store_true", help="keep the runs' workspaces in the database (to study plans)")
     ap.add_argument("--no-maintain", action="store_true",
                     help="without maintain: no vector index is built, so cluster scans the workspace exactly")
+    ap.add_argument("--round-trips", action="store_true",
+                    help="count the statements (round trips) each service sends per session instead: PostgreSQL "
+                         "logs every statement, which slows the run, so its rates are not reported")
     args = ap.parse_args()
     prepare_process()
     with bench_lock():
@@ -151,6 +195,9 @@ def _run(args: argparse.Namespace) -> None:
     console.print(f"[bold]bench/pipeline[/bold]: {args.sessions} sessions × {args.messages_per_session} messages "
                   f"per configuration, replicas {configs}, hashing embedder")
     runs = [run_config(settings, turns, args, r) for r in configs]
+    if args.round_trips:
+        _report_round_trips(args, runs)
+        return
     best = max(runs, key=lambda r: r["end_to_end_msg_per_s"])
     out = {"bench": "pipeline", "config": vars(args), "runs": runs, "best_replicas": best["replicas"],
            "machine": {**machine_info(), "loadavg_1m_at_start": load_at_start}}
@@ -186,6 +233,28 @@ def _run(args: argparse.Namespace) -> None:
     console.print(c)
     console.print(f"results: {path.relative_to(path.parents[2])}")
     print(f"end_to_end_msg_per_s={best['end_to_end_msg_per_s']:.0f} replicas={best['replicas']}")
+
+
+def _report_round_trips(args: argparse.Namespace, runs: list[dict[str, Any]]) -> None:
+    """Round trips per session by service: a count that the machine's speed does not move, so two versions
+    compare on it run by run where their throughputs differ by less than the machine's noise."""
+    per = [{k: v / args.sessions for k, v in r["pipeline"]["round_trips"].items()} for r in runs]
+    out = {"bench": "round_trips", "config": vars(args), "runs": [
+        {"replicas": r["replicas"], "sessions": args.sessions, "messages_per_session": args.messages_per_session,
+         "completed": r["completed"], "statements": r["pipeline"]["round_trips"]} for r in runs],
+        "machine": machine_info()}
+    path = write_results("round_trips", out)
+    t = Table(title=f"round trips to PostgreSQL per session of {args.messages_per_session} messages")
+    t.add_column("service")
+    for r in runs:
+        t.add_column(f"{r['replicas']} replica(s)", justify="right")
+    for name in sorted({n for p in per for n in p}):
+        t.add_row(name, *(f"{p.get(name, 0.0):.1f}" for p in per))
+    pipeline = [sum(v for k, v in p.items() if k != "maintain") for p in per]
+    t.add_row("[bold]the pipeline (all but maintain)", *(f"[bold]{v:.1f}" for v in pipeline))
+    console.print(t)
+    console.print(f"results: {path.relative_to(path.parents[2])}")
+    print(f"round_trips_per_session={pipeline[0]:.1f} messages_per_session={args.messages_per_session}")
 
 
 if __name__ == "__main__":
