@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import random
 import re
@@ -115,6 +116,7 @@ def run_config(settings: Any, turns: list[Any], args: argparse.Namespace, replic
     services = [x for x in SERVICES if x != "maintain" or not args.no_maintain]
     sup = Supervisor(settings, services=services, replicas=replicas, log_dir=BENCH_STACK / "logs",
                      metrics_base_port=free_port_block(40), env={"PALACE_EMBED_PROVIDER": "hash"})
+    logging = False  # the server logs every statement (--round-trips)
     try:
         with console.status("starting PostgreSQL and NATS ..."):
             start_servers(sup)
@@ -124,6 +126,7 @@ def run_config(settings: Any, turns: list[Any], args: argparse.Namespace, replic
             if sup.stack is None:
                 raise SystemExit("--round-trips reads the bench's own PostgreSQL log: unset PALACE_DATABASE_URL")
             log_statements(sup.database_url, True)
+            logging = True
             log_offset = sup.stack.pg_log.stat().st_size
         sup.start_services()
         with console.status(f"{replicas} replica(s) of {', '.join(services)}: waiting for them to be ready ..."):
@@ -141,10 +144,14 @@ def run_config(settings: Any, turns: list[Any], args: argparse.Namespace, replic
         result["cpu_wall_s"] = wall1 - wall0
         if args.round_trips:
             log_statements(sup.database_url, False)
+            logging = False
             result["round_trips"] = count_round_trips(sup.stack.pg_log, log_offset)
         if not args.keep:
             asyncio.run(cleanup_workspace(sup.database_url, workspace))
     finally:
+        if logging:  # cut short: the bench server must not go on logging every statement
+            with contextlib.suppress(Exception):
+                log_statements(sup.database_url, False)
         with console.status("stopping services ..."):
             sup.stop()
 
