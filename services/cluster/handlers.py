@@ -49,12 +49,11 @@ _INDEX_CHECK_S = 60.0
 
 @dataclass(frozen=True)
 class _Reading:
-    """What a drawer.classified event's decisions are taken on: its drawers still waiting for one, their
-    twins and neighbours (by drawer id), and who said each candidate."""
+    """What a drawer.classified event's decisions are taken on: its drawers still waiting for one, and
+    their twins and neighbours (by drawer id), with who said each."""
 
     rows: list[Any]
     found: dict[str, Any]
-    voices: dict[str, str | None]
 
 
 @dataclass
@@ -135,14 +134,14 @@ def register(deps: Deps) -> None:
         found = await cluster_candidates(conn, ws, [(r.id, r.embedding, wording_bands(ws, r.content))
                                                     for r in rows], indexed=await has_index(conn, ws),
                                          cache=vectors)
-        # Who said each twin and each neighbour (same_voice), read with them.
-        voices = {i: who for r in rows for i, who in found[r.id].speakers.items()}
-        return _Reading(rows, found, voices)
+        return _Reading(rows, found)
 
     async def decide_reading(got: _Reading) -> _Plan:
         """Merges, supersessions and write decisions for what was read: rules only, or the model's
         answers (then called outside any transaction: see on_drawer_classified)."""
-        rows, found, voices = got.rows, got.found, got.voices
+        rows, found = got.rows, got.found
+        # Who said each twin and each neighbour (same_voice), read with them.
+        voices = {i: who for r in rows for i, who in found[r.id].speakers.items()}
         plan = _Plan(rows)
         checks = []
         proposing = []

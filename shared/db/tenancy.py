@@ -37,6 +37,18 @@ async def scope_to_workspace(conn: AsyncConnection[Any], workspace_id: str) -> N
     await conn.execute("SELECT set_config('palace.workspace_id', %s, true)", (workspace_id,))
 
 
+async def _hand_back(conn: AsyncConnection[Any]) -> None:
+    """Ready a connection switched to autocommit for one transaction to go back to the pool as it came
+    (autocommit off); one left mid-statement (a cancelled caller) or broken is closed, and the pool
+    replaces it."""
+    if conn.closed:
+        return
+    if conn.info.transaction_status == _IDLE:
+        await conn.set_autocommit(False)
+    else:
+        await conn.close()
+
+
 @asynccontextmanager
 async def begun_with(conn: AsyncConnection[Any], first: sql.Composable) -> AsyncIterator[AsyncConnection[Any]]:
     """A transaction on an idle pooled connection whose BEGIN travels with its first statement (``first``,
@@ -62,12 +74,7 @@ async def begun_with(conn: AsyncConnection[Any], first: sql.Composable) -> Async
             raise
         await conn.commit()
     finally:
-        if conn.closed:
-            pass
-        elif conn.info.transaction_status == _IDLE:
-            await conn.set_autocommit(False)
-        else:
-            await conn.close()
+        await _hand_back(conn)
 
 
 async def scoped_statement(pool: AsyncConnectionPool, workspace_id: str, query: str, params: dict[str, Any]) -> int:
@@ -99,12 +106,7 @@ async def _scoped(pool: AsyncConnectionPool, workspace_id: str, query: str, para
                 cur.nextset()
                 return cur.rowcount, (await cur.fetchall() if fetch else [])
         finally:
-            if conn.closed:
-                pass
-            elif conn.info.transaction_status == _IDLE:
-                await conn.set_autocommit(False)
-            else:
-                await conn.close()
+            await _hand_back(conn)
 
 
 @asynccontextmanager
