@@ -364,6 +364,100 @@ async def _write_triple(
     return _Written(tid, start, created, created_entities[s0], created_entities.get(o0, False))
 
 
+class _Said(NamedTuple):
+    """One extracted fact, its names validated, with where it was said (its sighting's drawer, session
+    and turn)."""
+
+    subject: str
+    predicate: str
+    obj: str
+    confidence: float
+    said_at: datetime | None
+    drawer: str
+    session: str | None
+    seq: int | None
+
+
+async def _write_extracted_triples(
+    conn: AsyncConnection[Any], workspace_id: str, said: list[_Said], *, episode_id: str | None,
+    known: Mapping[str, str],
+) -> list[_Written]:
+    """``_write_triple`` for the facts of an extraction, with the same outcome, in a fixed number of
+    statements whatever their number: when each was said (for the sightings that do not say), the fact
+    already true then, one insert of the new ones. Returns what happened to each, in order.
+
+    Why deciding them together changes nothing: facts with different ends or predicates never meet (the
+    lookup, the one current row per fact and the id are all by the three), and every fact an extraction
+    opens is current, so a fact said twice in one insert meets its first saying's row in
+    ``triples_one_current`` and conflicts. A conflicting fact goes the one-at-a-time way, in order,
+    once the rows before it exist: it finds the first saying's row, or moves its start earlier."""
+    if not said:
+        return []
+    every = range(len(said))
+    ends = [(known[entity_id(workspace_id, x.subject)], x.predicate, known[entity_id(workspace_id, x.obj)])
+            for x in said]
+    out: dict[int, _Written] = {}
+    # When each was said, where the sighting does not say: the turn's message, else the drawer's time.
+    need = [i for i in every if said[i].said_at is None or said[i].session is None or said[i].seq is None]
+    where: dict[int, tuple[Any, str | None, int | None]] = {
+        i: (said[i].said_at, said[i].session, said[i].seq) for i in every if i not in need}
+    if need:
+        cur = await conn.execute(
+            """SELECT x.n, COALESCE(x.vf, m.created_at, d.occurred_at, now()),
+                      COALESCE(x.sess, d.session_id), COALESCE(x.seq, d.seq)
+                 FROM unnest(%(drawer)s::text[], %(sess)s::text[], %(seq)s::integer[], %(vf)s::timestamptz[])
+                      WITH ORDINALITY AS x(drawer, sess, seq, vf, n)
+                 LEFT JOIN drawers d ON d.workspace_id = %(ws)s AND d.id = x.drawer
+                 LEFT JOIN messages m ON m.workspace_id = %(ws)s AND m.session_id = COALESCE(x.sess, d.session_id)
+                                     AND m.seq = COALESCE(x.seq, d.seq)""",
+            {"ws": workspace_id, "drawer": [said[i].drawer for i in need], "sess": [said[i].session for i in need],
+             "seq": [said[i].seq for i in need], "vf": [said[i].said_at for i in need]})
+        for n, vf, sess, seq in await cur.fetchall():
+            where[need[n - 1]] = (vf, sess, seq)
+    # Already true at that time (said before, or replayed): the fact stands as it is.
+    cur = await conn.execute(
+        """SELECT x.n, t.id, t.valid_from
+             FROM unnest(%(s)s::text[], %(p)s::text[], %(o)s::text[], %(vf)s::timestamptz[])
+                  WITH ORDINALITY AS x(s, p, o, vf, n)
+             CROSS JOIN LATERAL (
+                   SELECT id, valid_from FROM triples
+                    WHERE workspace_id = %(ws)s AND subject_id = x.s AND predicate = x.p AND object_id = x.o
+                      AND (valid_from IS NULL OR valid_from <= x.vf) AND (valid_to IS NULL OR valid_to >= x.vf)
+                    ORDER BY valid_from DESC NULLS LAST LIMIT 1) t""",
+        {"ws": workspace_id, "s": [e[0] for e in ends], "p": [e[1] for e in ends], "o": [e[2] for e in ends],
+         "vf": [where[i][0] for i in every]})
+    for n, tid, start in await cur.fetchall():
+        out[n - 1] = _Written(str(tid), start, False, False, False)
+    new = [i for i in every if i not in out]
+    if new:
+        ids = {i: triple_id(workspace_id, *ends[i], where[i][0]) for i in new}
+        cur = await conn.execute(
+            """INSERT INTO triples (workspace_id, id, subject_id, predicate, object_id, valid_from, confidence,
+                                    source_drawer, source_episode, source_session, source_seq)
+               SELECT %(ws)s, x.id, x.s, x.p, x.o, x.vf, x.c, x.d, %(e)s, x.sess, x.seq
+                 FROM unnest(%(id)s::text[], %(s)s::text[], %(p)s::text[], %(o)s::text[],
+                             %(vf)s::timestamptz[], %(c)s::real[], %(d)s::text[], %(sess)s::text[],
+                             %(seq)s::integer[]) AS x(id, s, p, o, vf, c, d, sess, seq)
+               ON CONFLICT DO NOTHING RETURNING id""",
+            {"ws": workspace_id, "e": episode_id, "id": [ids[i] for i in new],
+             "s": [ends[i][0] for i in new], "p": [ends[i][1] for i in new], "o": [ends[i][2] for i in new],
+             "vf": [where[i][0] for i in new], "c": [said[i].confidence for i in new],
+             "d": [said[i].drawer for i in new], "sess": [where[i][1] for i in new],
+             "seq": [where[i][2] for i in new]})
+        created = {str(r[0]) for r in await cur.fetchall()}
+        for i in new:
+            if ids[i] in created:  # the first saying of a fact said twice at one time claims its row
+                created.discard(ids[i])
+                out[i] = _Written(ids[i], where[i][0], True, False, False)
+    for i, x in enumerate(said):
+        if i not in out:
+            out[i] = await _write_triple(
+                conn, workspace_id, x.subject, x.predicate, x.obj, valid_from=x.said_at, valid_to=None,
+                confidence=x.confidence, subject_type="unknown", object_type="unknown", source_drawer=x.drawer,
+                source_episode=episode_id, source_session=x.session, source_seq=x.seq, known=known)
+    return [out[i] for i in every]
+
+
 async def invalidate_triple(
     conn: AsyncConnection[Any], workspace_id: str, subject: str, predicate: str, obj: str, *,
     ended: When = None, actor: str = "api",
@@ -528,23 +622,25 @@ async def record_extraction(
         new_mentions = sum(1 for r in await cur.fetchall() if r[0])
 
     facts: set[str] = set()
-    new_facts = 0
-    evidence: list[tuple[str, str, float, Any, str | None, int | None]] = []
+    said: list[_Said] = []
     for sg in sightings:
         for subj, pred, obj, conf in sg.triples:
             if entity_id(workspace_id, subj) not in valid or entity_id(workspace_id, obj) not in valid:
                 continue
             try:
-                added = await _write_triple(
-                    conn, workspace_id, subj, pred, obj, valid_from=sg.said_at, valid_to=None, confidence=conf,
-                    subject_type="unknown", object_type="unknown", source_drawer=sg.drawer_id,
-                    source_episode=episode_id, source_session=sg.session_id, source_seq=sg.seq, known=known)
+                if not isinstance(conf, int | float) or not math.isfinite(conf) or not 0 <= conf <= 1:
+                    raise KgError("confidence must be a number between 0 and 1")
+                said.append(_Said(validate_name(subj, "subject"), normalize_predicate(pred),
+                                  validate_name(obj, "object"), float(conf), parse_when(sg.said_at, "valid_from"),
+                                  sg.drawer_id, sg.session_id, sg.seq))
             except KgError as e:
                 skipped.append(f"triple ({subj[:40]!r}, {pred[:40]!r}, {obj[:40]!r}): {e}")
-                continue
-            new_facts += int(added.created)
-            facts.add(added.id)
-            evidence.append((added.id, sg.drawer_id, float(conf), added.valid_from, sg.session_id, sg.seq))
+    written = await _write_extracted_triples(conn, workspace_id, said, episode_id=episode_id, known=known)
+    new_facts = sum(w.created for w in written)
+    evidence: list[tuple[str, str, float, Any, str | None, int | None]] = []
+    for x, w in zip(said, written, strict=True):
+        facts.add(w.id)
+        evidence.append((w.id, x.drawer, x.confidence, w.valid_from, x.session, x.seq))
     if evidence:
         async with conn.cursor() as cur:
             await cur.executemany(

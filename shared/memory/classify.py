@@ -23,8 +23,22 @@ __all__ = ["MEMORY_TYPES", "Classification", "HeuristicConfig", "classify", "loa
 MEMORY_TYPES = ("decision", "preference", "milestone", "problem", "emotional", "fact", "task")
 
 
+_ESCAPE = re.compile(r"\\.")
+_UPPER = re.compile(r"[A-Z]")
+
+
+def _lower_case(patterns: list[str]) -> list[str]:
+    """The patterns, refused if one names an upper-case letter: they are matched against the lower-cased
+    text: ``re.IGNORECASE`` makes Python's matcher fold the case of every character it tries, for every
+    pattern, where lower-casing the text is one pass (a pattern with a capital would silently never match)."""
+    for p in patterns:
+        if _UPPER.search(_ESCAPE.sub("", p)):
+            raise ValueError(f"classifier patterns are matched against lower-cased text; write {p!r} in lower case")
+    return patterns
+
+
 def _rx(patterns: list[str]) -> re.Pattern[str]:
-    return re.compile("|".join(f"(?:{p})" for p in patterns), re.IGNORECASE)
+    return re.compile("|".join(f"(?:{p})" for p in _lower_case(patterns)))
 
 
 @dataclass(frozen=True)
@@ -49,7 +63,7 @@ class HeuristicConfig:
         if set(markers) != set(MEMORY_TYPES):
             raise ValueError(f"markers must name exactly {MEMORY_TYPES}, got {sorted(markers)}")
         return cls(
-            markers={t: [re.compile(p, re.IGNORECASE) for p in markers[t]] for t in MEMORY_TYPES},
+            markers={t: [re.compile(p) for p in _lower_case(markers[t])] for t in MEMORY_TYPES},
             any_marker={t: _rx(markers[t]) for t in MEMORY_TYPES},
             positive=_rx(raw["positive"]), negative=_rx(raw["negative"]),
             resolution=_rx(raw["resolution"]), emphasis=_rx(raw["emphasis"]),
@@ -87,13 +101,14 @@ def classify(text: str, config: HeuristicConfig | None = None) -> Classification
         in [0, 5].
     """
     cfg = config or load_config()
-    scores = {t: float(sum(1 for rx in rxs if rx.search(text))) if cfg.any_marker[t].search(text) else 0.0
+    low = text.lower()  # the patterns are lower case (HeuristicConfig.from_dict)
+    scores = {t: float(sum(1 for rx in rxs if rx.search(low))) if cfg.any_marker[t].search(low) else 0.0
               for t, rxs in cfg.markers.items()}
     length_bonus = next((b for n, b in cfg.length_bonus if len(text) > n), 0.0)
-    pos = len(cfg.positive.findall(text))
-    neg = len(cfg.negative.findall(text))
+    pos = len(cfg.positive.findall(low))
+    neg = len(cfg.negative.findall(low))
     # Disambiguation as in the seeds: a resolved problem told with relief is a milestone.
-    if scores["problem"] and cfg.resolution.search(text) and pos >= neg:
+    if scores["problem"] and cfg.resolution.search(low) and pos >= neg:
         scores["milestone"] += 1.0 + scores["problem"] / 2
     # Feelings carried by a report of what happened (a win, a trip) are that report, not a mood.
     if scores["emotional"] and (pos + neg) >= 2 and not (scores["milestone"] or scores["fact"]):
@@ -103,7 +118,7 @@ def classify(text: str, config: HeuristicConfig | None = None) -> Classification
     if best == 0:
         best_type = "fact"
     confidence = min(1.0, (best + length_bonus) / 5.0) if best else min(0.3, length_bonus / 5.0)
-    emphasis = len(cfg.emphasis.findall(text))
+    emphasis = len(cfg.emphasis.findall(low))
     importance = cfg.base_importance[best_type] * (0.6 + 0.4 * confidence) + min(1.0, 0.5 * emphasis)
     if best == 0:
         importance = 2.0 + min(1.0, len(text) / 800)

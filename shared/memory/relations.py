@@ -242,14 +242,18 @@ _Q = r"(?:the |a |an |my |our |some |this |that )?"
 
 @dataclass(frozen=True)
 class _Rule:
-    pattern: re.Pattern[str]
+    pattern: re.Pattern[str]  # case-insensitive, for a text whose lower-casing changes its length
+    lowered: re.Pattern[str]  # the same, case-sensitive, for the lower-cased text: Python's matcher folds
+    # the case of every character it tries under IGNORECASE, where lower-casing the text is one pass
     relation: str  # or a kind-dependent choice, see _relation_for
     confidence: float
     listed: bool = False  # the object may be a list
 
 
 def _r(p: str, relation: str, confidence: float, listed: bool = False) -> _Rule:
-    return _Rule(re.compile(p, re.IGNORECASE), relation, confidence, listed)
+    if re.search(r"[A-Z]", re.sub(r"\\.", "", p)):
+        raise ValueError(f"verb rules are matched against lower-cased text; write {p!r} in lower case")
+    return _Rule(re.compile(p, re.IGNORECASE), re.compile(p), relation, confidence, listed)
 
 
 _VERB_RULES = [
@@ -394,8 +398,10 @@ def extract_graph(
     def who(tag: str) -> str | None:
         return addressee if tag.lower().startswith("your") else speaker
 
+    low = text.lower()
+    same_offsets = len(low) == len(text)  # one character for each: a match's offsets are the text's
     for rule in _VERB_RULES:
-        for m in rule.pattern.finditer(text):
+        for m in rule.lowered.finditer(low) if same_offsets else rule.pattern.finditer(text):
             subj = _subject(text, m.start(), speaker or "", addressee) if speaker else None
             at = m.end()
             relation = rule.relation

@@ -238,3 +238,61 @@ async def test_the_linker_probe_uses_the_alias_index(pool: AsyncConnectionPool, 
             "EXPLAIN SELECT alias_key, entity_id, cased FROM entity_aliases WHERE workspace_id = %s"
             " AND anchor = ANY(%s)", (w, ["name7", "walked", "the", "river"]))).fetchall())
         assert "entity_aliases_anchor" in plan, plan
+
+
+async def test_an_extraction_writes_its_facts_as_one_at_a_time_would(pool: AsyncConnectionPool, stack: Stack) -> None:
+    """record_extraction decides the facts said once together and the others in order: a new fact, one
+    already true (found, its start kept), one said before the current row began (the start moves earlier),
+    one said again later in the same extraction, one said first late then early, one said twice at the same
+    time, and one with no time (the turn's message, else the drawer's). A replay writes nothing."""
+    from shared.db.kg import record_extraction
+    from shared.memory.kg import Sighting
+
+    w = ws()
+    stack.sql("INSERT INTO drawers (workspace_id, id, content, content_hash, occurred_at)"
+              " SELECT %s, d, 'text of ' || d, d, '2024-05-05T00:00:00Z' FROM unnest('{d-1,d-2,d-3}'::text[]) d"
+              " RETURNING 1", (w,))
+    async with workspace_tx(pool, w) as c:
+        await add_triple(c, w, "Ann", "likes", "tea", valid_from="2024-03-01")
+        await add_triple(c, w, "Ann", "owns", "bike", valid_from="2024-06-01")
+
+    def sg(drawer: str, when: str | None, *facts: tuple[str, str, str]) -> Sighting:
+        return Sighting(drawer, _d(when) if when else None, "s-1" if when else None, 1 if when else None,
+                        triples=tuple((s, p, o, 0.6) for s, p, o in facts))
+
+    sightings = [
+        sg("d-1", "2024-04-01", ("Ann", "visited", "Rome"), ("Ann", "likes", "tea"), ("Ann", "owns", "bike"),
+           ("Ann", "reads", "Dune")),
+        sg("d-2", "2024-04-20", ("Ann", "reads", "Dune"), ("Ann", "plays", "chess")),
+        sg("d-3", "2024-04-10", ("Ann", "plays", "chess")),
+        sg("d-3", None, ("Ann", "from", "Oslo")),
+        sg("d-2", "2024-04-01", ("Ann", "visited", "Rome")),  # the same fact at the same time: one row
+    ]
+    async with workspace_tx(pool, w) as c:
+        first = await record_extraction(c, w, sightings)
+    assert first.new_facts == 4 and not first.skipped  # Rome, Dune, chess, Oslo
+    rows = stack.sql("SELECT o.name, t.predicate, t.valid_from, t.source_drawer FROM triples t"
+                     " JOIN entities o ON o.workspace_id = t.workspace_id AND o.id = t.object_id"
+                     " WHERE t.workspace_id = %s ORDER BY lower(o.name)", (w,))
+    assert rows == [
+        ("bike", "owns", _d("2024-04-01"), "d-1"),  # said before it was recorded as starting: moved earlier
+        ("chess", "plays", _d("2024-04-10"), "d-3"),  # said late, then early: one row, the earlier start
+        ("Dune", "reads", _d("2024-04-01"), "d-1"),  # said again later: the same row
+        ("Oslo", "from", _d("2024-05-05"), "d-3"),  # no time given: the drawer's
+        ("Rome", "visited", _d("2024-04-01"), "d-1"),
+        ("tea", "likes", _d("2024-03-01"), None),  # already true: kept as it was
+    ]
+    evidence = stack.sql("SELECT o.name, v.drawer_id, v.said_at FROM triple_evidence v"
+                         " JOIN triples t ON t.workspace_id = v.workspace_id AND t.id = v.triple_id"
+                         " JOIN entities o ON o.workspace_id = t.workspace_id AND o.id = t.object_id"
+                         " WHERE v.workspace_id = %s ORDER BY lower(o.name), 2", (w,))
+    assert evidence == [
+        ("bike", "d-1", _d("2024-04-01")), ("chess", "d-2", _d("2024-04-20")), ("chess", "d-3", _d("2024-04-10")),
+        ("Dune", "d-1", _d("2024-04-01")), ("Dune", "d-2", _d("2024-04-01")), ("Oslo", "d-3", _d("2024-05-05")),
+        ("Rome", "d-1", _d("2024-04-01")), ("Rome", "d-2", _d("2024-04-01")), ("tea", "d-1", _d("2024-03-01")),
+    ]
+    async with workspace_tx(pool, w) as c:
+        again = await record_extraction(c, w, sightings)
+    assert again.new_facts == 0
+    assert stack.sql("SELECT count(*) FROM triples WHERE workspace_id = %s", (w,)) == [(6,)]
+    assert stack.sql("SELECT count(*) FROM triple_evidence WHERE workspace_id = %s", (w,)) == [(9,)]

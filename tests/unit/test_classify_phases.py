@@ -40,6 +40,18 @@ def test_config_must_name_every_type() -> None:
     assert load_config() is load_config()
 
 
+
+def test_markers_are_lower_case_and_match_any_case() -> None:
+    """The text is lower-cased once and the markers compiled without IGNORECASE: a marker with a capital is
+    refused (it would never match), escapes such as ``\\b`` are not capitals, and upper-case text matches."""
+    raw = json.loads((Path(__file__).parents[2] / "shared/memory/classify_markers.json").read_text())
+    raw["markers"]["task"] = [*raw["markers"]["task"], r"\bTodo\b"]
+    with pytest.raises(ValueError, match="lower case"):
+        HeuristicConfig.from_dict(raw)
+    raw["markers"]["task"][-1] = r"\btodo\b\S*\W"
+    assert classify("TODO: ship it", HeuristicConfig.from_dict(raw)).scores["task"] >= 1
+    assert classify("I AM SO HAPPY AND PROUD").scores == classify("i am so happy and proud").scores
+
 def test_resolved_problem_with_relief_is_a_milestone() -> None:
     assert classify("The login bug was broken for days but I finally fixed it, so happy it works now").memory_type \
         == "milestone"

@@ -35,6 +35,14 @@ def test_objects_are_noun_phrases_not_runs_of_words() -> None:
     assert {("Ann", "read", "Charlotte's Web"), ("Ann", "likes", "Charlotte's Web")} <= got
 
 
+
+def test_verb_rules_match_any_case_and_keep_the_texts_offsets() -> None:
+    """The verb rules run on the lower-cased text; a text whose lower-casing changes its length ("İ" becomes
+    two characters) is matched case-insensitively instead, so the objects are still cut from the right place."""
+    assert ("Ann", "visited", "Paris") in _triples("WE WENT TO Paris LAST MAY.")
+    assert ("Ann", "visited", "Ankara") in _triples("On the İstanbul leg we went to Ankara.")
+    assert ("Ann", "visited", "İzmir") in _triples("Then I went to İzmir.")
+
 def test_names_at_a_sentence_start_need_evidence() -> None:
     ex = extract_graph("Max and I went camping. Art is great.", "Ann", "Bob", speakers=("Ann", "Bob"),
                        known=known_names(["We took Max to the vet."], ("Ann", "Bob")))
