@@ -130,8 +130,9 @@ def register(deps: Deps) -> None:
         ws = ev.workspace_id
         rows = [r for r in await drawers_by_id(conn, ws, ev.drawer_ids, with_embedding=True)
                 if r.state == "processed" and r.embedding is not None]
-        # Ingest stored the bands with the row (the backfill below covers older drawers).
-        found = await cluster_candidates(conn, ws, [(r.id, r.embedding, wording_bands(ws, r.content))
+        # Ingest stored the bands with the row; a drawer filed before they existed has them computed here
+        # (and written by the backfill below).
+        found = await cluster_candidates(conn, ws, [(r.id, r.embedding, r.dedup_bands or wording_bands(ws, r.content))
                                                     for r in rows], indexed=await has_index(conn, ws),
                                          cache=vectors)
         return _Reading(rows, found)

@@ -16,6 +16,7 @@ from psycopg.types.json import Jsonb
 
 from shared.db.drawers import as_array, record_history
 from shared.memory.decisions import Proposal, content_hash, outcome_for
+from shared.memory.dedup import wording_bands
 
 __all__ = ["RESTORABLE", "RevertError", "apply_proposal", "list_history", "restore_columns", "revert", "snapshot"]
 
@@ -52,6 +53,9 @@ async def restore_columns(conn: AsyncConnection[Any], workspace_id: str, drawer_
         elif c == "metadata":
             v = Jsonb(v if v is not None else {})
         params.append(v)
+    if "content" in cols:  # the wording bands follow the words (they are derived, so not archived)
+        cols.append("dedup_bands")
+        params.append(wording_bands(workspace_id, values["content"] or ""))
     q = sql.SQL("UPDATE drawers SET {}, updated_at = now() WHERE workspace_id = %s AND id = %s").format(
         sql.SQL(", ").join(sql.SQL("{} = %s").format(sql.Identifier(c)) for c in cols))
     cur = await conn.execute(q, (*params, workspace_id, drawer_id))
@@ -91,8 +95,9 @@ async def apply_proposal(
         if p.action == "UPDATE":
             await conn.execute(
                 "UPDATE drawers SET content = %s, content_hash = %s, embedding = coalesce(%s, embedding),"
-                " updated_at = now() WHERE workspace_id = %s AND id = %s",
-                (p.content, content_hash(p.content or ""), source_embedding, workspace_id, p.target))
+                " dedup_bands = %s, updated_at = now() WHERE workspace_id = %s AND id = %s",
+                (p.content, content_hash(p.content or ""), source_embedding,
+                 wording_bands(workspace_id, p.content or ""), workspace_id, p.target))  # bands of the new words
         else:
             await conn.execute("UPDATE drawers SET deleted_at = now(), updated_at = now()"
                                " WHERE workspace_id = %s AND id = %s", (workspace_id, p.target))

@@ -57,18 +57,21 @@ class DrawerRow:
     speaker: str | None = None
     context: str | None = None
     failure_reason: str | None = None
+    dedup_bands: list[int] | None = None  # the wording bands ingest stored (None for an older drawer)
 
 
 async def drawers_by_id(
     conn: AsyncConnection[Any], workspace_id: str, ids: list[str], *, with_embedding: bool = False
 ) -> list[DrawerRow]:
     """The live (not deleted) drawers among ``ids``. Read in binary: a vector in text is hundreds of
-    decimal numbers for the client to parse, in binary one copy of its floats."""
+    decimal numbers for the client to parse, in binary one copy of its floats. ``with_embedding`` also
+    reads the wording bands, which whoever compares drawers needs beside the vector."""
     cur = await conn.execute(
         """SELECT id, content, content_hash, state, room, embedding IS NOT NULL,
-                  CASE WHEN %s THEN embedding END, speaker, context, failure_reason
+                  CASE WHEN %s THEN embedding END, speaker, context, failure_reason,
+                  CASE WHEN %s THEN dedup_bands END
              FROM drawers WHERE workspace_id = %s AND id = ANY(%s) AND deleted_at IS NULL""",
-        (with_embedding, workspace_id, ids), binary=True,
+        (with_embedding, with_embedding, workspace_id, ids), binary=True,
     )
     return [DrawerRow(*r) for r in await cur.fetchall()]
 

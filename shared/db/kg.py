@@ -642,12 +642,14 @@ async def record_extraction(
         facts.add(w.id)
         evidence.append((w.id, x.drawer, x.confidence, w.valid_from, x.session, x.seq))
     if evidence:
-        async with conn.cursor() as cur:
-            await cur.executemany(
-                """INSERT INTO triple_evidence (workspace_id, triple_id, drawer_id, confidence, said_at, episode_id,
-                                                session_id, seq)
-                   VALUES (%s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING""",
-                [(workspace_id, t, d, c, when, episode_id, sess, seq) for t, d, c, when, sess, seq in evidence])
+        await conn.execute(
+            """INSERT INTO triple_evidence (workspace_id, triple_id, drawer_id, confidence, said_at, episode_id,
+                                            session_id, seq)
+               SELECT %s, t, d, c, w, %s, s, q
+                 FROM unnest(%s::text[], %s::text[], %s::real[], %s::timestamptz[], %s::text[], %s::integer[])
+                      AS x(t, d, c, w, s, q)
+               ON CONFLICT DO NOTHING""",
+            (workspace_id, episode_id, *(list(col) for col in zip(*evidence, strict=True))))
         await conn.execute(
             """UPDATE triples t SET confidence = e.c
                  FROM (SELECT triple_id, avg(confidence) AS c FROM triple_evidence

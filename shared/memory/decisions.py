@@ -14,6 +14,7 @@ import json
 import re
 import unicodedata
 from dataclasses import dataclass
+from functools import lru_cache
 
 from shared.memory.llm_labels import LlmParseError, outer_json_object, strip_wrappers
 
@@ -41,7 +42,10 @@ def normalise(text: str) -> str:
     return _EDGE.sub("", _SPACE.sub(" ", unicodedata.normalize("NFKC", text).lower()).strip())
 
 
+@lru_cache(maxsize=4096)
 def content_hash(text: str) -> str:
+    """SHA-256 of the normalised text. Kept for recent texts: cluster compares each new drawer with
+    its neighbours, and the neighbours of one session's drawers are largely the same drawers."""
     return hashlib.sha256(normalise(text).encode()).hexdigest()
 
 

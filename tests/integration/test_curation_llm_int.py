@@ -27,6 +27,7 @@ from shared.db.pool import open_pool
 from shared.db.tenancy import workspace_tx
 from shared.lifecycle import JOBS, run_job
 from shared.memory.centroids import nearest_type
+from shared.memory.dedup import wording_bands
 from tests.integration.helpers import Stack, session, wait_for, ws
 from tests.openai_stub import ChatStub, StubState, serve_stub
 
@@ -407,6 +408,8 @@ def test_update_in_full_mode_is_archived_and_revert_restores_the_exact_prior_sta
                                     " WHERE workspace_id = %s AND id = %s", (w, old_id))[0]
     assert content.startswith(first + " (now: ") and chash != before[1]
     assert emb == new_emb  # the embedding follows the new content (the newer drawer's vector)
+    bands = "SELECT dedup_bands FROM drawers WHERE workspace_id = %s AND id = %s"
+    assert stack.sql(bands, (w, old_id)) == [(wording_bands(w, content),)]  # and so do the wording bands
     assert llm.decision_calls >= 1
     # The decision call is costed under its own purpose, in the table and the cluster's metrics.
     (calls_ok, calls_failed, tin, tout), = stack.sql(
@@ -425,6 +428,7 @@ def test_update_in_full_mode_is_archived_and_revert_restores_the_exact_prior_sta
                                              " WHERE workspace_id = %s AND id = %s", (w, old_id))[0]
     assert (content, chash, deleted) == (first, before[1], None)
     assert np.array_equal(np.asarray(json.loads(emb), dtype=np.float32), before[0])
+    assert stack.sql(bands, (w, old_id)) == [(wording_bands(w, first),)]
     (rev,) = _history(stack, w, "REVERT")
     # the revert archived what it replaced, so it can be reverted in turn
     assert rev[3]["content"].startswith(first + " (now: ") and rev[4] == {"reverted": hid}
