@@ -25,7 +25,7 @@ from shared.db.drawers import (
 )
 from shared.db.entity_dedup import key_entities_span
 from shared.db.episodes import existing_drawers
-from shared.db.forget import lock_for_write
+from shared.db.forget import lock_for_write, writer_tx
 from shared.db.tenancy import maintenance_tx, workspace_tx
 from shared.db.vector_indexes import recheck_after, vector_index_for
 from shared.events import DrawerClassified, EntityUpserted
@@ -187,7 +187,7 @@ def register(deps: Deps) -> None:
         ev: DrawerClassified = decode_event(DrawerClassified, body, s)
         ws = ev.workspace_id
         if llm is None:
-            async with workspace_tx(deps.pool, ws) as conn:
+            async with writer_tx(deps.pool, ws) as conn:
                 # A forget waits for this transaction (and one under way finishes first): nothing read
                 # below can be forgotten before this commits.
                 await lock_for_write(conn, ws)
@@ -200,7 +200,7 @@ def register(deps: Deps) -> None:
         plan = await decide_reading(got)  # the model's calls, outside any transaction
         if plan.empty:
             return
-        async with workspace_tx(deps.pool, ws) as conn:
+        async with writer_tx(deps.pool, ws) as conn:
             await lock_for_write(conn, ws)
             await write_plan(conn, ev, plan, checked=False)
 

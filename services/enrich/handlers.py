@@ -27,7 +27,7 @@ from shared.db.episodes import (
     unannounced_episode,
 )
 from shared.db.extraction_queue import due_drawers, due_turns, mark_extracted
-from shared.db.forget import forgotten
+from shared.db.forget import forgotten, writer_tx
 from shared.db.kg import ExtractionStored, record_extraction, refresh_entities
 from shared.db.tenancy import maintenance_tx, retry_conflicts, workspace_tx, workspace_write, workspaces_tx
 from shared.events import DrawerEmbedded, EntityUpserted, EpisodicCreated, SessionStored
@@ -143,7 +143,7 @@ async def complete_episode(deps: Deps, workspace_id: str, session_id: str, *,
     tests.
     """
     if step is None:
-        async with workspace_tx(deps.pool, workspace_id) as conn:
+        async with writer_tx(deps.pool, workspace_id) as conn:
             step = await _advance_episode(conn, deps, workspace_id, session_id)
     if step.turns is not None:
         step = await _summarise_episode(deps, workspace_id, session_id, step)
@@ -190,7 +190,7 @@ def register(deps: Deps) -> None:
         if not ev.drawer_ids:
             return  # nothing but noise: no episode
         episode_id = stable_id("episode", ev.workspace_id, ev.session_id)
-        async with workspace_tx(deps.pool, ev.workspace_id) as conn:
+        async with writer_tx(deps.pool, ev.workspace_id) as conn:
             # A session.stored published just before its session was forgotten must not open an episode
             # (the forget, ordered by the lock ``forgotten`` takes, has deleted it or will see this row).
             if await forgotten(conn, ev.workspace_id, session_id=ev.session_id):
@@ -213,7 +213,7 @@ def register(deps: Deps) -> None:
         sessions = await sessions_awaiting_episode(deps.pool, ev.workspace_id, ev.drawer_ids)
         if not sessions:
             return
-        async with workspace_tx(deps.pool, ev.workspace_id) as conn:
+        async with writer_tx(deps.pool, ev.workspace_id) as conn:
             # In session order: two events of the same sessions lock their episodes in one order. Each
             # episode's state is read again here (_advance_episode): the read above only picks them.
             steps = [(sid, await _advance_episode(conn, deps, ev.workspace_id, sid)) for sid in sorted(sessions)]
@@ -282,7 +282,7 @@ async def extract_episode(deps: Deps, llm: LlmClient | None, ev: EpisodicCreated
     of unextracted drawers does not read it again. Returns what was stored (None: nothing to store)."""
     s = deps.settings
     if llm is None:
-        async with workspace_tx(deps.pool, ev.workspace_id) as conn:
+        async with writer_tx(deps.pool, ev.workspace_id) as conn:
             stored = await _extract_locked(conn, deps, ev)
     else:
         async with workspace_tx(deps.pool, ev.workspace_id) as conn:

@@ -6,10 +6,9 @@ from nats.aio.msg import Msg
 
 from services._runtime import Deps
 from shared.bus import decode_event, publish_event
-from shared.db.forget import forgotten, forgotten_session_drawers
+from shared.db.forget import forgotten, forgotten_session_drawers, writer_tx
 from shared.db.kg import link_drawers
 from shared.db.sessions import store_session
-from shared.db.tenancy import workspace_tx
 from shared.events import DrawerCreated, SessionCompleted, SessionStored
 from shared.forget import drop_forgotten_drawers
 from shared.ids import event_id_for
@@ -37,7 +36,7 @@ def register(deps: Deps) -> None:
         # No per-message length limit: a long message is chunked like any other (decode_event already
         # bounded the whole event by max_event_bytes).
         plan = plan_session(event, chunk_chars=s.chunk_chars, chunk_overlap=s.chunk_overlap, min_chars=s.min_chars)
-        async with workspace_tx(deps.pool, event.workspace_id) as conn:
+        async with writer_tx(deps.pool, event.workspace_id) as conn:
             # Forgotten (this session, its user or agent, the workspace, or drawers one by one)? An event
             # still in flight, redelivered or re-driven from the DLQ must not bring it back (shared.db.forget).
             gone, gone_drawers = await forgotten_session_drawers(
@@ -58,7 +57,7 @@ def register(deps: Deps) -> None:
         if all_ids:
             # Inline linker: the session's drawers → the workspace's existing entities they name (no LLM,
             # never a new entity). After the raw rows are committed; idempotent, so a redelivery completes it.
-            async with workspace_tx(deps.pool, event.workspace_id) as conn:
+            async with writer_tx(deps.pool, event.workspace_id) as conn:
                 # Forgotten since the commit above? Then its drawers are gone (or going: the forget waits
                 # for this transaction and sees what it wrote); nothing is linked or announced.
                 if await forgotten(conn, event.workspace_id, session_id=event.session_id, user_id=event.user_id,

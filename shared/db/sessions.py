@@ -17,7 +17,7 @@ __all__ = ["StoredSession", "store_session"]
 @dataclass(frozen=True)
 class StoredSession:
     """What ``store_session`` wrote: the drawers it created, and every drawer of the session still raw
-    (created now, or by an earlier attempt that died before announcing them)."""
+    (created now, or by an earlier attempt that died before announcing them), both in the plan's order."""
 
     created: list[str]
     raw: list[str]
@@ -111,5 +111,7 @@ async def store_session(conn: AsyncConnection[Any], plan: SessionPlan) -> Stored
         "s_starts": [x.char_start for x in ss], "s_ends": [x.char_end for x in ss],
     })
     rows = await cur.fetchall()
-    created = [str(i) for i, new in rows if new]
-    return StoredSession(created, created + [str(i) for i, new in rows if not new])
+    # In the plan's order, whatever order the server returned them in (the lookup's plan decides it).
+    place = {d.id: n for n, d in enumerate(ds)}
+    created = sorted((str(i) for i, new in rows if new), key=place.__getitem__)
+    return StoredSession(created, sorted((str(i) for i, _ in rows), key=place.__getitem__))

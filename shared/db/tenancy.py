@@ -8,6 +8,7 @@ local (``set_config(..., true)``): a pooled connection never carries a workspace
 from __future__ import annotations
 
 import contextlib
+import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
@@ -17,8 +18,8 @@ from psycopg import AsyncConnection, sql
 from psycopg_pool import AsyncConnectionPool
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential_jitter
 
-__all__ = ["WRITE_CONFLICTS", "act_as_maintenance", "begun_with", "key_lookup_tx", "maintenance_tx", "retry_conflicts",
-           "scope_to_workspace", "scoped_rows", "scoped_statement",
+__all__ = ["WRITE_CONFLICTS", "act_as_maintenance", "begun_with", "holds_lock", "key_lookup_tx", "maintenance_tx",
+           "note_lock", "retry_conflicts", "scope_to_workspace", "scoped_rows", "scoped_statement",
            "workspace_tx", "workspace_write", "workspaces_tx"]
 
 T = TypeVar("T")
@@ -30,6 +31,21 @@ WRITE_CONFLICTS = (psycopg.errors.DeadlockDetected, psycopg.errors.Serialization
 
 _SCOPE = "SELECT set_config('palace.workspace_id', {}, true)"
 _IDLE = psycopg.pq.TransactionStatus.IDLE
+# The transaction-level locks each connection's current transaction (one begun here) holds, by name: a
+# second request for one of them in the same transaction needs no round trip. Cleared when it ends.
+_held: weakref.WeakKeyDictionary[AsyncConnection[Any], set[str]] = weakref.WeakKeyDictionary()
+
+
+def holds_lock(conn: AsyncConnection[Any], name: str) -> bool:
+    """Whether ``conn``'s current transaction already holds the transaction-level lock ``name``."""
+    return name in _held.get(conn, ())
+
+
+def note_lock(conn: AsyncConnection[Any], name: str) -> None:
+    """Record that ``conn``'s current transaction took the transaction-level lock ``name`` (kept until the
+    transaction ends, as PostgreSQL keeps it). Only transactions begun here are tracked."""
+    if conn in _held:
+        _held[conn].add(name)
 
 
 async def scope_to_workspace(conn: AsyncConnection[Any], workspace_id: str) -> None:
@@ -65,6 +81,7 @@ async def begun_with(conn: AsyncConnection[Any], first: sql.Composable) -> Async
     await conn.set_autocommit(True)
     try:
         await conn.execute(sql.SQL("BEGIN; ") + first)
+        _held[conn] = set()
         try:
             yield conn
         except BaseException:
@@ -74,6 +91,7 @@ async def begun_with(conn: AsyncConnection[Any], first: sql.Composable) -> Async
             raise
         await conn.commit()
     finally:
+        _held.pop(conn, None)
         await _hand_back(conn)
 
 
@@ -110,11 +128,19 @@ async def _scoped(pool: AsyncConnectionPool, workspace_id: str, query: str, para
 
 
 @asynccontextmanager
-async def workspace_tx(pool: AsyncConnectionPool, workspace_id: str) -> AsyncIterator[AsyncConnection[Any]]:
-    """One transaction that can only see and write ``workspace_id``; commits on success."""
+async def workspace_tx(pool: AsyncConnectionPool, workspace_id: str, *,
+                       lock: tuple[str, sql.Composable] | None = None) -> AsyncIterator[AsyncConnection[Any]]:
+    """One transaction that can only see and write ``workspace_id``; commits on success. ``lock``: a
+    transaction-level lock to take with the BEGIN, in the same round trip (its name for ``holds_lock``
+    and the statement that takes it, which runs after the scope, with a snapshot of its own)."""
     if not workspace_id:
         raise ValueError("a workspace transaction needs a workspace id")
-    async with pool.connection() as conn, begun_with(conn, sql.SQL(_SCOPE).format(workspace_id)):
+    first = sql.SQL(_SCOPE).format(workspace_id)
+    if lock is not None:
+        first = first + sql.SQL("; ") + lock[1]
+    async with pool.connection() as conn, begun_with(conn, first):
+        if lock is not None:
+            note_lock(conn, lock[0])
         yield conn
 
 

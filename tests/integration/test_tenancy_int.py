@@ -88,3 +88,65 @@ async def test_a_scoped_statement_is_its_own_transaction_in_its_workspace(stack:
         assert stack.sql("SELECT version FROM palace_graph_versions WHERE workspace_id = %s", (a,)) == [(5,)]
     finally:
         await pool.close()
+
+
+async def test_a_writer_begins_holding_the_forget_lock_and_asks_for_it_once_a_transaction(stack: Stack) -> None:
+    """writer_tx takes forget's shared lock with its BEGIN (the lock forget's exclusive one waits on), and
+    lock_for_write then sends nothing; in another transaction the first lock_for_write asks the server and
+    the second does not; a new transaction on the same connection asks again, and one not begun by
+    tenancy is never assumed to hold it."""
+    from shared.db.forget import lock_for_write, writer_tx
+    from shared.db.tenancy import workspaces_tx
+
+    pool = await open_pool(stack.database_url, name="test-tenancy-lock", max_size=1)
+    a, b = ws(), ws()
+    sent: list[str] = []
+
+    def counting(conn: psycopg.AsyncConnection) -> None:  # type: ignore[type-arg]
+        execute = conn.execute
+
+        async def wrapped(query, params=None, **kw):  # type: ignore[no-untyped-def]
+            sent.append(str(query))
+            return await execute(query, params, **kw)
+        conn.execute = wrapped  # type: ignore[method-assign]
+
+    def forget_could_lock(w: str) -> bool:  # forget's exclusive lock, tried from another connection
+        return bool(stack.sql("SELECT pg_try_advisory_xact_lock(hashtextextended('palace.forget:' || %s, 0))",
+                              (w,))[0][0])
+    try:
+        async with writer_tx(pool, a + "'") as conn:
+            assert await asyncio.to_thread(forget_could_lock, a + "'") is False
+            counting(conn)
+            await lock_for_write(conn, a + "'")
+            assert sent == []
+            del conn.execute  # type: ignore[method-assign]
+        assert await asyncio.to_thread(forget_could_lock, a + "'") is True
+        async with workspace_tx(pool, a) as conn:
+            counting(conn)
+            await lock_for_write(conn, a)
+            await lock_for_write(conn, a)
+            assert len(sent) == 1 and await asyncio.to_thread(forget_could_lock, a) is False
+            del conn.execute  # type: ignore[method-assign]
+        sent.clear()
+        async with workspaces_tx(pool) as scope:
+            conn = await scope(a)
+            counting(conn)
+            for w in (a, b, a, b):
+                await lock_for_write(await scope(w), w)
+            assert [q for q in sent if "advisory" in q] and len([q for q in sent if "advisory" in q]) == 2
+            del conn.execute  # type: ignore[method-assign]
+        sent.clear()
+        async with workspace_tx(pool, a) as conn:
+            counting(conn)
+            await lock_for_write(conn, a)
+            assert len(sent) == 1
+            del conn.execute  # type: ignore[method-assign]
+        sent.clear()
+        async with pool.connection() as conn, conn.transaction():  # not begun here: never assumed held
+            counting(conn)
+            await lock_for_write(conn, a)
+            await lock_for_write(conn, a)
+            assert len(sent) == 2
+            del conn.execute  # type: ignore[method-assign]
+    finally:
+        await pool.close()
