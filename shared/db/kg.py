@@ -378,6 +378,29 @@ class _Said(NamedTuple):
     seq: int | None
 
 
+# When each sighting was said, for those that do not say: the turn's message, else the drawer's time. The
+# session and turn are worked out behind a fence (OFFSET 0) so that the message is found by its primary key:
+# under row-level security a COALESCE in the join's condition kept it out of the index condition (it is not
+# known to be leakproof), and every lookup read the workspace's messages whole.
+_SAID_WHEN = """
+SELECT k.n, COALESCE(k.vf, m.created_at, k.occurred_at, now()), k.sess, k.seq
+  FROM (SELECT x.n, x.vf, d.occurred_at, COALESCE(x.sess, d.session_id) AS sess, COALESCE(x.seq, d.seq) AS seq
+          FROM unnest(%(drawer)s::text[], %(sess)s::text[], %(seq)s::integer[], %(vf)s::timestamptz[])
+               WITH ORDINALITY AS x(drawer, sess, seq, vf, n)
+          LEFT JOIN drawers d ON d.workspace_id = %(ws)s AND d.id = x.drawer
+        OFFSET 0) k
+  LEFT JOIN messages m ON m.workspace_id = %(ws)s AND m.session_id = k.sess AND m.seq = k.seq"""
+# The latest fact already true when each was said.
+_TRUE_THEN = """
+SELECT x.n, t.id, t.valid_from
+  FROM unnest(%(s)s::text[], %(p)s::text[], %(o)s::text[], %(vf)s::timestamptz[]) WITH ORDINALITY AS x(s, p, o, vf, n)
+ CROSS JOIN LATERAL (
+       SELECT id, valid_from FROM triples
+        WHERE workspace_id = %(ws)s AND subject_id = x.s AND predicate = x.p AND object_id = x.o
+          AND (valid_from IS NULL OR valid_from <= x.vf) AND (valid_to IS NULL OR valid_to >= x.vf)
+        ORDER BY valid_from DESC NULLS LAST LIMIT 1) t"""
+
+
 async def _write_extracted_triples(
     conn: AsyncConnection[Any], workspace_id: str, said: list[_Said], *, episode_id: str | None,
     known: Mapping[str, str],
@@ -397,35 +420,19 @@ async def _write_extracted_triples(
     ends = [(known[entity_id(workspace_id, x.subject)], x.predicate, known[entity_id(workspace_id, x.obj)])
             for x in said]
     out: dict[int, _Written] = {}
-    # When each was said, where the sighting does not say: the turn's message, else the drawer's time.
     need = [i for i in every if said[i].said_at is None or said[i].session is None or said[i].seq is None]
     where: dict[int, tuple[Any, str | None, int | None]] = {
         i: (said[i].said_at, said[i].session, said[i].seq) for i in every if i not in need}
     if need:
-        cur = await conn.execute(
-            """SELECT x.n, COALESCE(x.vf, m.created_at, d.occurred_at, now()),
-                      COALESCE(x.sess, d.session_id), COALESCE(x.seq, d.seq)
-                 FROM unnest(%(drawer)s::text[], %(sess)s::text[], %(seq)s::integer[], %(vf)s::timestamptz[])
-                      WITH ORDINALITY AS x(drawer, sess, seq, vf, n)
-                 LEFT JOIN drawers d ON d.workspace_id = %(ws)s AND d.id = x.drawer
-                 LEFT JOIN messages m ON m.workspace_id = %(ws)s AND m.session_id = COALESCE(x.sess, d.session_id)
-                                     AND m.seq = COALESCE(x.seq, d.seq)""",
-            {"ws": workspace_id, "drawer": [said[i].drawer for i in need], "sess": [said[i].session for i in need],
-             "seq": [said[i].seq for i in need], "vf": [said[i].said_at for i in need]})
+        cur = await conn.execute(_SAID_WHEN, {
+            "ws": workspace_id, "drawer": [said[i].drawer for i in need], "sess": [said[i].session for i in need],
+            "seq": [said[i].seq for i in need], "vf": [said[i].said_at for i in need]})
         for n, vf, sess, seq in await cur.fetchall():
             where[need[n - 1]] = (vf, sess, seq)
     # Already true at that time (said before, or replayed): the fact stands as it is.
-    cur = await conn.execute(
-        """SELECT x.n, t.id, t.valid_from
-             FROM unnest(%(s)s::text[], %(p)s::text[], %(o)s::text[], %(vf)s::timestamptz[])
-                  WITH ORDINALITY AS x(s, p, o, vf, n)
-             CROSS JOIN LATERAL (
-                   SELECT id, valid_from FROM triples
-                    WHERE workspace_id = %(ws)s AND subject_id = x.s AND predicate = x.p AND object_id = x.o
-                      AND (valid_from IS NULL OR valid_from <= x.vf) AND (valid_to IS NULL OR valid_to >= x.vf)
-                    ORDER BY valid_from DESC NULLS LAST LIMIT 1) t""",
-        {"ws": workspace_id, "s": [e[0] for e in ends], "p": [e[1] for e in ends], "o": [e[2] for e in ends],
-         "vf": [where[i][0] for i in every]})
+    cur = await conn.execute(_TRUE_THEN, {
+        "ws": workspace_id, "s": [e[0] for e in ends], "p": [e[1] for e in ends], "o": [e[2] for e in ends],
+        "vf": [where[i][0] for i in every]})
     for n, tid, start in await cur.fetchall():
         out[n - 1] = _Written(str(tid), start, False, False, False)
     new = [i for i in every if i not in out]

@@ -370,3 +370,41 @@ def test_a_small_exact_workspace_finds_both_candidate_lists_in_one_pass(stack: S
         conn.rollback()
     text = json.dumps(plan)
     assert '"Seq Scan"' not in text and "palace_text_candidates" not in text, text
+
+
+@pytest.mark.parametrize("mode", ["force_generic_plan", "force_custom_plan"])
+def test_an_extraction_finds_when_and_what_was_said_by_keys(stack: Stack, big_workspace: str, mode: str) -> None:
+    """An extraction's facts are decided in fixed statements over arrays (shared.db.kg): when each was said
+    (its turn's message) and the fact already true then. Both probe by key as the services' role, under
+    row-level security, with a generic plan and with a custom one, in a workspace of tens of thousands of
+    messages and facts: a COALESCE in the message's join condition once kept it out of the index (it is
+    not known to be leakproof) and every extraction read the workspace's messages whole."""
+    from shared.db.kg import _SAID_WHEN, _TRUE_THEN
+
+    w = big_workspace
+    if not stack.sql("SELECT 1 FROM messages WHERE workspace_id = %s LIMIT 1", (w,)):
+        with psycopg.connect(stack.database_url, autocommit=True) as conn:
+            conn.execute("INSERT INTO sessions (workspace_id, session_id, event_id, message_count, content_hash)"
+                         " SELECT %s, 's' || g, 'e' || g, 100, md5(g::text)"
+                         " FROM generate_series(1, 300) g", (w,))
+            conn.execute("INSERT INTO messages (workspace_id, session_id, seq, role, content, content_hash)"
+                         " SELECT %s, 's' || (g / 100 + 1), g %% 100, 'user', 'turn ' || g, md5(g::text)"
+                         " FROM generate_series(0, 29999) g", (w,))
+            conn.execute("INSERT INTO triples (workspace_id, id, subject_id, predicate, object_id, valid_from)"
+                         " SELECT %s, md5(g::text), 'speaker', 'likes', 'thing ' || g, now() - g * interval '1 hour'"
+                         " FROM generate_series(1, %s) g", (w, N))
+            for table in ("sessions", "messages", "triples"):
+                analyze(conn, table)
+    with psycopg.connect(stack.database_url) as conn:
+        conn.execute("SET ROLE palace_app")
+        conn.execute("SELECT set_config('palace.workspace_id', %s, true)", (w,))
+        conn.execute(sql.SQL("SET plan_cache_mode = {}").format(sql.Literal(mode)))
+        when = json.dumps(conn.execute("EXPLAIN (FORMAT JSON) " + _SAID_WHEN, {
+            "ws": w, "drawer": [md5 for (md5,) in conn.execute("SELECT md5('7') UNION ALL SELECT md5('8')")],
+            "sess": ["s1", None], "seq": [None, 3], "vf": [None, None]}).fetchall()[0][0])
+        then = json.dumps(conn.execute("EXPLAIN (FORMAT JSON) " + _TRUE_THEN, {
+            "ws": w, "s": ["speaker", "speaker"], "p": ["likes", "likes"], "o": ["thing 5", "thing 9"],
+            "vf": ["2026-01-01T00:00:00Z", "2026-01-02T00:00:00Z"]}).fetchall()[0][0])
+        conn.rollback()
+    assert '"Seq Scan"' not in when and '"messages_pkey"' in when and '"drawers_pkey"' in when, when
+    assert '"Seq Scan"' not in then and '"Bitmap Heap Scan"' not in then, then
