@@ -283,6 +283,29 @@ async def add_triple(
                        subject_created=w.subject_created, object_created=w.object_created)
 
 
+# When each fact was said, where its sighting does not say: the turn's message, else the drawer's time. The
+# session and turn are worked out behind a fence (OFFSET 0) so that the message is found by its primary key:
+# under row-level security a COALESCE in the join's condition kept it out of the index condition (it is not
+# known to be leakproof), and every lookup read the workspace's messages whole.
+_SAID_WHEN = """
+SELECT k.n, COALESCE(k.vf, m.created_at, k.occurred_at, now()), k.sess, k.seq
+  FROM (SELECT x.n, x.vf, d.occurred_at, COALESCE(x.sess, d.session_id) AS sess, COALESCE(x.seq, d.seq) AS seq
+          FROM unnest(%(drawer)s::text[], %(sess)s::text[], %(seq)s::integer[], %(vf)s::timestamptz[])
+               WITH ORDINALITY AS x(drawer, sess, seq, vf, n)
+          LEFT JOIN drawers d ON d.workspace_id = %(ws)s AND d.id = x.drawer
+        OFFSET 0) k
+  LEFT JOIN messages m ON m.workspace_id = %(ws)s AND m.session_id = k.sess AND m.seq = k.seq"""
+# The latest fact already true when each was said.
+_TRUE_THEN = """
+SELECT x.n, t.id, t.valid_from
+  FROM unnest(%(s)s::text[], %(p)s::text[], %(o)s::text[], %(vf)s::timestamptz[]) WITH ORDINALITY AS x(s, p, o, vf, n)
+ CROSS JOIN LATERAL (
+       SELECT id, valid_from FROM triples
+        WHERE workspace_id = %(ws)s AND subject_id = x.s AND predicate = x.p AND object_id = x.o
+          AND (valid_from IS NULL OR valid_from <= x.vf) AND (valid_to IS NULL OR valid_to >= x.vf)
+        ORDER BY valid_from DESC NULLS LAST LIMIT 1) t"""
+
+
 async def _write_triple(
     conn: AsyncConnection[Any], workspace_id: str, subject: str, predicate: str, obj: str, *,
     valid_from: When, valid_to: When, confidence: float, subject_type: str, object_type: str,
@@ -301,18 +324,11 @@ async def _write_triple(
     if vf_in is not None and source_session is not None and source_seq is not None:
         vf = vf_in  # all given (an extraction knows when each turn was said): nothing to look up
     else:
-        cur = await conn.execute(
-            """SELECT COALESCE(%(vf)s::timestamptz, m.created_at, d.occurred_at, now()),
-                      COALESCE(%(sess)s, d.session_id), COALESCE(%(seq)s::integer, d.seq)
-                 FROM (SELECT 1) one
-                 LEFT JOIN drawers d ON d.workspace_id = %(ws)s AND d.id = %(drawer)s
-                 LEFT JOIN messages m ON m.workspace_id = %(ws)s AND m.session_id = COALESCE(%(sess)s, d.session_id)
-                                     AND m.seq = COALESCE(%(seq)s::integer, d.seq)""",
-            {"vf": vf_in, "sess": source_session, "seq": source_seq, "ws": workspace_id, "drawer": source_drawer},
-        )
+        cur = await conn.execute(_SAID_WHEN, {"ws": workspace_id, "drawer": [source_drawer], "sess": [source_session],
+                                              "seq": [source_seq], "vf": [vf_in]})
         row = await cur.fetchone()
         assert row is not None
-        vf, source_session, source_seq = row
+        _, vf, source_session, source_seq = row
     if vt is not None and vt < vf:
         raise KgError(f"valid_to {vt.isoformat()} is before valid_from {vf.isoformat()}")
 
@@ -376,29 +392,6 @@ class _Said(NamedTuple):
     drawer: str
     session: str | None
     seq: int | None
-
-
-# When each sighting was said, for those that do not say: the turn's message, else the drawer's time. The
-# session and turn are worked out behind a fence (OFFSET 0) so that the message is found by its primary key:
-# under row-level security a COALESCE in the join's condition kept it out of the index condition (it is not
-# known to be leakproof), and every lookup read the workspace's messages whole.
-_SAID_WHEN = """
-SELECT k.n, COALESCE(k.vf, m.created_at, k.occurred_at, now()), k.sess, k.seq
-  FROM (SELECT x.n, x.vf, d.occurred_at, COALESCE(x.sess, d.session_id) AS sess, COALESCE(x.seq, d.seq) AS seq
-          FROM unnest(%(drawer)s::text[], %(sess)s::text[], %(seq)s::integer[], %(vf)s::timestamptz[])
-               WITH ORDINALITY AS x(drawer, sess, seq, vf, n)
-          LEFT JOIN drawers d ON d.workspace_id = %(ws)s AND d.id = x.drawer
-        OFFSET 0) k
-  LEFT JOIN messages m ON m.workspace_id = %(ws)s AND m.session_id = k.sess AND m.seq = k.seq"""
-# The latest fact already true when each was said.
-_TRUE_THEN = """
-SELECT x.n, t.id, t.valid_from
-  FROM unnest(%(s)s::text[], %(p)s::text[], %(o)s::text[], %(vf)s::timestamptz[]) WITH ORDINALITY AS x(s, p, o, vf, n)
- CROSS JOIN LATERAL (
-       SELECT id, valid_from FROM triples
-        WHERE workspace_id = %(ws)s AND subject_id = x.s AND predicate = x.p AND object_id = x.o
-          AND (valid_from IS NULL OR valid_from <= x.vf) AND (valid_to IS NULL OR valid_to >= x.vf)
-        ORDER BY valid_from DESC NULLS LAST LIMIT 1) t"""
 
 
 async def _write_extracted_triples(
