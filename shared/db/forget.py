@@ -21,7 +21,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from shared.db.decisions import restore_columns
 from shared.db.drawers import history_id_for, record_history
-from shared.db.tenancy import holds_lock, note_lock, workspace_tx
+from shared.db.tenancy import holds_lock, workspace_tx
 from shared.memory.decisions import content_hash as decision_hash
 
 __all__ = [
@@ -63,12 +63,12 @@ def _lock_name(workspace_id: str) -> str:
 
 
 async def lock_for_write(conn: AsyncConnection[Any], workspace_id: str) -> None:
-    """A writer's side of the ordering (shared: writers never wait for each other). Once per transaction:
-    a batch that checks many events of one workspace asks the server once."""
+    """A writer's side of the ordering (shared: writers never wait for each other). Nothing to send when
+    the transaction began holding it (``writer_tx``). A lock taken here is not remembered: taken inside a
+    savepoint that is rolled back, PostgreSQL releases it, so only one taken with the BEGIN is known held."""
     if holds_lock(conn, _lock_name(workspace_id)):
         return
     await conn.execute(_LOCK.format(mode="_shared"), (workspace_id,))
-    note_lock(conn, _lock_name(workspace_id))
 
 
 @asynccontextmanager

@@ -19,7 +19,7 @@ from psycopg_pool import AsyncConnectionPool
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential_jitter
 
 __all__ = ["WRITE_CONFLICTS", "act_as_maintenance", "begun_with", "holds_lock", "key_lookup_tx", "maintenance_tx",
-           "note_lock", "retry_conflicts", "scope_to_workspace", "scoped_rows", "scoped_statement",
+           "retry_conflicts", "scope_to_workspace", "scoped_rows", "scoped_statement",
            "workspace_tx", "workspace_write", "workspaces_tx"]
 
 T = TypeVar("T")
@@ -31,21 +31,14 @@ WRITE_CONFLICTS = (psycopg.errors.DeadlockDetected, psycopg.errors.Serialization
 
 _SCOPE = "SELECT set_config('palace.workspace_id', {}, true)"
 _IDLE = psycopg.pq.TransactionStatus.IDLE
-# The transaction-level locks each connection's current transaction (one begun here) holds, by name: a
-# second request for one of them in the same transaction needs no round trip. Cleared when it ends.
+# The transaction-level locks each connection's current transaction (one begun here) took with its BEGIN, by
+# name: a later request for one of them needs no round trip. Cleared when the transaction ends.
 _held: weakref.WeakKeyDictionary[AsyncConnection[Any], set[str]] = weakref.WeakKeyDictionary()
 
 
 def holds_lock(conn: AsyncConnection[Any], name: str) -> bool:
     """Whether ``conn``'s current transaction already holds the transaction-level lock ``name``."""
     return name in _held.get(conn, ())
-
-
-def note_lock(conn: AsyncConnection[Any], name: str) -> None:
-    """Record that ``conn``'s current transaction took the transaction-level lock ``name`` (kept until the
-    transaction ends, as PostgreSQL keeps it). Only transactions begun here are tracked."""
-    if conn in _held:
-        _held[conn].add(name)
 
 
 async def scope_to_workspace(conn: AsyncConnection[Any], workspace_id: str) -> None:
@@ -140,7 +133,7 @@ async def workspace_tx(pool: AsyncConnectionPool, workspace_id: str, *,
         first = first + sql.SQL("; ") + lock[1]
     async with pool.connection() as conn, begun_with(conn, first):
         if lock is not None:
-            note_lock(conn, lock[0])
+            _held[conn].add(lock[0])  # taken with the BEGIN, outside any savepoint: held to the end
         yield conn
 
 

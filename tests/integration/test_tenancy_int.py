@@ -90,16 +90,15 @@ async def test_a_scoped_statement_is_its_own_transaction_in_its_workspace(stack:
         await pool.close()
 
 
-async def test_a_writer_begins_holding_the_forget_lock_and_asks_for_it_once_a_transaction(stack: Stack) -> None:
-    """writer_tx takes forget's shared lock with its BEGIN (the lock forget's exclusive one waits on), and
-    lock_for_write then sends nothing; in another transaction the first lock_for_write asks the server and
-    the second does not; a new transaction on the same connection asks again, and one not begun by
-    tenancy is never assumed to hold it."""
+async def test_a_writer_begins_holding_the_forget_lock_and_never_asks_for_it_again(stack: Stack) -> None:
+    """writer_tx takes forget's shared lock with its BEGIN (the lock forget's exclusive one waits on), held
+    through a savepoint rolled back inside it, and lock_for_write then sends nothing. Elsewhere every
+    lock_for_write asks the server: one taken inside a savepoint is released if the savepoint is rolled back,
+    so none taken later is assumed held; nor does the mark outlive its transaction."""
     from shared.db.forget import lock_for_write, writer_tx
-    from shared.db.tenancy import workspaces_tx
 
     pool = await open_pool(stack.database_url, name="test-tenancy-lock", max_size=1)
-    a, b = ws(), ws()
+    a = ws()
     sent: list[str] = []
 
     def counting(conn: psycopg.AsyncConnection) -> None:  # type: ignore[type-arg]
@@ -115,38 +114,31 @@ async def test_a_writer_begins_holding_the_forget_lock_and_asks_for_it_once_a_tr
                               (w,))[0][0])
     try:
         async with writer_tx(pool, a + "'") as conn:
+            with pytest.raises(psycopg.errors.DivisionByZero):
+                async with conn.transaction():
+                    await conn.execute("SELECT 1/0")
             assert await asyncio.to_thread(forget_could_lock, a + "'") is False
             counting(conn)
             await lock_for_write(conn, a + "'")
             assert sent == []
             del conn.execute  # type: ignore[method-assign]
         assert await asyncio.to_thread(forget_could_lock, a + "'") is True
-        async with workspace_tx(pool, a) as conn:
+        async with pool.connection() as conn, conn.transaction():  # the same connection, not begun here
             counting(conn)
-            await lock_for_write(conn, a)
-            await lock_for_write(conn, a)
-            assert len(sent) == 1 and await asyncio.to_thread(forget_could_lock, a) is False
-            del conn.execute  # type: ignore[method-assign]
-        sent.clear()
-        async with workspaces_tx(pool) as scope:
-            conn = await scope(a)
-            counting(conn)
-            for w in (a, b, a, b):
-                await lock_for_write(await scope(w), w)
-            assert [q for q in sent if "advisory" in q] and len([q for q in sent if "advisory" in q]) == 2
-            del conn.execute  # type: ignore[method-assign]
-        sent.clear()
-        async with workspace_tx(pool, a) as conn:
-            counting(conn)
-            await lock_for_write(conn, a)
+            await lock_for_write(conn, a + "'")
             assert len(sent) == 1
             del conn.execute  # type: ignore[method-assign]
         sent.clear()
-        async with pool.connection() as conn, conn.transaction():  # not begun here: never assumed held
+        async with workspace_tx(pool, a) as conn:
+            with pytest.raises(psycopg.errors.DivisionByZero):
+                async with conn.transaction():
+                    await lock_for_write(conn, a)
+                    await conn.execute("SELECT 1/0")
+            assert await asyncio.to_thread(forget_could_lock, a) is True  # released with its savepoint
             counting(conn)
             await lock_for_write(conn, a)
             await lock_for_write(conn, a)
-            assert len(sent) == 2
+            assert len(sent) == 2 and await asyncio.to_thread(forget_could_lock, a) is False
             del conn.execute  # type: ignore[method-assign]
     finally:
         await pool.close()
