@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 from psycopg import AsyncConnection, sql
 
-from shared.db.vector_indexes import index_name_for, index_predicate
+from shared.db.vector_indexes import build_serially_unless_fixed, index_name_for, index_predicate
 
 __all__ = [
     "TABLES",
@@ -345,6 +345,7 @@ async def build_next_index(conn: AsyncConnection[Any], workspace_id: str, *, m: 
         return
     await conn.execute(sql.SQL("DROP INDEX CONCURRENTLY IF EXISTS {}").format(sql.Identifier(name)))
     await conn.execute("SET maintenance_work_mem = '256MB'")
+    await build_serially_unless_fixed(conn)
     await conn.execute(sql.SQL(
         "CREATE INDEX CONCURRENTLY {name} ON drawers USING hnsw (embedding_next vector_cosine_ops)"
         " WITH (m = {m}, ef_construction = {ef}) WHERE {where}").format(

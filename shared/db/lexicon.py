@@ -28,7 +28,11 @@ async def stale_lexicons(conn: AsyncConnection[Any], max_age_s: float, limit: in
 async def refresh_lexicon(conn: AsyncConnection[Any], workspace_id: str, common_share: float) -> int:
     """Replace the workspace's lexicon with the lexemes found in at least ``common_share`` of its live
     drawers; returns how many. One pass over the workspace's rows (``ts_stat``), run by maintain at
-    most once per refresh period, never by a search."""
+    most once per refresh period, never by a search. In the caller's transaction, one refresh of a
+    workspace at a time: a second one waits for the first to commit, then deletes what it wrote (two at
+    once each deleted before the other inserted, and the second insert hit the first's rows)."""
+    await conn.execute("SELECT pg_advisory_xact_lock(hashtextextended('palace.lexicon:' || %s, 0))",
+                       (workspace_id,))
     cur = await conn.execute(
         "SELECT count(*) FROM drawers WHERE workspace_id = %s AND deleted_at IS NULL AND state <> 'merged'",
         (workspace_id,))

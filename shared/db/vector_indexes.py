@@ -18,7 +18,9 @@ from psycopg import AsyncConnection, sql
 
 __all__ = [
     "OLDEST_WAIT_SQL",
+    "PARALLEL_BUILD_FIXED_IN",
     "WANTED_SQL",
+    "build_serially_unless_fixed",
     "build_vector_index",
     "drop_vector_index",
     "index_name_for",
@@ -32,6 +34,27 @@ __all__ = [
     "vector_index_ready",
     "wanted_vector_indexes",
 ]
+
+
+# pgvector's parallel HNSW build overflows a buffer from 0.6.0 up to 0.8.1 (CVE-2026-3172: it can read other
+# relations' data or crash the server; a crashed parallel worker restarts every PostgreSQL process).
+PARALLEL_BUILD_FIXED_IN = (0, 8, 2)
+
+
+def _version(text: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in text.split(".") if p.isdigit())
+
+
+async def build_serially_unless_fixed(conn: AsyncConnection[Any]) -> bool:
+    """On the connection about to build an HNSW index, turn parallel workers off unless the server's
+    pgvector has the parallel build fixed. Returns whether it did. The setting lasts for the session; the
+    builders' connections are their own (maintain's is closed after the build, reembed's is an operator's)."""
+    cur = await conn.execute("SELECT extversion FROM pg_extension WHERE extname = 'vector'")
+    row = await cur.fetchone()
+    if row is not None and _version(str(row[0])) >= PARALLEL_BUILD_FIXED_IN:
+        return False
+    await conn.execute("SET max_parallel_maintenance_workers = 0")
+    return True
 
 
 def index_predicate(workspace_id: str) -> sql.Composed:
@@ -138,6 +161,7 @@ async def build_vector_index(database_url: str, workspace_id: str, index_name: s
             if row and row[0]:
                 await conn.execute(sql.SQL("DROP INDEX CONCURRENTLY IF EXISTS {}").format(sql.Identifier(index_name)))
             await conn.execute("SET maintenance_work_mem = '256MB'")
+            await build_serially_unless_fixed(conn)
             await conn.execute(ddl)
             cur = await conn.execute("SELECT indisvalid FROM pg_index WHERE indexrelid = to_regclass(%s)",
                                      (index_name,))

@@ -408,3 +408,30 @@ def test_an_extraction_finds_when_and_what_was_said_by_keys(stack: Stack, big_wo
         conn.rollback()
     assert '"Seq Scan"' not in when and '"messages_pkey"' in when and '"drawers_pkey"' in when, when
     assert '"Seq Scan"' not in then and '"Bitmap Heap Scan"' not in then, then
+
+
+def test_two_lexicon_refreshes_of_one_workspace_at_once_both_succeed(stack: Stack, big_workspace: str) -> None:
+    """Two refreshes side by side (two maintain replicas, or one and an operator): the second waits for the
+    first and replaces what it wrote, where both deleting first and inserting after failed on the key."""
+    import asyncio
+
+    from shared.db.lexicon import refresh_lexicon
+    from shared.db.pool import open_pool
+    from shared.db.tenancy import maintenance_tx
+
+    async def both() -> list[int]:
+        pool = await open_pool(stack.database_url, name="test-lexicon-twice", max_size=2)
+
+        async def one() -> int:
+            async with maintenance_tx(pool) as conn:
+                n = await refresh_lexicon(conn, big_workspace, 0.01)
+                await asyncio.sleep(0.3)  # still uncommitted while the other one starts
+                return n
+        try:
+            return list(await asyncio.gather(one(), one()))
+        finally:
+            await pool.close()
+
+    a, b = asyncio.run(both())
+    assert a == b > 0
+    assert stack.sql("SELECT count(*) FROM workspace_lexicon WHERE workspace_id = %s", (big_workspace,)) == [(a,)]

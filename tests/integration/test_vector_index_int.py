@@ -203,3 +203,27 @@ def test_the_build_lease_is_renewed_while_a_build_runs_and_released_after(
     assert seen == [True]
     assert stack.sql("SELECT holder, expires_at <= now() FROM job_leases WHERE job = 'vector_indexes'")[0] == (
         holder, True)
+
+
+def test_an_index_is_built_serially_on_a_pgvector_whose_parallel_build_overflows(stack: Stack) -> None:
+    """pgvector 0.6.0–0.8.1 overflows a buffer in its parallel HNSW build (CVE-2026-3172; here a parallel
+    worker's segfault once restarted the whole server mid-suite). The builders turn parallel workers off on
+    such a server (the embedded one ships 0.6.2) and leave them alone on a fixed one."""
+    import asyncio
+
+    from shared.db.vector_indexes import PARALLEL_BUILD_FIXED_IN, _version, build_serially_unless_fixed
+
+    assert _version("0.8.1") < PARALLEL_BUILD_FIXED_IN <= _version("0.8.2") < _version("0.10.0")
+
+    async def workers() -> tuple[bool, str, str, str]:
+        async with await psycopg.AsyncConnection.connect(stack.database_url, autocommit=True) as conn:
+            row = await (await conn.execute("SELECT extversion FROM pg_extension WHERE extname = 'vector'")).fetchone()
+            before = await (await conn.execute("SHOW max_parallel_maintenance_workers")).fetchone()
+            changed = await build_serially_unless_fixed(conn)
+            after = await (await conn.execute("SHOW max_parallel_maintenance_workers")).fetchone()
+            assert row is not None and before is not None and after is not None
+            return changed, str(row[0]), str(before[0]), str(after[0])
+
+    changed, version, before, after = asyncio.run(workers())
+    assert changed == (_version(version) < PARALLEL_BUILD_FIXED_IN)
+    assert after == ("0" if changed else before)
