@@ -37,7 +37,10 @@ __all__ = [
 ]
 
 KINDS = ("workspace", "user", "agent", "session", "drawer")
-_LOCK = "SELECT pg_advisory_xact_lock{mode}(hashtextextended('palace.forget:' || %s, 0))"
+# Forget's lock of a workspace, by name (``_lock_name``): the name bound as a parameter, or as a literal where
+# it travels with a BEGIN (``writer_tx``).
+_LOCK_OF = "SELECT pg_advisory_xact_lock{mode}(hashtextextended({name}, 0))"
+_LOCK = _LOCK_OF.format(mode="{mode}", name="'palace.forget:' || %s")
 # Whether the workspace, the session (%(s)s), its user (%(u)s) or its agent (%(a)s) was forgotten; a session
 # known only by its id is matched to its user and agent through the stored session row.
 _FORGOTTEN = """(EXISTS (SELECT 1 FROM forget_tombstones
@@ -76,8 +79,7 @@ async def writer_tx(pool: AsyncConnectionPool, workspace_id: str) -> AsyncIterat
     """A workspace transaction that begins ordered with forget: the writer's lock travels with the BEGIN
     (one round trip fewer than ``lock_for_write`` as its first statement, which then costs nothing).
     For a transaction that checks what was forgotten before it writes."""
-    take = sql.SQL(_LOCK.format(mode="_shared").replace("'palace.forget:' || %s", "{}")).format(
-        sql.Literal(_lock_name(workspace_id)))
+    take = sql.SQL(_LOCK_OF.format(mode="_shared", name="{}")).format(sql.Literal(_lock_name(workspace_id)))
     async with workspace_tx(pool, workspace_id, lock=(_lock_name(workspace_id), take)) as conn:
         yield conn
 

@@ -342,12 +342,9 @@ async def _write_triple(
     key = {"ws": workspace_id, "s": sid, "p": pred, "o": oid, "vf": vf}
 
     # Already true at that time (said before, or replayed): the fact stands as it is.
-    cur = await conn.execute(
-        """SELECT id, valid_from FROM triples
-            WHERE workspace_id = %(ws)s AND subject_id = %(s)s AND predicate = %(p)s AND object_id = %(o)s
-              AND (valid_from IS NULL OR valid_from <= %(vf)s) AND (valid_to IS NULL OR valid_to >= %(vf)s)
-            ORDER BY valid_from DESC NULLS LAST LIMIT 1""", key)
+    cur = await conn.execute(_TRUE_THEN, {"ws": workspace_id, "s": [sid], "p": [pred], "o": [oid], "vf": [vf]})
     found = await cur.fetchone()
+    found = found[1:] if found else None
     created = False
     start: datetime | None = vf
     if found:
