@@ -142,6 +142,10 @@ class Settings(BaseSettings):
         100, ge=1, description="A workspace with at least this many rows in a table whose statistics would estimate "
         "it as nearly empty gets that table analyzed by maintain (its plans would otherwise scan the workspace).",
     )
+    statistics_stale_rows: int = Field(
+        1_000, ge=1, description="A table that changed by at least this many rows, and by as many as it held, "
+        "since its last full ANALYZE (autovacuum is behind: ten times its own trigger) is analyzed whole by maintain.",
+    )
     lexicon_common_share: float = Field(
         0.01, gt=0, lt=1, description="In a workspace past exact search, a word found in at least this share of its "
         "drawers is common: full-text candidates come from the query's other (rare) words when it has any.",

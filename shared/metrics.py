@@ -122,7 +122,8 @@ VECTOR_INDEX_OLDEST_WAIT = Gauge(
 )
 STATISTICS_REFRESHES = Counter(
     "palace_statistics_refreshes_total",
-    "Tables maintain analyzed because their statistics estimated a sizeable workspace as nearly empty.", ["table"],
+    "Tables maintain analyzed: their statistics estimated a sizeable workspace as nearly empty, or autovacuum had "
+    "fallen behind on them.", ["table"],
 )
 VECTOR_INDEX_BUILDS = Counter("palace_vector_index_builds_total", "Workspace vector index builds.", ["outcome"])
 VECTOR_INDEX_BUILD_SECONDS = Histogram(

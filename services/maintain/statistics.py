@@ -1,6 +1,6 @@
 """maintain's statistics watch: analyze a table as soon as its planner statistics would estimate a
-sizeable workspace as nearly empty (``shared.db.statistics`` says why that makes plans scan the
-workspace), under a lease so one replica does it."""
+sizeable workspace as nearly empty, or whole once autovacuum has fallen behind on it (``shared.db.statistics``
+says why either makes plans scan the workspace), under a lease so one replica does it."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import time
 from services._runtime import Deps, holder_name
 from shared.db.lifecycle import release_lease
 from shared.db.maintenance import take_lease
-from shared.db.statistics import analyze_tables, blind_tables
+from shared.db.statistics import analyze_tables, blind_tables, stale_tables
 from shared.db.tenancy import maintenance_tx
 from shared.endpoints import resolve_urls
 from shared.logging import get_logger
@@ -30,14 +30,15 @@ async def refresh_statistics(deps: Deps, holder: str, known: set[tuple[str, str]
     there is a table to analyze, so that one replica does it."""
     async with maintenance_tx(deps.pool) as conn:
         blind = await blind_tables(conn, deps.settings.statistics_blind_rows, known=known)
-    if not blind:
+        stale = set(await stale_tables(conn, deps.settings.statistics_stale_rows))
+    if not blind and not stale:
         return []
     async with maintenance_tx(deps.pool) as conn:
         if not await take_lease(conn, "statistics", holder, _LEASE_S, 0.0):
             return []
     try:
         db_url, _ = resolve_urls(deps.settings)
-        done, skipped = await analyze_tables(db_url, sorted(blind))
+        done, skipped = await analyze_tables(db_url, sorted(set(blind) | stale), whole=stale)
         for table, why in skipped.items():
             # Locked by an index build: next round. Not allowed (a login role that does not own the table):
             # every round, so said once an hour.
@@ -46,7 +47,9 @@ async def refresh_statistics(deps: Deps, holder: str, known: set[tuple[str, str]
                 log.warning("statistics_not_refreshed", table=table, reason=why[:300])
         for table in done:
             STATISTICS_REFRESHES.labels(table).inc()
-            log.info("statistics_refreshed", table=table, workspaces=blind[table][:5], unseen=len(blind[table]))
+            unseen = blind.get(table, [])
+            log.info("statistics_refreshed", table=table, whole=table in stale, workspaces=unseen[:5],
+                     unseen=len(unseen))
         return done
     finally:
         with contextlib.suppress(Exception):

@@ -30,7 +30,7 @@ from typing import Any
 import psycopg
 from psycopg import AsyncConnection, sql
 
-__all__ = ["analyze_tables", "blind_tables", "estimated_rows"]
+__all__ = ["analyze_tables", "blind_tables", "estimated_rows", "stale_tables"]
 
 # Tables with a workspace_id column and an index leading with it (the skip scan needs one), with the rows
 # written since their last full ANALYZE (a workspace the statistics lack can only have grown among those).
@@ -44,6 +44,18 @@ SELECT c.relname, COALESCE(pg_stat_get_mod_since_analyze(c.oid), 0)
    -- one row per workspace (unique on the column alone): no workspace can grow there
    AND NOT EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = c.oid AND i.indisunique AND i.indnkeyatts = 1
                                              AND i.indkey[0] = a.attnum)
+ ORDER BY c.relname
+"""
+# Tables changed, since their last full ANALYZE, by as many rows as they held then (``reltuples`` is -1 for a
+# table never analyzed) and by at least ``min`` rows: ten times autovacuum's own trigger (a tenth of the
+# table), so autovacuum has fallen behind on them. A column-only ANALYZE (``analyze_tables``) updates
+# ``reltuples`` but leaves the count, so the count is always "since the last full one".
+_STALE_SQL = """
+SELECT c.relname
+  FROM pg_class c
+  JOIN pg_namespace n ON n.oid = c.relnamespace AND n.nspname = current_schema()
+ WHERE c.relkind = 'r'
+   AND COALESCE(pg_stat_get_mod_since_analyze(c.oid), 0) >= greatest(%s, c.reltuples)
  ORDER BY c.relname
 """
 # No workspace is called this (ids are printable): what the planner expects of one it has never seen.
@@ -115,12 +127,27 @@ async def blind_tables(conn: AsyncConnection[Any], min_rows: int, *, known: set[
     return out
 
 
-async def analyze_tables(database_url: str, tables: list[str]) -> tuple[list[str], dict[str, str]]:
-    """``ANALYZE`` each table's workspace column, as the login role that owns it, on a connection of its
-    own (autocommit). The column alone: the statistics of a vector, a tsvector or an array column cost
-    several times the sampling itself, and autovacuum keeps those on its own schedule. SKIP_LOCKED: a
-    table locked by an index build is left for the next round rather than waited on. Returns the tables
-    analyzed, and those skipped with PostgreSQL's reason (locked, or a login role that does not own it)."""
+async def stale_tables(conn: AsyncConnection[Any], min_rows: int) -> list[str]:
+    """Tables autovacuum has not analyzed while they changed by as many rows as they held (and by at least
+    ``min_rows``): their other columns have no statistics, or statistics of a table a fraction of today's.
+
+    A new database is where this bites. Its tables fill from nothing, autovacuum's worker may spend minutes
+    vacuuming a table with a vector index before it gets to analyzing it, and meanwhile a column without
+    statistics is estimated by a default selectivity: ``state = 'processed'`` looks as selective as a primary
+    key, and a lookup by id walks every processed drawer of the workspace instead. Read under a role that sees
+    the statistics counters (maintenance)."""
+    cur = await conn.execute(_STALE_SQL, (min_rows,))
+    return [str(r[0]) for r in await cur.fetchall()]
+
+
+async def analyze_tables(database_url: str, tables: list[str], *, whole: set[str] | frozenset[str] = frozenset()
+                         ) -> tuple[list[str], dict[str, str]]:
+    """``ANALYZE`` each table's workspace column, or the whole table for those in ``whole`` (stale ones),
+    as the login role that owns it, on a connection of its own (autocommit). The column alone where that
+    is all that is missing: the statistics of a vector, a tsvector or an array column cost several times
+    the sampling itself, and autovacuum keeps those on its own schedule. SKIP_LOCKED: a table locked by an
+    index build is left for the next round rather than waited on. Returns the tables analyzed, and those
+    skipped with PostgreSQL's reason (locked, or a login role that does not own it)."""
     done: list[str] = []
     skipped: dict[str, str] = {}
     async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as conn:
@@ -133,7 +160,9 @@ async def analyze_tables(database_url: str, tables: list[str]) -> tuple[list[str
 
             conn.add_notice_handler(notice)
             try:
-                await conn.execute(sql.SQL("ANALYZE (SKIP_LOCKED) {} (workspace_id)").format(sql.Identifier(table)))
+                target = sql.Identifier(table) if table in whole else sql.SQL("{} (workspace_id)").format(
+                    sql.Identifier(table))
+                await conn.execute(sql.SQL("ANALYZE (SKIP_LOCKED) {}").format(target))
             finally:
                 conn.remove_notice_handler(notice)
             if why:
