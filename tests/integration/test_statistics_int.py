@@ -191,3 +191,37 @@ def test_a_table_autovacuum_has_not_analyzed_yet_is_analyzed_whole(database: str
     with psycopg.connect(database, autocommit=True) as conn:
         conn.execute("UPDATE drawers SET importance = 0.4 WHERE workspace_id = %s AND seq = 1", (ws,))
     assert "drawers" not in _maintenance(database, lambda c: stale_tables(c, 1000))
+
+
+def test_maintains_check_analyzes_a_stale_table_whole(stack: Stack, database: str) -> None:
+    """The check maintain runs every few seconds, end to end: a table autovacuum has not reached is
+    found and analyzed whole (its planner estimates are right afterwards), and the next round finds
+    nothing to do."""
+    from services._runtime import Deps
+    from services.maintain.statistics import refresh_statistics
+    from shared.db.pool import open_pool
+
+    ws = "ws-stale"
+    with psycopg.connect(database, autocommit=True) as conn:
+        conn.execute("ALTER TABLE drawers SET (autovacuum_enabled = false)")
+        conn.execute("ALTER TABLE drawer_sources SET (autovacuum_enabled = false)")
+    _seed(database, ws, 300)
+    with psycopg.connect(database, autocommit=True) as conn:
+        conn.execute("UPDATE drawers SET state = 'processed' WHERE workspace_id = %s", (ws,))
+    settings = stack.settings.model_copy(update={"database_url": database})
+
+    async def go() -> tuple[list[str], list[str]]:
+        pool = await open_pool(database, name="test-statistics", max_size=2, role=settings.db_role)
+        try:
+            deps = Deps(settings, "maintain", pool, None)  # type: ignore[arg-type]
+            first = await refresh_statistics(deps, "test-statistics")
+            return first, await refresh_statistics(deps, "test-statistics")
+        finally:
+            await pool.close()
+
+    wait_for(lambda: "drawers" in _maintenance(database, lambda c: stale_tables(c, settings.statistics_stale_rows))
+             or None, 30, "the written rows to reach the table statistics")
+    first, second = asyncio.run(go())
+    assert "drawers" in first and "drawer_sources" in first, first
+    assert "drawers" not in second, second
+    assert _state_estimate(database, ws) > 2_000
