@@ -20,6 +20,10 @@ that covers every workspace, so few of them: a skip scan of the primary key list
 workspace's rows stops at ``min_rows``. A workspace once analyzed is in the list, with the size it had
 then: it may grow past that, but it is no longer estimated as empty, which is what makes the plans go
 wrong.
+
+The workspace column alone is not enough where the other columns have no statistics at all: a new
+database whose tables filled faster than autovacuum got to analyzing them (``stale_tables``). Such a table
+is analyzed whole, once per doubling while it grows, and left to autovacuum once it keeps up.
 """
 
 from __future__ import annotations
