@@ -56,6 +56,7 @@ __all__ = [
     "settle_drawers",
     "start_servers",
     "warn_if_busy",
+    "wipe_bench_stack",
     "write_results",
 ]
 
@@ -204,6 +205,19 @@ def check_schema(database_url: str) -> list[str]:
             if m.version in applied and applied[m.version] != m.checksum]
 
 
+def wipe_bench_stack() -> None:
+    """Stop the bench's embedded servers and delete what they hold, all but the lock this run holds: the next
+    start is a new database, as a new user's is (its tables without statistics, autovacuum yet to reach them),
+    not one warmed by earlier runs."""
+    from palace_dev.devstack import DevStack
+
+    DevStack(BENCH_STACK).stop()
+    if BENCH_STACK.exists():
+        for child in BENCH_STACK.iterdir():
+            if child.name != "bench.lock":
+                shutil.rmtree(child) if child.is_dir() else child.unlink()
+
+
 def start_servers(sup: Any) -> list[str]:
     """``sup.start_servers()``, making sure the schema measured is the one in the tree.
 
@@ -216,10 +230,7 @@ def start_servers(sup: Any) -> list[str]:
     if stale and sup.stack is not None and Path(sup.stack.root) == BENCH_STACK.resolve():
         console.print(f"[yellow]{BENCH_STACK.name}/ was created with an older {', '.join(stale)}: "
                       "recreating it (bench data only)[/yellow]")
-        sup.stack.stop()
-        for child in BENCH_STACK.iterdir():  # everything but the lock this run holds
-            if child.name != "bench.lock":
-                shutil.rmtree(child) if child.is_dir() else child.unlink()
+        wipe_bench_stack()
         sup.start_servers()
         stale = check_schema(sup.database_url)
     if stale:

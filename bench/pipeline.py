@@ -7,9 +7,12 @@ cluster, enrich, and maintain, which builds a workspace's vector index once it o
 Sessions are published as fast as JetStream acks them; a stage's rate is the run's messages over the
 time from the first publish until that stage's durable consumer had acked all it
 was given, and end to end is published → every stage drained (every drawer classified, clustered and
-its session's episode and entities built: nothing left behind in any queue). Both configurations run
-on one stack in one process, one after the other, each on a fresh workspace. PostgreSQL's CPU is split
-by the service whose connection spent it (``application_name``), which is where the cost per message is.
+its session's episode and entities built: nothing left behind in any queue). The configurations run
+one after the other, each on a new database, as a new user's is, and a fresh workspace. ``--reuse`` keeps
+the last database instead: its tables have statistics from earlier runs, which a new one does not, so
+its figures are not the ones a new user sees (docs/scale.md, "Columns autovacuum has not reached yet").
+PostgreSQL's CPU is split by the service whose connection spent it (``application_name``), which is where
+the cost per message is.
 
 The last line is ``end_to_end_msg_per_s=N replicas=R`` for the better configuration.
 
@@ -47,6 +50,7 @@ from _common import (
     settle_drawers,
     start_servers,
     warn_if_busy,
+    wipe_bench_stack,
     write_results,
 )
 from ingest import build_workload, cpu_seconds, run_pipeline
@@ -119,6 +123,8 @@ def run_config(settings: Any, turns: list[Any], args: argparse.Namespace, replic
     logging = False  # the server logs every statement (--round-trips)
     try:
         with console.status("starting PostgreSQL and NATS ..."):
+            if not args.reuse and settings.database_url is None:
+                wipe_bench_stack()  # a new database for each configuration: what a new user's first hour sees
             start_servers(sup)
         settle_drawers(sup.database_url, owned=settings.database_url is None)
         log_offset = 0
@@ -181,7 +187,12 @@ def main() -> None:
     ap.add_argument("--replicas", default="1,2", help="configurations to measure, e.g. 1,2")
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for every drawer")
     ap.add_argument("--publish-concurrency", type=int, default=64, help="JetStream publishes in flight")
-    ap.add_argument("--keep", action="store_true", help="keep the runs' workspaces in the database (to study plans)")
+    ap.add_argument("--keep", action="store_true",
+                    help="keep the runs' workspaces in the database (to study plans; each configuration starts "
+                         "on a new database unless --reuse)")
+    ap.add_argument("--reuse", action="store_true",
+                    help="run on the bench's database as earlier runs left it instead of a new one per configuration "
+                         "(its tables then have statistics a new user's do not)")
     ap.add_argument("--no-maintain", action="store_true",
                     help="without maintain: no vector index is built, so cluster scans the workspace exactly")
     ap.add_argument("--round-trips", action="store_true",
