@@ -29,6 +29,7 @@ is analyzed whole, once per doubling while it grows, and left to autovacuum once
 from __future__ import annotations
 
 import json
+from collections.abc import Set as AbstractSet
 from typing import Any
 
 import psycopg
@@ -144,7 +145,7 @@ async def stale_tables(conn: AsyncConnection[Any], min_rows: int) -> list[str]:
     return [str(r[0]) for r in await cur.fetchall()]
 
 
-async def analyze_tables(database_url: str, tables: list[str], *, whole: set[str] | frozenset[str] = frozenset()
+async def analyze_tables(database_url: str, tables: list[str], *, whole: AbstractSet[str] = frozenset()
                          ) -> tuple[list[str], dict[str, str]]:
     """``ANALYZE`` each table's workspace column, or the whole table for those in ``whole`` (stale ones),
     as the login role that owns it, on a connection of its own (autocommit). The column alone where that

@@ -63,11 +63,17 @@ def _maintenance(url: str, fn: Any) -> Any:
     return asyncio.run(go())
 
 
-def _drawer_rows_read(url: str, workspace: str, session_id: str) -> int:
-    """Rows the plan of TURNS_SQL read from drawers (all loops), measured by EXPLAIN ANALYZE."""
-    with psycopg.connect(url, autocommit=True) as conn:
-        plan = conn.execute(sql.SQL("EXPLAIN (ANALYZE, FORMAT JSON) ") + sql.SQL(TURNS_SQL),  # type: ignore[operator]
-                            (workspace, session_id)).fetchone()[0]
+def _drawer_rows_read(url: str, query: str, params: tuple[Any, ...], *, as_app: bool = False) -> int:
+    """Rows the plan of ``query`` read from drawers (all loops), measured by EXPLAIN ANALYZE. ``as_app``: as
+    the services' role, scoped to the first parameter's workspace (row-level security's qualifier is part of
+    the plan)."""
+    with psycopg.connect(url) as conn:
+        if as_app:
+            conn.execute("SET LOCAL ROLE palace_app")
+            conn.execute("SELECT set_config('palace.workspace_id', %s, true)", (params[0],))
+        plan = conn.execute(sql.SQL("EXPLAIN (ANALYZE, FORMAT JSON) ") + sql.SQL(query),  # type: ignore[operator]
+                            params).fetchone()[0]
+        conn.rollback()
     plan = json.loads(plan) if isinstance(plan, str) else plan
 
     def walk(node: dict[str, Any]) -> int:
@@ -99,7 +105,7 @@ def test_a_new_workspace_the_statistics_miss_gets_its_tables_analyzed(database: 
     assert _maintenance(database, lambda c: estimated_rows(c, "drawers", new)) >= 100
     assert _maintenance(database, lambda c: blind_tables(c, 100)) == {}
     # A session's turns are read by primary key: its ten drawers, not the workspace's thousand.
-    assert _drawer_rows_read(database, new, "s7") <= 2 * TURNS
+    assert _drawer_rows_read(database, TURNS_SQL, (new, "s7")) <= 2 * TURNS
 
 
 def test_a_role_that_does_not_own_the_table_is_told_why(database: str) -> None:
@@ -132,25 +138,6 @@ def test_known_pairs_are_not_asked_again(database: str) -> None:
 # The shape of cluster's merge (shared.db.clustering.merge_into): a drawer by primary key, only while processed.
 MERGE_SQL = """SELECT d.id FROM drawers d
                 WHERE d.workspace_id = %s AND d.id = %s AND d.state = 'processed'"""
-
-
-def _rows_read_as_app(url: str, query: str, params: tuple[Any, ...]) -> int:
-    """Rows the plan of ``query`` read from drawers (all loops), measured by EXPLAIN ANALYZE as the services'
-    role, under the first parameter's workspace scope (row-level security's qualifier changes the plan)."""
-    with psycopg.connect(url) as conn:
-        conn.execute("SET LOCAL ROLE palace_app")
-        conn.execute("SELECT set_config('palace.workspace_id', %s, true)", (params[0],))
-        plan = conn.execute(sql.SQL("EXPLAIN (ANALYZE, FORMAT JSON) ") + sql.SQL(query),  # type: ignore[operator]
-                            params).fetchone()[0]
-        conn.rollback()
-    plan = json.loads(plan) if isinstance(plan, str) else plan
-
-    def walk(node: dict[str, Any]) -> int:
-        own = (int(node["Actual Rows"]) + int(node.get("Rows Removed by Filter", 0))) * int(node["Actual Loops"]) \
-            if node.get("Relation Name") == "drawers" else 0
-        return own + sum(walk(c) for c in node.get("Plans", []))
-
-    return walk(plan[0]["Plan"])
 
 
 def _state_estimate(url: str, ws: str) -> float:
@@ -186,7 +173,7 @@ def test_a_table_autovacuum_has_not_analyzed_yet_is_analyzed_whole(database: str
     assert done == ["drawers"] and not skipped
     assert "drawers" not in _maintenance(database, lambda c: stale_tables(c, 1000))
     assert _state_estimate(database, ws) > 2_000  # every one of the 3,000 is processed
-    assert _rows_read_as_app(database, MERGE_SQL, (ws, "d7-3")) <= 2
+    assert _drawer_rows_read(database, MERGE_SQL, (ws, "d7-3"), as_app=True) <= 2
     # A smaller change than the table holds is autovacuum's to notice, not this check's.
     with psycopg.connect(database, autocommit=True) as conn:
         conn.execute("UPDATE drawers SET importance = 0.4 WHERE workspace_id = %s AND seq = 1", (ws,))
