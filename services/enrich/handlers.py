@@ -28,7 +28,7 @@ from shared.db.episodes import (
 )
 from shared.db.extraction_queue import due_drawers, due_turns, mark_extracted
 from shared.db.forget import forgotten, writer_tx
-from shared.db.kg import ExtractionStored, record_extraction, refresh_entities
+from shared.db.kg import ExtractionStored, ensure_extracted_entities, record_extraction, refresh_entities
 from shared.db.tenancy import maintenance_tx, retry_conflicts, workspace_tx, workspace_write, workspaces_tx
 from shared.events import DrawerEmbedded, EntityUpserted, EpisodicCreated, SessionStored
 from shared.faults import is_transient
@@ -314,9 +314,23 @@ async def extract_episodes(deps: Deps, events: list[EpisodicCreated]) -> dict[st
         with attempt:
             stored = {}
             async with workspaces_tx(deps.pool) as scope:
+                read: list[tuple[int, list[Turn], list[Sighting]]] = []
                 for i in order:
                     ev = events[i]
-                    stored[i] = await _extract_locked(await scope(ev.workspace_id), deps, ev)
+                    stored[i] = None
+                    if turns := await _read_locked(await scope(ev.workspace_id), ev):
+                        read.append((i, turns, pattern_sightings(turns, ev.session_id)))
+                # Every entity of the batch first, one statement per workspace in id order: batches side by
+                # side then take the new entities' locks in one order (episode by episode, they deadlocked).
+                named: dict[str, list[tuple[list[Sighting], dict[str, str] | None]]] = {}
+                for i, turns, sightings in read:
+                    named.setdefault(events[i].workspace_id, []).append((sightings, speaker_types(turns)))
+                for ws in sorted(named):
+                    await ensure_extracted_entities(await scope(ws), ws, named[ws])
+                for i, turns, sightings in read:
+                    ev = events[i]
+                    stored[i] = await _store_extraction(await scope(ev.workspace_id), deps, ev, turns, sightings,
+                                                        "patterns", [], [], read_after_lock=True)
     touched: dict[str, set[str]] = {}
     for i, got in stored.items():
         if got is not None and got.entities:
@@ -343,13 +357,19 @@ async def _extract_locked(conn: AsyncConnection[Any], deps: Deps, ev: EpisodicCr
     """Without a model, in the caller's transaction: ordered with forget first, then the session's turns
     read, matched (CPU only) and stored. Every drawer read after the forget lock is still there when this
     commits, so none needs checking again."""
-    if await forgotten(conn, ev.workspace_id, session_id=ev.session_id):
-        return None
-    turns = _turns(await session_turns(conn, ev.workspace_id, ev.session_id, with_embedding=False))
+    turns = await _read_locked(conn, ev)
     if not turns:
         return None
     return await _store_extraction(conn, deps, ev, turns, pattern_sightings(turns, ev.session_id), "patterns", [], [],
                                    read_after_lock=True)
+
+
+async def _read_locked(conn: AsyncConnection[Any], ev: EpisodicCreated) -> list[Turn]:
+    """The session's turns, read in the caller's transaction after ``forgotten`` took its lock (none when
+    the session is forgotten or has no turns left)."""
+    if await forgotten(conn, ev.workspace_id, session_id=ev.session_id):
+        return []
+    return _turns(await session_turns(conn, ev.workspace_id, ev.session_id, with_embedding=False))
 
 
 async def _store_extraction(

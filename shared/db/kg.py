@@ -546,38 +546,43 @@ class ExtractionStored(NamedTuple):
     skipped: list[str]
 
 
-async def record_extraction(
-    conn: AsyncConnection[Any], workspace_id: str, sightings: list[Sighting], *, episode_id: str | None = None,
-    types: dict[str, str] | None = None,
-) -> ExtractionStored:
-    """Store what an extractor read in a session's drawers: entities (created when new), a mention
-    per drawer that writes one, facts valid from when they were said, and one evidence row per
-    drawer that stated a fact. Idempotent: a replay adds no row, and the confidences (running
-    averages over the mention and evidence rows) and the drawers' entity_count/triple_count are
-    recomputed from rows, so they do not move either. ``types``: normalised name → type for the
-    ends of facts that no drawer writes (a speaker behind "I" is a person).
-
-    Entity rows are only inserted here: their counts and confidence are refreshed afterwards, in a
-    transaction of their own (``refresh_entities``), so that sessions extracted side by side do not
-    queue on the rows of the entities they share for the length of this one.
-    """
-    skipped: list[str] = []
+def _named_entities(
+    workspace_id: str, extractions: list[tuple[list[Sighting], dict[str, str] | None]],
+) -> tuple[dict[str, tuple[str, str]], list[str]]:
+    """Entity id → (valid name, type) for every entity the extractions name, in their order, and the
+    names refused (why). A type is the first known one: what an entity gets when the extractions are
+    stored one after the other (inserted with the first, an 'unknown' one typed by a later)."""
     names: dict[str, tuple[str, str]] = {}
-    for sg in sightings:
-        for name, etype, _ in sg.entities:
-            names.setdefault(entity_id(workspace_id, name), (name, etype))
-        for subj, _, obj, _ in sg.triples:
-            for n in (subj, obj):
-                names.setdefault(entity_id(workspace_id, n), (n, (types or {}).get(normalize_name(n), "unknown")))
+    for sightings, types in extractions:
+        for sg in sightings:
+            seen = [(n, t) for n, t, _ in sg.entities]
+            seen += [(n, (types or {}).get(normalize_name(n), "unknown")) for s, _, o, _ in sg.triples for n in (s, o)]
+            for name, etype in seen:
+                eid = entity_id(workspace_id, name)
+                if eid not in names or (names[eid][1] in ("unknown", "") and etype not in ("unknown", "")):
+                    names[eid] = (names[eid][0] if eid in names else name, etype)
+    skipped: list[str] = []
     valid: dict[str, tuple[str, str]] = {}
     for eid, (name, etype) in names.items():
         try:
             valid[eid] = (validate_name(name), etype)
         except KgError as e:
             skipped.append(f"entity {name[:80]!r}: {e}")
+    return valid, skipped
+
+
+async def ensure_extracted_entities(
+    conn: AsyncConnection[Any], workspace_id: str, extractions: list[tuple[list[Sighting], dict[str, str] | None]],
+) -> tuple[dict[str, tuple[str, str]], list[str]]:
+    """Every entity the extractions (sightings, types of fact ends) name exists, in one statement in id
+    order: new ones with their alias, 'unknown' ones typed where a type is known now. Returns
+    ``_named_entities``'s (valid, skipped).
+
+    An insert that meets a row another transaction inserted and has not committed waits for it, so two
+    transactions that insert the same new entities must take them in one order: a batch of episodes
+    inserts all of its entities here first (id order), and never waits on an entity insert again."""
+    valid, skipped = _named_entities(workspace_id, extractions)
     if valid:
-        # One statement for the session's entities (ensure_entities, below in add_triple, then only
-        # finds them): new ones get their alias, 'unknown' ones a type where one is known now.
         ids = sorted(valid)
         types = [valid[i][1] or "unknown" for i in ids]
         cur = await conn.execute(
@@ -593,6 +598,25 @@ async def record_extraction(
                  FROM unnest(%s::text[], %s::text[]) AS x(i, t)
                 WHERE e.workspace_id = %s AND e.id = x.i AND e.entity_type = 'unknown' AND x.t <> 'unknown'""",
             (ids, types, workspace_id))
+    return valid, skipped
+
+
+async def record_extraction(
+    conn: AsyncConnection[Any], workspace_id: str, sightings: list[Sighting], *, episode_id: str | None = None,
+    types: dict[str, str] | None = None,
+) -> ExtractionStored:
+    """Store what an extractor read in a session's drawers: entities (created when new), a mention
+    per drawer that writes one, facts valid from when they were said, and one evidence row per
+    drawer that stated a fact. Idempotent: a replay adds no row, and the confidences (running
+    averages over the mention and evidence rows) and the drawers' entity_count/triple_count are
+    recomputed from rows, so they do not move either. ``types``: normalised name → type for the
+    ends of facts that no drawer writes (a speaker behind "I" is a person).
+
+    Entity rows are only inserted here: their counts and confidence are refreshed afterwards, in a
+    transaction of their own (``refresh_entities``), so that sessions extracted side by side do not
+    queue on the rows of the entities they share for the length of this one.
+    """
+    valid, skipped = await ensure_extracted_entities(conn, workspace_id, [(sightings, types)])
 
     # An entity merged by entity dedup answers for its survivor (a replayed extraction must not bring the
     # merged one's mentions back).
