@@ -226,6 +226,29 @@ async def centroids(run: JobRun) -> dict[str, int]:
         out["recomputed" if changed else "unchanged"] += 1
         await run.checkpoint(out["workspaces"])
     return out
+async def mentions(run: JobRun) -> dict[str, int]:
+    """Bring up to date the mention counts no extraction refreshed: the inline linker's mentions (ingest
+    never touches an entity's row, which a speaker's makes the busiest in the workspace) and those a
+    lifecycle job removed. ``PALACE_MAINTAIN_BATCH`` entities per short transaction, walked in key order."""
+    from shared.db.kg import pending_mention_entities, refresh_entities
+
+    out = {"entities": 0}
+    after = ("", "")
+    while True:
+        async with maintenance_tx(run.pool) as conn:
+            batch = await pending_mention_entities(conn, after, run.settings.maintain_batch)
+        if not batch:
+            return out
+        by_ws: dict[str, list[str]] = defaultdict(list)
+        for ws, eid in batch:
+            by_ws[ws].append(eid)
+        for ws in sorted(by_ws):
+            async with maintenance_tx(run.pool) as conn:
+                out["entities"] += await refresh_entities(conn, ws, by_ws[ws])
+        after = batch[-1]
+        await run.checkpoint(out["entities"])
+
+
 async def dreaming(run: JobRun) -> dict[str, int]:
     """Consolidate agent/user pairs' unpromoted episodes into the dreaming wing (shared.dreaming)."""
     from shared.dreaming import dreaming as dream
@@ -245,6 +268,8 @@ JOBS: dict[str, Job] = {j.name: j for j in (
         lambda s: s.expire_every_s, expire),
     Job("centroids", "Recompute type centroids from LLM-labelled drawers (skipped where the labels are unchanged).",
         lambda s: s.centroids_every_s, centroids),
+    Job("mentions", "Bring entities' mention counts up to date where no extraction did (the inline linker's).",
+        lambda s: s.maintain_interval_s, mentions),
     Job("dreaming", "Consolidate each agent/user pair's unpromoted episodes (from PALACE_DREAMING_THRESHOLD) into "
         "long-term drawers in the dreaming wing, once per threshold.", lambda s: s.dreaming_every_s, dreaming,
         needs_bus=True),

@@ -16,6 +16,7 @@ from psycopg import AsyncConnection
 from psycopg.types.json import Jsonb
 
 from shared.db.drawers import record_history
+from shared.db.kg import recount_entities, refresh_entities
 from shared.ids import stable_id
 from shared.memory.entity_dedup import (
     Candidate,
@@ -63,21 +64,9 @@ class EntityRow:
 
 
 async def refresh_mention_counts(conn: AsyncConnection[Any], workspace_id: str, ids: list[str]) -> None:
-    """Mention counts of these entities from their mention rows (the linker does not bump them). Rows
-    that change are locked in id order and FOR NO KEY UPDATE, like ``shared.db.kg.refresh_entities``:
-    two recounts side by side cannot deadlock, and inserts of mentions (the foreign key's FOR KEY
-    SHARE) do not wait on them."""
-    await conn.execute(
-        """WITH m AS (SELECT entity_id, count(*)::integer AS n FROM entity_mentions
-                       WHERE workspace_id = %(ws)s AND entity_id = ANY(%(ids)s) GROUP BY entity_id),
-                l AS (SELECT e.id FROM entities e JOIN m ON m.entity_id = e.id
-                       WHERE e.workspace_id = %(ws)s AND e.id = ANY(%(ids)s) AND e.mention_count <> m.n
-                       ORDER BY e.id FOR NO KEY UPDATE OF e)
-           UPDATE entities e SET mention_count = m.n, updated_at = now()
-             FROM l JOIN m ON m.entity_id = l.id
-            WHERE e.workspace_id = %(ws)s AND e.id = l.id""",
-        {"ws": workspace_id, "ids": sorted(ids)},
-    )
+    """Mention counts of these entities brought up to date (``shared.db.kg.refresh_entities``: their
+    pending changes, the linker's among them, consumed in id order)."""
+    await refresh_entities(conn, workspace_id, ids)
 
 
 async def live_entities(conn: AsyncConnection[Any], workspace_id: str, ids: list[str]) -> list[EntityRow]:
@@ -407,13 +396,11 @@ async def merge_entities(
     if surv_type in ("unknown", "concept") and loser_row["entity_type"] not in ("unknown", "concept"):
         new_type = loser_row["entity_type"]
     await conn.execute(
-        "UPDATE entities SET merged_into = %s, mention_count = 0, updated_at = now()"
-        " WHERE workspace_id = %s AND id = %s", (d.survivor, workspace_id, d.loser))
-    await conn.execute(
-        """UPDATE entities SET entity_type = %s, updated_at = now(),
-                  mention_count = (SELECT count(*) FROM entity_mentions WHERE workspace_id = %s AND entity_id = %s)
-            WHERE workspace_id = %s AND id = %s""",
-        (new_type, workspace_id, d.survivor, workspace_id, d.survivor))
+        "UPDATE entities SET merged_into = %s, updated_at = now() WHERE workspace_id = %s AND id = %s",
+        (d.survivor, workspace_id, d.loser))
+    await conn.execute("UPDATE entities SET entity_type = %s, updated_at = now() WHERE workspace_id = %s AND id = %s",
+                       (new_type, workspace_id, d.survivor))
+    await recount_entities(conn, workspace_id, [d.loser, d.survivor])
     cur = await conn.execute("SELECT count(*) FROM entity_merges WHERE workspace_id = %s AND merged_id = %s",
                              (workspace_id, d.loser))
     earlier = await cur.fetchone()
@@ -486,10 +473,7 @@ async def _absorb_once(conn: AsyncConnection[Any], workspace_id: str, ids: list[
             snap[k] = {**moved[k], **snap.get(k, {})}
         await conn.execute("UPDATE entity_merges SET snapshot = %s WHERE workspace_id = %s AND id = %s",
                            (Jsonb(snap), workspace_id, mid))
-        await conn.execute(
-            """UPDATE entities SET mention_count = (SELECT count(*) FROM entity_mentions
-                                                     WHERE workspace_id = %s AND entity_id = %s)
-                WHERE workspace_id = %s AND id = %s""", (workspace_id, survivor, workspace_id, survivor))
+        await recount_entities(conn, workspace_id, [loser, survivor])
         moved_to.append(str(survivor))
     return moved_to
 
@@ -553,11 +537,9 @@ async def revert_merge(conn: AsyncConnection[Any], workspace_id: str, merge_id: 
                   updated_at = r.updated_at, merged_into = NULL
              FROM jsonb_populate_record(NULL::entities, %(row)s) r
             WHERE e.workspace_id = %(ws)s AND e.id = %(l)s""", {**p, "row": Jsonb(lr)})
-    await conn.execute(
-        """UPDATE entities SET entity_type = %(t)s, updated_at = now(),
-                  mention_count = (SELECT count(*) FROM entity_mentions
-                                    WHERE workspace_id = %(ws)s AND entity_id = %(s)s)
-            WHERE workspace_id = %(ws)s AND id = %(s)s""", {**p, "t": snap["survivor"]["entity_type"]})
+    await conn.execute("UPDATE entities SET entity_type = %(t)s, updated_at = now() WHERE workspace_id = %(ws)s"
+                       " AND id = %(s)s", {**p, "t": snap["survivor"]["entity_type"]})
+    await recount_entities(conn, workspace_id, [loser, survivor])
     await conn.execute(
         "UPDATE entity_merges SET status = 'reverted', reverted_at = now(), reverted_by = %s"
         " WHERE workspace_id = %s AND id = %s", (actor, workspace_id, merge_id))

@@ -21,6 +21,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from shared.db.decisions import restore_columns
 from shared.db.drawers import history_id_for, record_history
+from shared.db.kg import recount_entities
 from shared.db.tenancy import holds_lock, workspace_tx
 from shared.memory.decisions import content_hash as decision_hash
 
@@ -262,11 +263,7 @@ async def delete_drawers(conn: AsyncConnection[Any], workspace_id: str, ids: lis
                 """DELETE FROM triples WHERE workspace_id = %(ws)s
                      AND (subject_id = ANY(%(e)s) OR object_id = ANY(%(e)s))""", {"ws": workspace_id, "e": gone})
             out["triples"] += cur.rowcount
-        await conn.execute(
-            """UPDATE entities e SET mention_count = (SELECT count(*) FROM entity_mentions m
-                                                       WHERE m.workspace_id = e.workspace_id AND m.entity_id = e.id),
-                                     updated_at = now()
-                WHERE e.workspace_id = %(ws)s AND e.id = ANY(%(e)s)""", {"ws": workspace_id, "e": touched})
+        await recount_entities(conn, workspace_id, sorted(set(touched) - set(gone)))
     cur = await conn.execute(
         """UPDATE memory_history SET reason = NULL, old_value = NULL, new_value = NULL
             WHERE workspace_id = %(ws)s AND drawer_id = ANY(%(ids)s)

@@ -49,8 +49,10 @@ __all__ = [
     "invalidate_triple",
     "kg_stats",
     "link_drawers",
+    "pending_mention_entities",
     "query_entity",
     "record_extraction",
+    "recount_entities",
     "refresh_entities",
     "resolve_entity",
     "survivor_map",
@@ -701,23 +703,70 @@ async def record_extraction(
 
 
 async def refresh_entities(conn: AsyncConnection[Any], workspace_id: str, ids: list[str]) -> int:
-    """Recompute mention_count and confidence (the mean of the extracted mentions) of these entities
-    from their mention rows; returns how many changed. Rows that already agree are not touched, and
-    those that change are locked in id order, so two refreshes side by side cannot deadlock. The lock
-    is FOR NO KEY UPDATE, what the UPDATE takes anyway: FOR UPDATE also blocked every insert of a
-    mention of these entities (the foreign key's FOR KEY SHARE check), in ingest's linker and in
-    other extractions, until this transaction ended."""
+    """Bring these entities' mention_count and confidence (the mean over the mentions that carry one) up
+    to date: each entity's pending changes (``entity_mention_changes``, left by every write of its
+    mentions, migration 0051) are consumed and added to its counters, so the cost follows what changed,
+    not how often the entity was ever mentioned. Returns how many entities changed.
+
+    The entities with pending changes are locked first, in id order and FOR NO KEY UPDATE (what the
+    UPDATE takes anyway; FOR UPDATE would block every insert of a mention, the foreign key's FOR KEY
+    SHARE): two refreshes side by side cannot deadlock, and the second statement's snapshot is taken
+    with the rows held, so it sees every change a refresh before it left or consumed."""
     if not ids:
         return 0
     cur = await conn.execute(
-        """WITH m AS (SELECT entity_id, count(*)::integer AS n, avg(confidence)::real AS c FROM entity_mentions
-                       WHERE workspace_id = %(ws)s AND entity_id = ANY(%(ids)s) GROUP BY entity_id),
-                l AS (SELECT e.id FROM entities e JOIN m ON m.entity_id = e.id
-                       WHERE e.workspace_id = %(ws)s AND e.id = ANY(%(ids)s)
-                         AND (e.mention_count, e.confidence) IS DISTINCT FROM (m.n, m.c)
-                       ORDER BY e.id FOR NO KEY UPDATE OF e)
-           UPDATE entities e SET mention_count = m.n, confidence = m.c, updated_at = now()
-             FROM l JOIN m ON m.entity_id = l.id
-            WHERE e.workspace_id = %(ws)s AND e.id = l.id""",
-        {"ws": workspace_id, "ids": sorted(ids)})
+        """SELECT e.id FROM entities e
+            WHERE e.workspace_id = %(ws)s AND e.id = ANY(%(ids)s)
+              AND EXISTS (SELECT 1 FROM entity_mention_changes c WHERE c.workspace_id = %(ws)s AND c.entity_id = e.id)
+            ORDER BY e.id FOR NO KEY UPDATE OF e""",
+        {"ws": workspace_id, "ids": sorted(set(ids))})
+    locked = [str(r[0]) for r in await cur.fetchall()]
+    if not locked:
+        return 0
+    cur = await conn.execute(
+        """WITH d AS (DELETE FROM entity_mention_changes c WHERE c.workspace_id = %(ws)s AND c.entity_id = ANY(%(ids)s)
+                      RETURNING c.entity_id, c.mentions, c.confidence_sum, c.confidence_n),
+                a AS (SELECT entity_id, sum(mentions)::integer AS n, sum(confidence_sum) AS s,
+                             sum(confidence_n)::integer AS k FROM d GROUP BY entity_id)
+           UPDATE entities e SET mention_count = e.mention_count + a.n, confidence_sum = e.confidence_sum + a.s,
+                                 confidence_n = e.confidence_n + a.k, updated_at = now(),
+                                 confidence = CASE WHEN e.confidence_n + a.k > 0 THEN greatest(0, least(1,
+                                     (e.confidence_sum + a.s) / (e.confidence_n + a.k)))::real END
+             FROM a WHERE e.workspace_id = %(ws)s AND e.id = a.entity_id""",
+        {"ws": workspace_id, "ids": locked})
     return cur.rowcount
+
+
+async def pending_mention_entities(conn: AsyncConnection[Any], after: tuple[str, str],
+                                   limit: int) -> list[tuple[str, str]]:
+    """(workspace, entity) pairs with mention changes nobody consumed yet, after ``after`` in key order
+    (the primary key's walk, under the maintenance role: every workspace)."""
+    cur = await conn.execute(
+        """SELECT DISTINCT workspace_id, entity_id FROM entity_mention_changes
+            WHERE (workspace_id, entity_id) > (%s, %s) ORDER BY workspace_id, entity_id LIMIT %s""",
+        (*after, limit))
+    return [(str(w), str(e)) for w, e in await cur.fetchall()]
+
+
+async def recount_entities(conn: AsyncConnection[Any], workspace_id: str, ids: list[str]) -> None:
+    """Set these entities' counters from their mention rows, for the rare writes that rebuild an entity
+    (a merge, its revert, a forget). The rows are locked first (id order); then, in one statement and so
+    one snapshot, their pending changes are dropped and the mentions counted: each change is either
+    counted here (its mention is visible) or left for ``refresh_entities`` (it is not), never both."""
+    if not ids:
+        return
+    p = {"ws": workspace_id, "ids": sorted(set(ids))}
+    await conn.execute("SELECT 1 FROM entities WHERE workspace_id = %(ws)s AND id = ANY(%(ids)s)"
+                       " ORDER BY id FOR NO KEY UPDATE", p)
+    await conn.execute(
+        """WITH gone AS (DELETE FROM entity_mention_changes c
+                          WHERE c.workspace_id = %(ws)s AND c.entity_id = ANY(%(ids)s)),
+                m AS (SELECT x.id, count(em.entity_id)::integer AS n,
+                             coalesce(sum(em.confidence::double precision), 0) AS s, count(em.confidence)::integer AS k
+                        FROM unnest(%(ids)s::text[]) AS x(id)
+                        LEFT JOIN entity_mentions em ON em.workspace_id = %(ws)s AND em.entity_id = x.id
+                       GROUP BY x.id)
+           UPDATE entities e SET mention_count = m.n, confidence_sum = m.s, confidence_n = m.k,
+                                 confidence = CASE WHEN m.k > 0 THEN greatest(0, least(1, m.s / m.k))::real END,
+                                 updated_at = now()
+             FROM m WHERE e.workspace_id = %(ws)s AND e.id = m.id""", p)
