@@ -57,6 +57,9 @@ class Deps:
     embedder: Embedder | None = None
     extra: dict[str, Any] = field(default_factory=dict)
     handlers: dict[str, Callable[..., Awaitable[None]]] = field(default_factory=dict)
+    # A durable's window set by its service for this process (how many of its batches run at once), where
+    # the configuration decides it: enrich-kg's batches run side by side only while each waits on a model.
+    windows: dict[str, int] = field(default_factory=dict)
 
     def handle(self, event: type[Event]) -> Callable[[Callable[..., Awaitable[None]]], Callable[..., Awaitable[None]]]:
         """Register this service's handler of ``event``: ``shared.consumers.CONSUMERS`` alone says through
@@ -211,7 +214,7 @@ async def serve_worker(spec: WorkerSpec, settings: Settings, stop: asyncio.Event
     await broker.start()
     js = broker.config.connection_state.stream
     pullers = [PullConsumer(js=js, broker=broker, settings=settings, c=c, handler=deps.handlers[c.durable],
-                            dead_letter=dead_letter) for c in spec.consumers]
+                            dead_letter=dead_letter, window=deps.windows.get(c.durable)) for c in spec.consumers]
     # Consumers get their own stop: they drain (finish, ack, hand back) before the rest shuts down.
     stop_consuming = asyncio.Event()
     consuming = [asyncio.create_task(p.run(stop_consuming), name=f"consume-{p.c.durable}") for p in pullers]

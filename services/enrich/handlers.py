@@ -12,6 +12,7 @@ from psycopg import AsyncConnection
 from services._runtime import Deps, ack_once, decode_batch, leased_rounds
 from shared.adapters.llm import LlmClient, LlmError, Usage
 from shared.bus import Poison, decode_event, publish_event
+from shared.consumers import consumer_for
 from shared.db.curation import record_usage
 from shared.db.drawers import record_history
 from shared.db.episodes import (
@@ -182,6 +183,11 @@ def register(deps: Deps) -> None:
     llm = LlmClient(s) if s.llm_base_url else None
     deps.extra["llm"] = llm  # complete_episode's summary, from every trigger (handlers and the sweep)
     alone = asyncio.Semaphore(s.consumer_concurrency)  # episodes extracted one by one, at once in this process
+    if llm is None:
+        # Without a model a batch is CPU and statements, and batches side by side only queued on the new
+        # entities they share (an insert waits for the transaction that inserted the same row first): one
+        # at a time, each as large as what waits, costs less and waits on nothing.
+        deps.windows[consumer_for(deps.service, EpisodicCreated.subject).durable] = 1
 
     @deps.handle(SessionStored)
     async def on_session_stored(body: bytes, raw: Msg) -> None:
