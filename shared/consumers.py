@@ -88,7 +88,7 @@ CONSUMERS: tuple[Consumer, ...] = (
     Consumer("embed", "drawer.created", "embed", batch=True),
     Consumer("classify", "drawer.embedded", "classify", batch=True, parallel_batches=True),
     Consumer("cluster", "drawer.classified", "cluster"),
-    Consumer("cluster-entities", "entity.upserted", "cluster", batch=True),
+    Consumer("cluster-entities", "entity.upserted", "cluster", batch=True, parallel_batches=True),
     Consumer("enrich", "session.stored", "enrich"),
     Consumer("enrich-episode", "drawer.embedded", "enrich"),
     Consumer("enrich-kg", "episodic.created", "enrich", batch=True, parallel_batches=True),
