@@ -14,7 +14,8 @@ The last line printed is exactly::
 counted in sessions: *stored* sessions have every planned drawer and message present exactly once
 with the published content hash; *lost* sessions miss one; *duplicates* counts sessions with any
 row stored twice; *dead_lettered* counts dead letters of the run; *drain_s* is the time from the
-end of the last fault until every drawer was processed and every consumer had caught up.
+end of publishing (every fault falls inside the publishing window, so this is after the last fault)
+until every drawer was processed and every consumer had caught up.
 """
 
 from __future__ import annotations
