@@ -12,7 +12,6 @@ from psycopg import AsyncConnection
 from services._runtime import Deps, ack_once, decode_batch
 from shared.adapters.llm import LlmClient, Usage
 from shared.bus import publish_event
-from shared.consumers import consumer_for
 from shared.db.centroids import load_centroids
 from shared.db.curation import LLM_FAILURE_PREFIX, record_llm_failures, record_usage, save_llm_labels
 from shared.db.drawers import DrawerRow, drawers_by_id, save_classifications
@@ -40,10 +39,6 @@ class LlmPending(Exception):
 def register(deps: Deps) -> None:
     s = deps.settings
     llm = LlmClient(s) if s.llm_base_url else None
-    if llm is None:
-        # Without a model a batch is CPU and two statements a workspace: one at a time, each as large as
-        # what waits (with one, batches run side by side while their events wait on labels).
-        deps.windows[consumer_for(deps.service, DrawerEmbedded.subject).durable] = 1
 
     @deps.handle(DrawerEmbedded)
     async def on_drawer_embedded(bodies: list[bytes], raws: list[Msg]) -> None:
