@@ -77,7 +77,8 @@ class Consumer:
     service: str
     batch: bool = False  # the handler takes a list (embed: one model call for many drawers)
     # A batch handler whose work is database round trips, not one CPU-bound call, runs several batches
-    # at once (the service's window): one slow batch (an LLM label) does not hold up the rest.
+    # at once (the service's window): one slow batch (an LLM label) does not hold up the rest. A service
+    # may narrow that window for its process where its configuration decides (``Deps.windows``).
     parallel_batches: bool = False
 
 
