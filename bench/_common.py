@@ -239,6 +239,22 @@ def start_servers(sup: Any) -> list[str]:
     return stale
 
 
+@contextlib.contextmanager
+def bench_servers(settings: Any = None) -> Iterator[tuple[Any, float]]:
+    """The bench's PostgreSQL and NATS (no service), under the bench lock, stopped on the way out:
+    (supervisor, the machine's load when it started), for a bench that drives the library directly."""
+    with bench_lock():
+        load = warn_if_busy()
+        from palace_dev.supervisor import Supervisor
+
+        sup = Supervisor(settings if settings is not None else bench_settings(), services=[])
+        try:
+            start_servers(sup)
+            yield sup, load
+        finally:
+            sup.stop()
+
+
 def settle_drawers(database_url: str, *, owned: bool, force: bool = False, min_dead: int = 1000) -> dict[str, Any]:
     """Leave no dead drawers for autovacuum to chew on during a measurement.
 

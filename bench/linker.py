@@ -17,15 +17,12 @@ from typing import Any
 
 import psycopg
 from _common import (
-    bench_lock,
-    bench_settings,
+    bench_servers,
     console,
     load_locomo,
     machine_info,
     percentiles,
     prepare_process,
-    start_servers,
-    warn_if_busy,
     write_results,
 )
 
@@ -82,16 +79,8 @@ async def run(database_url: str) -> dict[str, Any]:
 
 def main() -> None:
     prepare_process()
-    with bench_lock():
-        load = warn_if_busy()
-        from palace_dev.supervisor import Supervisor
-
-        sup = Supervisor(bench_settings(), services=[])
-        try:
-            start_servers(sup)
-            res = asyncio.run(run(sup.database_url))
-        finally:
-            sup.stop()
+    with bench_servers() as (sup, load):
+        res = asyncio.run(run(sup.database_url))
     res["machine"] = {**machine_info(), "load_at_start": load}
     s = res["session_ms"]
     console.print(f"{res['entities']} entities; {res['sessions']} sessions, {res['drawers']} drawers; "

@@ -18,15 +18,12 @@ from typing import Any
 
 import psycopg
 from _common import (
-    bench_lock,
-    bench_settings,
+    bench_servers,
     cleanup_workspace,
     console,
     machine_info,
     percentiles,
     prepare_process,
-    start_servers,
-    warn_if_busy,
     write_results,
 )
 from rich.table import Table
@@ -88,16 +85,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=30)
     args = ap.parse_args()
     prepare_process()
-    with bench_lock():
-        load = warn_if_busy()
-        from palace_dev.supervisor import Supervisor
-
-        sup = Supervisor(bench_settings(), services=[])
-        try:
-            start_servers(sup)
-            runs = [asyncio.run(measure(sup.database_url, int(n), args.rounds)) for n in args.sizes.split(",")]
-        finally:
-            sup.stop()
+    with bench_servers() as (sup, load):
+        runs = [asyncio.run(measure(sup.database_url, int(n), args.rounds)) for n in args.sizes.split(",")]
     t = Table(title="keeping one entity's mention count: p50 ms per refresh, each in its own transaction")
     for col in ("mentions", "refresh (changes)", "recount (all mentions)", "recount / refresh"):
         t.add_column(col, justify="right")

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from psycopg_pool import AsyncConnectionPool
 
 from shared.db import entity_dedup as sql
+from shared.db.kg import refresh_entities
 from shared.db.tenancy import workspace_tx
 from shared.logging import get_logger
 from shared.memory.entity_dedup import Decision, decide_pair
@@ -41,7 +42,7 @@ async def dedup_entities(pool: AsyncConnectionPool, workspace_id: str, entity_id
     # (a speaker's is in every session) were held through the candidate search, and every extraction
     # refreshing the same entities queued behind it.
     async with workspace_tx(pool, workspace_id) as conn:
-        await sql.refresh_mention_counts(conn, workspace_id, ids)
+        await refresh_entities(conn, workspace_id, ids)
     async with workspace_tx(pool, workspace_id) as conn:
         followups = await sql.absorb_followups(conn, workspace_id, ids)
         live = [r for r in await sql.live_entities(conn, workspace_id, ids) if r.merged_into is None]

@@ -16,7 +16,7 @@ from psycopg import AsyncConnection
 from psycopg.types.json import Jsonb
 
 from shared.db.drawers import record_history
-from shared.db.kg import recount_entities, refresh_entities
+from shared.db.kg import recount_entities
 from shared.ids import stable_id
 from shared.memory.entity_dedup import (
     Candidate,
@@ -46,7 +46,6 @@ __all__ = [
     "list_merges",
     "live_entities",
     "merge_entities",
-    "refresh_mention_counts",
     "revert_merge",
 ]
 
@@ -61,12 +60,6 @@ class EntityRow:
     entity_type: str
     mention_count: int
     merged_into: str | None
-
-
-async def refresh_mention_counts(conn: AsyncConnection[Any], workspace_id: str, ids: list[str]) -> None:
-    """Mention counts of these entities brought up to date (``shared.db.kg.refresh_entities``: their
-    pending changes, the linker's among them, consumed in id order)."""
-    await refresh_entities(conn, workspace_id, ids)
 
 
 async def live_entities(conn: AsyncConnection[Any], workspace_id: str, ids: list[str]) -> list[EntityRow]:
