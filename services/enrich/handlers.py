@@ -336,7 +336,8 @@ async def extract_episodes(deps: Deps, events: list[EpisodicCreated]) -> dict[st
                 for i, turns, sightings in read:
                     ev = events[i]
                     stored[i] = await _store_extraction(await scope(ev.workspace_id), deps, ev, turns, sightings,
-                                                        "patterns", [], [], read_after_lock=True)
+                                                        "patterns", [], [], read_after_lock=True,
+                                                        entities_ensured=True)
     touched: dict[str, set[str]] = {}
     for i, got in stored.items():
         if got is not None and got.entities:
@@ -381,9 +382,11 @@ async def _read_locked(conn: AsyncConnection[Any], ev: EpisodicCreated) -> list[
 async def _store_extraction(
     conn: AsyncConnection[Any], deps: Deps, ev: EpisodicCreated, turns: list[Turn], sightings: list[Sighting],
     tier: str, warnings: list[str], usage: list[Usage], *, read_after_lock: bool = False,
+    entities_ensured: bool = False,
 ) -> ExtractionStored | None:
     """Store what was read, inside the caller's transaction (None: forgotten, or nothing left to store).
-    ``read_after_lock``: the turns were read in this transaction after ``forgotten`` (``_extract_locked``)."""
+    ``read_after_lock``: the turns were read in this transaction after ``forgotten`` (``_extract_locked``).
+    ``entities_ensured``: this transaction already inserted the sightings' entities (``extract_episodes``)."""
     if usage:
         await record_usage(conn, ev.workspace_id, deps.settings.llm_model, usage)
     if read_after_lock:
@@ -399,7 +402,7 @@ async def _store_extraction(
     if not sightings:
         return None
     stored = await record_extraction(conn, ev.workspace_id, sightings, episode_id=ev.episode_id,
-                                     types=speaker_types(turns))
+                                     types=speaker_types(turns), entities_ensured=entities_ensured)
     if warnings or stored.skipped:
         await record_history(
             conn, ev.workspace_id, drawer_id=None, action="KG_EXTRACT", actor="enrich", event_id=ev.event_id,

@@ -605,7 +605,7 @@ async def ensure_extracted_entities(
 
 async def record_extraction(
     conn: AsyncConnection[Any], workspace_id: str, sightings: list[Sighting], *, episode_id: str | None = None,
-    types: dict[str, str] | None = None,
+    types: dict[str, str] | None = None, entities_ensured: bool = False,
 ) -> ExtractionStored:
     """Store what an extractor read in a session's drawers: entities (created when new), a mention
     per drawer that writes one, facts valid from when they were said, and one evidence row per
@@ -618,7 +618,11 @@ async def record_extraction(
     transaction of their own (``refresh_entities``), so that sessions extracted side by side do not
     queue on the rows of the entities they share for the length of this one.
     """
-    valid, skipped = await ensure_extracted_entities(conn, workspace_id, [(sightings, types)])
+    # ``entities_ensured``: this transaction already ran ensure_extracted_entities over these sightings
+    # (a batch does, for all its episodes at once): only which names are valid is needed here.
+    extraction = [(sightings, types)]
+    valid, skipped = (_named_entities(workspace_id, extraction) if entities_ensured
+                      else await ensure_extracted_entities(conn, workspace_id, extraction))
 
     # An entity merged by entity dedup answers for its survivor (a replayed extraction must not bring the
     # merged one's mentions back).
