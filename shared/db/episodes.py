@@ -186,22 +186,27 @@ async def mark_episode_pending(conn: AsyncConnection[Any], workspace_id: str, ep
     return await cur.fetchone() is not None
 
 
+# A session's drawers and how many still wait for a vector, in one walk of its drawers (its sources, then
+# each drawer by primary key). Counted apart, the second count was planned on the partial index of raw
+# drawers (estimated at a row or two, as it is between analyses while the pipeline files and embeds),
+# which then walked every raw drawer of every workspace, and every entry left by one embedded since the
+# last vacuum, for each drawer.embedded event.
+EPISODE_PROGRESS_SQL = """SELECT e.status, e.source_hash, e.announced_at IS NOT NULL,
+                  extract(epoch FROM now() - coalesce(e.pending_since, e.created_at)), n.drawers, n.unembedded
+             FROM episodes e
+            CROSS JOIN LATERAL (
+                  SELECT count(DISTINCT d.id) AS drawers,
+                         count(DISTINCT d.id) FILTER (WHERE d.embedding IS NULL AND d.state = 'raw') AS unembedded
+                    FROM drawer_sources ds
+                    JOIN drawers d ON d.workspace_id = ds.workspace_id AND d.id = ds.drawer_id
+                   WHERE ds.workspace_id = e.workspace_id AND ds.session_id = e.session_id
+                     AND d.deleted_at IS NULL) n
+            WHERE e.workspace_id = %s AND e.id = %s"""
+
+
 async def episode_progress(conn: AsyncConnection[Any], workspace_id: str, episode_id: str) -> EpisodeProgress | None:
     """The episode's state and its session's embedding progress; None when no episode was opened."""
-    cur = await conn.execute(
-        """SELECT e.status, e.source_hash, e.announced_at IS NOT NULL,
-                  extract(epoch FROM now() - coalesce(e.pending_since, e.created_at)),
-                  (SELECT count(DISTINCT d.id) FROM drawer_sources ds
-                     JOIN drawers d ON d.workspace_id = ds.workspace_id AND d.id = ds.drawer_id
-                    WHERE ds.workspace_id = e.workspace_id AND ds.session_id = e.session_id
-                      AND d.deleted_at IS NULL),
-                  (SELECT count(DISTINCT d.id) FROM drawer_sources ds
-                     JOIN drawers d ON d.workspace_id = ds.workspace_id AND d.id = ds.drawer_id
-                    WHERE ds.workspace_id = e.workspace_id AND ds.session_id = e.session_id
-                      AND d.deleted_at IS NULL AND d.embedding IS NULL AND d.state = 'raw')
-             FROM episodes e WHERE e.workspace_id = %s AND e.id = %s""",
-        (workspace_id, episode_id),
-    )
+    cur = await conn.execute(EPISODE_PROGRESS_SQL, (workspace_id, episode_id))
     row = await cur.fetchone()
     if row is None:
         return None

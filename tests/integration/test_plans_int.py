@@ -333,6 +333,37 @@ def test_cluster_exact_neighbours_read_the_workspace_once_per_event(stack: Stack
     assert len(scans) == 1 and scans[0]["Actual Loops"] == 1, json.dumps(plan)
 
 
+def test_an_episodes_progress_walks_its_sessions_drawers_only(stack: Stack, big_workspace: str) -> None:
+    """Asked on every drawer.embedded event while its session's episode waits: how many of the session's
+    drawers still wait for a vector. Thousands of drawers are raw here (a backlog, filed since the last
+    analysis, which saw almost none): the count walks the session's ten drawers by key, never the partial
+    index of raw drawers, which would walk the whole backlog of every workspace for each event."""
+    from shared.db.episodes import EPISODE_PROGRESS_SQL
+
+    w = big_workspace
+    if not stack.sql("SELECT 1 FROM drawer_sources WHERE workspace_id = %s LIMIT 1", (w,)):
+        with psycopg.connect(stack.database_url, autocommit=True) as conn:  # sessions of ten drawers
+            conn.execute("INSERT INTO drawer_sources (workspace_id, drawer_id, session_id, seq)"
+                         " SELECT %s, md5(g::text), 's' || (g / 10), g %% 10 FROM generate_series(1, %s) g", (w, N))
+            analyze(conn, "drawer_sources")
+    with psycopg.connect(stack.database_url) as conn:  # one transaction, rolled back: the statistics stay stale
+        conn.execute("""INSERT INTO drawers (workspace_id, id, content, content_hash, state, filed_at, updated_at)
+                        SELECT %s, 'backlog' || g, 'waiting ' || g, md5('b' || g), 'raw', now(), now()
+                          FROM generate_series(1, 5000) g""", (w,))
+        conn.execute("""INSERT INTO drawer_sources (workspace_id, drawer_id, session_id, seq)
+                        SELECT %s, 'backlog' || g, 'progress-session', g FROM generate_series(1, 10) g""", (w,))
+        conn.execute("""INSERT INTO episodes (workspace_id, id, session_id, summary, abstract, status)
+                        VALUES (%s, 'progress-episode', 'progress-session', '', '', 'pending')""", (w,))
+        conn.execute("SET LOCAL ROLE palace_app")
+        conn.execute("SELECT set_config('palace.workspace_id', %s, true)", (w,))
+        assert conn.execute(EPISODE_PROGRESS_SQL, (w, "progress-episode")).fetchone()[-2:] == (10, 10)
+        plan = json.dumps(conn.execute("EXPLAIN (FORMAT JSON) " + EPISODE_PROGRESS_SQL,
+                                       (w, "progress-episode")).fetchall()[0][0])
+        conn.rollback()
+    drawers = re.findall(r'"Index Name": "(\w+)", "Relation Name": "drawers"', plan)
+    assert drawers == ["drawers_pkey"] and '"Seq Scan"' not in plan, plan
+
+
 def test_a_small_exact_workspace_finds_both_candidate_lists_in_one_pass(stack: Stack, big_workspace: str) -> None:
     """At most ``fts_scan_max`` drawers and no index of its own: search reads the workspace's rows once,
     through an index on the workspace (the big workspace shares the table), for both the nearest
