@@ -20,6 +20,15 @@ LLM_FAILURE_PREFIX = "llm: "
 _LLM_CONFIDENCE = 0.8  # what a model's entity or fact counts for in the running averages
 
 
+# An LLM label onto a drawer still raw (or failed).
+LLM_LABEL_SQL = """UPDATE drawers SET memory_type = %(t)s, confidence = 1.0, importance = %(imp)s, summary = %(sum)s,
+          pipeline_tier = 'llm', state = 'processed', failure_reason = NULL, updated_at = now(),
+          room = CASE WHEN room = 'general' THEN %(t)s ELSE room END,
+          metadata = (metadata - 'llm_failures') || %(meta)s
+    WHERE workspace_id = %(ws)s AND id = %(id)s
+      AND CASE WHEN state IN ('raw', 'failed') THEN true END  -- by key only: docs/scale.md"""
+
+
 async def save_llm_labels(
     conn: AsyncConnection[Any], workspace_id: str, labels: dict[str, tuple[LlmLabel, float]], *, event_id: str,
 ) -> list[str]:
@@ -32,11 +41,7 @@ async def save_llm_labels(
     for did, (lab, fallback_importance) in labels.items():
         importance = lab.importance if lab.importance is not None else fallback_importance
         cur = await conn.execute(
-            """UPDATE drawers SET memory_type = %(t)s, confidence = 1.0, importance = %(imp)s, summary = %(sum)s,
-                      pipeline_tier = 'llm', state = 'processed', failure_reason = NULL, updated_at = now(),
-                      room = CASE WHEN room = 'general' THEN %(t)s ELSE room END,
-                      metadata = (metadata - 'llm_failures') || %(meta)s
-                WHERE workspace_id = %(ws)s AND id = %(id)s AND state IN ('raw', 'failed')""",
+            LLM_LABEL_SQL,
             {"t": lab.memory_type, "imp": importance, "sum": lab.summary, "ws": workspace_id, "id": did,
              "meta": Jsonb({"llm_warnings": lab.warnings} if lab.warnings else {})},
         )
@@ -67,6 +72,15 @@ async def _store_graph(conn: AsyncConnection[Any], workspace_id: str, drawer_id:
     await refresh_entities(conn, workspace_id, sorted(stored.entities))
 
 
+# One more failed LLM attempt on a drawer still raw.
+LLM_FAILURE_SQL = """UPDATE drawers SET metadata = jsonb_set(metadata, '{llm_failures}',
+              to_jsonb(coalesce((metadata->>'llm_failures')::int, 0) + 1)),
+              failure_reason = %(reason)s
+        WHERE workspace_id = %(ws)s AND id = %(id)s
+          AND CASE WHEN state = 'raw' THEN true END  -- by key only: docs/scale.md
+    RETURNING (metadata->>'llm_failures')::int"""
+
+
 async def record_llm_failures(
     conn: AsyncConnection[Any], workspace_id: str, failures: dict[str, tuple[str, dict[str, Any]]], *,
     max_failures: int, event_id: str,
@@ -81,11 +95,7 @@ async def record_llm_failures(
     again: list[str] = []
     for did, (reason, h) in failures.items():
         cur = await conn.execute(
-            """UPDATE drawers SET metadata = jsonb_set(metadata, '{llm_failures}',
-                      to_jsonb(coalesce((metadata->>'llm_failures')::int, 0) + 1)),
-                      failure_reason = %(reason)s
-                WHERE workspace_id = %(ws)s AND id = %(id)s AND state = 'raw'
-            RETURNING (metadata->>'llm_failures')::int""",
+            LLM_FAILURE_SQL,
             {"reason": (LLM_FAILURE_PREFIX + reason)[:1000], "ws": workspace_id, "id": did},
         )
         row = await cur.fetchone()

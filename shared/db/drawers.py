@@ -130,6 +130,11 @@ async def save_embeddings(
     return len(rows)
 
 
+# Why the last attempt on these drawers, still raw, failed.
+NOTE_FAILURE_SQL = """UPDATE drawers SET failure_reason = %s WHERE workspace_id = %s AND id = ANY(%s)
+                         AND CASE WHEN state = 'raw' THEN true END  -- by key only: docs/scale.md"""
+
+
 async def note_failure(conn: AsyncConnection[Any], workspace_id: str, ids: list[str], reason: str) -> int:
     """Remember why the last attempt on these still-raw drawers failed.
 
@@ -137,11 +142,29 @@ async def note_failure(conn: AsyncConnection[Any], workspace_id: str, ids: list[
     processed, maintain marks it failed and this reason is what the operator reads. ``updated_at``
     is left alone: it is the clock maintain's stuck-drawer sweep runs on.
     """
-    cur = await conn.execute(
-        "UPDATE drawers SET failure_reason = %s WHERE workspace_id = %s AND id = ANY(%s) AND state = 'raw'",
-        (reason[:1000], workspace_id, ids),
-    )
+    cur = await conn.execute(NOTE_FAILURE_SQL, (reason[:1000], workspace_id, ids))
     return cur.rowcount
+
+
+# Classifier outcomes onto the drawers still raw (or failed), queueing the important ones for extraction.
+SAVE_CLASSIFICATIONS_SQL = """
+    WITH u AS (
+        UPDATE drawers d
+           SET memory_type = c.memory_type, confidence = c.confidence, importance = c.importance,
+               pipeline_tier = c.tier, state = 'processed', failure_reason = NULL, updated_at = now(),
+               room = CASE WHEN d.room = 'general' THEN c.memory_type ELSE d.room END
+          FROM unnest(%(ids)s::text[], %(types)s::text[], %(confs)s::real[], %(imps)s::real[], %(tiers)s::text[])
+               AS c(id, memory_type, confidence, importance, tier)
+         WHERE d.workspace_id = %(ws)s AND d.id = c.id
+           AND CASE WHEN d.state IN ('raw', 'failed') THEN true END  -- by key only: docs/scale.md
+        RETURNING d.id, d.importance),
+    q AS (
+        INSERT INTO drawer_extraction (workspace_id, drawer_id, due_at)
+        SELECT %(ws)s, u.id, now() FROM u WHERE u.importance >= %(min_imp)s
+         ORDER BY u.id  -- the order every writer of this table takes (no deadlock with enrich's marks)
+        ON CONFLICT DO NOTHING)
+    SELECT id FROM u
+    """
 
 
 async def save_classifications(
@@ -158,23 +181,7 @@ async def save_classifications(
     # The same statement queues the important ones for semantic extraction (migration 0042): the sweep
     # reads those that their session's extraction has not read by then.
     cur = await conn.execute(
-        """
-        WITH u AS (
-            UPDATE drawers d
-               SET memory_type = c.memory_type, confidence = c.confidence, importance = c.importance,
-                   pipeline_tier = c.tier, state = 'processed', failure_reason = NULL, updated_at = now(),
-                   room = CASE WHEN d.room = 'general' THEN c.memory_type ELSE d.room END
-              FROM unnest(%(ids)s::text[], %(types)s::text[], %(confs)s::real[], %(imps)s::real[], %(tiers)s::text[])
-                   AS c(id, memory_type, confidence, importance, tier)
-             WHERE d.workspace_id = %(ws)s AND d.id = c.id AND d.state IN ('raw', 'failed')
-            RETURNING d.id, d.importance),
-        q AS (
-            INSERT INTO drawer_extraction (workspace_id, drawer_id, due_at)
-            SELECT %(ws)s, u.id, now() FROM u WHERE u.importance >= %(min_imp)s
-             ORDER BY u.id  -- the order every writer of this table takes (no deadlock with enrich's marks)
-            ON CONFLICT DO NOTHING)
-        SELECT id FROM u
-        """,
+        SAVE_CLASSIFICATIONS_SQL,
         {"ws": workspace_id, "min_imp": KG_MIN_IMPORTANCE, "ids": [r["id"] for r in rows],
          "types": [r["memory_type"] for r in rows],
          "confs": [r["confidence"] for r in rows], "imps": [r["importance"] for r in rows],

@@ -3,16 +3,20 @@ drawers in one workspace, statistics up to date): their cost must not grow with 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
+from collections.abc import Iterator
+from typing import Any
 
 import psycopg
 import pytest
 from psycopg import sql
+from psycopg.types.json import Jsonb
 
 from shared.db.drawers import OLDER_TWINS_SQL
-from shared.memory.dedup import wording_bands
-from tests.integration.helpers import Stack, analyze, ws
+from shared.memory.dedup import BANDS, wording_bands
+from tests.integration.helpers import Stack, analyze, fresh_database, ws
 
 pytestmark = pytest.mark.integration
 
@@ -333,35 +337,130 @@ def test_cluster_exact_neighbours_read_the_workspace_once_per_event(stack: Stack
     assert len(scans) == 1 and scans[0]["Actual Loops"] == 1, json.dumps(plan)
 
 
-def test_an_episodes_progress_walks_its_sessions_drawers_only(stack: Stack, big_workspace: str) -> None:
-    """Asked on every drawer.embedded event while its session's episode waits: how many of the session's
-    drawers still wait for a vector. Thousands of drawers are raw here (a backlog, filed since the last
-    analysis, which saw almost none): the count walks the session's ten drawers by key, never the partial
-    index of raw drawers, which would walk the whole backlog of every workspace for each event."""
-    from shared.db.episodes import EPISODE_PROGRESS_SQL
+@pytest.fixture(scope="module")
+def settled(stack: Stack) -> Iterator[tuple[str, str]]:
+    """(database URL, workspace) of a database of its own, analysed while nothing was in flight: N processed
+    drawers in sessions of ten ('s0', 's1', ...), each session's episode built and announced."""
+    from shared.db.migrate import apply_migrations
 
-    w = big_workspace
-    if not stack.sql("SELECT 1 FROM drawer_sources WHERE workspace_id = %s LIMIT 1", (w,)):
-        with psycopg.connect(stack.database_url, autocommit=True) as conn:  # sessions of ten drawers
+    w = ws()
+    with fresh_database(stack, "palace_backlog") as url:
+        apply_migrations(url, stack.settings.embed_dim)
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute("""INSERT INTO drawers (workspace_id, id, content, content_hash, state)
+                            SELECT %s, md5(g::text), 'drawer ' || g, md5(g::text), 'processed'
+                              FROM generate_series(1, %s) g""", (w, N))
             conn.execute("INSERT INTO drawer_sources (workspace_id, drawer_id, session_id, seq)"
                          " SELECT %s, md5(g::text), 's' || (g / 10), g %% 10 FROM generate_series(1, %s) g", (w, N))
-            analyze(conn, "drawer_sources")
-    with psycopg.connect(stack.database_url) as conn:  # one transaction, rolled back: the statistics stay stale
+            conn.execute("""INSERT INTO episodes (workspace_id, id, session_id, summary, abstract, status, announced_at)
+                            SELECT %s, 'e' || g, 's' || g, '', '', 'ready', now() FROM generate_series(0, %s) g""",
+                         (w, N // 10))
+            for table in ("drawers", "drawer_sources", "episodes"):
+                analyze(conn, table)
+        yield url, w
+
+
+@contextlib.contextmanager
+def _backlog(settled: tuple[str, str]) -> Iterator[psycopg.Connection[Any]]:
+    """A connection as the services' role in the settled workspace, inside one transaction that is rolled
+    back, in which a backlog waits: 5,000 drawers still raw (filed, not yet embedded; ten of them the
+    session 'progress-session', whose episode waits for them) and 3,000 episodes not yet announced. The
+    last analysis saw none of either, as it is while a backlog builds (autovacuum analyses a table after a
+    tenth of it changed): the statistics say the partial indexes of in-flight rows hold a row or two, and a
+    plan built on them walks the whole backlog, of every workspace, for each event."""
+    url, w = settled
+    with psycopg.connect(url) as conn:
         conn.execute("""INSERT INTO drawers (workspace_id, id, content, content_hash, state, filed_at, updated_at)
                         SELECT %s, 'backlog' || g, 'waiting ' || g, md5('b' || g), 'raw', now(), now()
                           FROM generate_series(1, 5000) g""", (w,))
         conn.execute("""INSERT INTO drawer_sources (workspace_id, drawer_id, session_id, seq)
                         SELECT %s, 'backlog' || g, 'progress-session', g FROM generate_series(1, 10) g""", (w,))
-        conn.execute("""INSERT INTO episodes (workspace_id, id, session_id, summary, abstract, status)
-                        VALUES (%s, 'progress-episode', 'progress-session', '', '', 'pending')""", (w,))
+        conn.execute("UPDATE episodes SET announced_at = NULL, status = 'pending', pending_since = now()"
+                     " WHERE workspace_id = %s AND substr(id, 2)::int < 3000", (w,))
+        conn.execute("""INSERT INTO episodes (workspace_id, id, session_id, summary, abstract, status, pending_since)
+                        VALUES (%s, 'progress-episode', 'progress-session', '', '', 'pending', now())""", (w,))
         conn.execute("SET LOCAL ROLE palace_app")
         conn.execute("SELECT set_config('palace.workspace_id', %s, true)", (w,))
+        try:
+            yield conn
+        finally:
+            conn.rollback()
+
+
+def _explain(conn: psycopg.Connection[Any], statement: str, params: Any) -> str:
+    return json.dumps(conn.execute("EXPLAIN (FORMAT JSON) " + statement, params).fetchall()[0][0])
+
+
+_IN_FLIGHT_INDEXES = ("drawers_raw_idle", "drawers_state", "episodes_unannounced")
+
+
+def test_an_episodes_progress_walks_its_sessions_drawers_only(settled: tuple[str, str]) -> None:
+    """Asked on every drawer.embedded event while its session's episode waits: how many of the session's
+    drawers still wait for a vector. The count walks the session's ten drawers by key."""
+    from shared.db.episodes import EPISODE_PROGRESS_SQL
+
+    w = settled[1]
+    with _backlog(settled) as conn:
         assert conn.execute(EPISODE_PROGRESS_SQL, (w, "progress-episode")).fetchone()[-2:] == (10, 10)
-        plan = json.dumps(conn.execute("EXPLAIN (FORMAT JSON) " + EPISODE_PROGRESS_SQL,
-                                       (w, "progress-episode")).fetchall()[0][0])
-        conn.rollback()
+        plan = _explain(conn, EPISODE_PROGRESS_SQL, (w, "progress-episode"))
     drawers = re.findall(r'"Index Name": "(\w+)", "Relation Name": "drawers"', plan)
     assert drawers == ["drawers_pkey"] and '"Seq Scan"' not in plan, plan
+
+
+def test_the_sessions_awaiting_an_episode_are_found_by_key(settled: tuple[str, str]) -> None:
+    """Asked on every drawer.embedded event: which of its drawers' sessions have an episode still waiting.
+    The answer comes from the drawers' sources and each session's episode by key."""
+    from shared.db.episodes import AWAITING_EPISODE_SQL
+
+    w = settled[1]
+    with _backlog(settled) as conn:
+        drawers = [r[0] for r in conn.execute("SELECT drawer_id FROM drawer_sources WHERE workspace_id = %s"
+                                              " AND session_id IN ('s7', 's8') ORDER BY drawer_id", (w,))]
+        conn.execute("UPDATE episodes SET announced_at = now() WHERE workspace_id = %s AND session_id = 's8'", (w,))
+        params = {"ws": w, "ids": drawers}
+        assert conn.execute(AWAITING_EPISODE_SQL, params).fetchall() == [("s7",)]
+        plan = _explain(conn, AWAITING_EPISODE_SQL, params)
+    assert not any(i in plan for i in _IN_FLIGHT_INDEXES) and '"Seq Scan"' not in plan, plan
+
+
+def _in_flight_statements(w: str) -> dict[str, tuple[str, Any]]:
+    """Each statement that finds rows by key and then asks whether they are still in flight, with
+    parameters naming ten backlog drawers (or one, or an episode). Each of them was planned on an index of
+    in-flight rows in this backlog before its test became a CASE."""
+    from shared.db.curation import LLM_FAILURE_SQL
+    from shared.db.drawers import NOTE_FAILURE_SQL, SAVE_CLASSIFICATIONS_SQL
+    from shared.db.episodes import UNANNOUNCED_EPISODE_SQL
+    from shared.db.sessions import _STORE_SQL
+
+    ids = [f"backlog{g}" for g in range(100, 110)]
+    empty: list[Any] = []
+    store = {"ws": w, "session": "progress-session", "event": "e", "agent": None, "user": None, "started": None,
+             "completed": None, "smeta": Jsonb({}), "message_count": 0, "session_hash": "h", "m_seqs": empty,
+             "m_roles": empty, "m_names": empty, "m_contents": empty, "m_hashes": empty, "m_created": empty,
+             "m_metadata": empty, "m_noise": empty, "bands": empty, "nb": BANDS, "ids": ids,
+             "contents": ids, "hashes": ids, "wings": ids, "rooms": ids, "halls": ids, "seqs": list(range(10)),
+             "contexts": ids, "roles": ids, "speakers": ids, "occurred": [None] * 10, "metadata": [Jsonb({})] * 10,
+             "s_ids": empty, "s_seqs": empty, "s_chunks": empty, "s_starts": empty, "s_ends": empty}
+    return {
+        "ingest: the session's drawers already stored": (_STORE_SQL, store),
+        "embed: a failed attempt's reason": (NOTE_FAILURE_SQL, ("down", w, ids)),
+        "classify: the batch's outcomes": (SAVE_CLASSIFICATIONS_SQL, {
+            "ws": w, "min_imp": 3.0, "ids": ids, "types": ["fact"] * 10, "confs": [0.5] * 10, "imps": [2.0] * 10,
+            "tiers": ["heuristic"] * 10}),
+        "classify: an LLM failure": (LLM_FAILURE_SQL, {"reason": "down", "ws": w, "id": ids[0]}),
+        "enrich: an episode to announce": (UNANNOUNCED_EPISODE_SQL, (w, "e17")),
+    }
+
+
+@pytest.mark.parametrize("name", list(_in_flight_statements("w")))
+def test_in_flight_rows_are_found_by_key_in_a_backlog(settled: tuple[str, str], name: str) -> None:
+    """A statement that names its rows by key and keeps those still in flight (raw drawers, unannounced
+    episodes) reads those rows by key in a backlog: the in-flight test is a CASE the planner cannot match
+    to the partial indexes of in-flight rows (docs/scale.md, "In-flight states")."""
+    statement, params = _in_flight_statements(settled[1])[name]
+    with _backlog(settled) as conn:
+        plan = _explain(conn, statement, params)
+    assert not any(i in plan for i in _IN_FLIGHT_INDEXES) and '"Seq Scan"' not in plan, plan
 
 
 def test_a_small_exact_workspace_finds_both_candidate_lists_in_one_pass(stack: Stack, big_workspace: str) -> None:
