@@ -67,11 +67,12 @@ def _settings() -> Settings:
     return s
 
 
-def _urls(s: Settings) -> tuple[str, str]:
+def _urls(s: Settings, *, database: bool = True, nats: bool = True) -> tuple[str, str]:
+    """The servers' URLs; only those asked for must be configured (or the embedded stack running)."""
     from shared.endpoints import StackNotRunning, resolve_urls
 
     try:
-        return resolve_urls(s)
+        return resolve_urls(s, database=database, nats=nats)
     except StackNotRunning as e:
         console.print(f"[red]{e}[/red]")
         raise typer.Exit(2) from None
@@ -236,7 +237,7 @@ def migrate(check: Annotated[bool, typer.Option(
     from shared.db.migrate import apply_migrations, pending_migrations
 
     s = _settings()
-    db, _ = _urls(s)
+    db, _ = _urls(s, nats=False)
     if check:
         pending = pending_migrations(db)
         console.print(f"pending: {', '.join(pending)}" if pending else "schema is up to date")
@@ -300,7 +301,7 @@ async def _publish_all(s: Settings, nats_url: str, events: list[dict[str, Any]])
 def publish(file: Annotated[Path, typer.Argument(help="JSON file: one session.completed event or a list.")]) -> None:
     """Validate and publish session.completed events from a file."""
     s = _settings()
-    _, nats_url = _urls(s)
+    _, nats_url = _urls(s, database=False)
     data = json.loads(file.read_text())
     events = data if isinstance(data, list) else [data]
     ids = asyncio.run(_publish_all(s, nats_url, events))
@@ -312,7 +313,7 @@ async def _local_search(s: Settings, workspace: str, query: str, k: int, episode
     from shared.db.pool import open_pool
     from shared.recall import Recaller
 
-    db, _ = _urls(s)
+    db, _ = _urls(s, nats=False)
     pool = await open_pool(db, name="cli", max_size=2, role=s.db_role)
     emb = await SpaceEmbedder.open(s, pool)
     try:
@@ -372,7 +373,7 @@ def dlq_list(subject: Annotated[str | None, typer.Option(help="Only from this su
     from shared.dlq import list_dead_letters
 
     s = _settings()
-    _, nats_url = _urls(s)
+    _, nats_url = _urls(s, database=False)
     items = asyncio.run(list_dead_letters(s, nats_url, subject=subject, workspace=workspace, limit=limit))
     if as_json:
         console.print_json(json.dumps([i.info.model_dump(mode="json") for i in items]))
@@ -389,7 +390,7 @@ def dlq_show(seq: Annotated[int, typer.Argument(help="Dead-letter sequence (the 
     from shared.dlq import get_dead_letter
 
     s = _settings()
-    _, nats_url = _urls(s)
+    _, nats_url = _urls(s, database=False)
     d = asyncio.run(get_dead_letter(s, nats_url, seq))
     if d is None:
         console.print(f"[red]no dead letter with sequence {seq}[/red] (see 'palace dlq list')")
@@ -419,7 +420,7 @@ def dlq_redrive(seq: Annotated[list[int] | None, typer.Option(help="Dead-letter 
     from shared.dlq import list_dead_letters, redrive
 
     s = _settings()
-    _, nats_url = _urls(s)
+    _, nats_url = _urls(s, database=False)
     seqs = list(seq or [])
     if all_:
         seqs = [i.seq for i in asyncio.run(list_dead_letters(s, nats_url, subject=subject, limit=1_000_000))]
@@ -504,7 +505,7 @@ def apikey_create(workspace: Annotated[str, typer.Option("--workspace", "-w", he
     from shared.db.tenancy import workspace_tx
 
     s = _settings()
-    db, _ = _urls(s)
+    db, _ = _urls(s, nats=False)
 
     async def go() -> str:
         pool = await open_pool(db, name="cli", max_size=1, role=s.db_role)

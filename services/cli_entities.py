@@ -25,7 +25,7 @@ def _actor() -> str:
     return f"cli:{os.environ.get('USER', 'unknown')}"
 
 
-def register(app: typer.Typer, settings: Callable[[], Settings], urls: Callable[[Settings], tuple[str, str]],
+def register(app: typer.Typer, settings: Callable[[], Settings], urls: Callable[..., tuple[str, str]],
              console: Console) -> None:
     entities_app = typer.Typer(help="Entity dedup: flagged look-alikes, merges, and reverting them.",
                                no_args_is_help=True)
@@ -37,7 +37,7 @@ def register(app: typer.Typer, settings: Callable[[], Settings], urls: Callable[
         from shared.db.tenancy import workspace_tx
 
         s = settings()
-        db, _ = urls(s)
+        db, _ = urls(s, nats=False)
 
         async def go() -> T:
             pool = await open_pool(db, name="cli-entities", max_size=1, role=s.db_role)

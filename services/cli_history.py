@@ -23,7 +23,7 @@ async def _in_workspace(workspace: str, fn: Callable[[Any], Awaitable[T]]) -> T:
     from shared.db.tenancy import workspace_tx
 
     s = _settings()
-    db, _ = _urls(s)
+    db, _ = _urls(s, nats=False)
     pool = await open_pool(db, name="cli", max_size=1, role=s.db_role)
     try:
         async with workspace_tx(pool, workspace) as conn:

@@ -38,7 +38,7 @@ def _summary(title: str, counts: dict[str, int], elapsed_s: float) -> Table:
     return t
 
 
-def register(app: typer.Typer, settings: Callable[[], Settings], urls: Callable[[Settings], tuple[str, str]],
+def register(app: typer.Typer, settings: Callable[[], Settings], urls: Callable[..., tuple[str, str]],
              console: Console) -> None:
     """Add ``maintain`` (one command per registered job), ``forget`` and ``restore`` to the ``palace`` app."""
     from shared.lifecycle import JOBS
@@ -50,7 +50,7 @@ def register(app: typer.Typer, settings: Callable[[], Settings], urls: Callable[
     def make(name: str) -> Callable[[], None]:
         def command() -> None:
             s = settings()
-            db, nats_url = urls(s)
+            db, nats_url = urls(s, nats=JOBS[name].needs_bus)  # a database-only job needs no NATS URL
             counts, elapsed = asyncio.run(_run_job(name, s, db, nats_url, console))
             if counts is None:
                 console.print(f"[yellow]{name}: another replica holds the lease; try again when it is done[/yellow]")
@@ -104,7 +104,7 @@ def register(app: typer.Typer, settings: Callable[[], Settings], urls: Callable[
     ) -> None:
         """Bring pruned (archived) drawers back into search exactly as they were."""
         s = settings()
-        db, _ = urls(s)
+        db, _ = urls(s, nats=False)
         n, elapsed = asyncio.run(_restore(s, db, workspace, list(drawer) if drawer else None, console))
         console.print(_summary(f"restore {workspace}", {"restored": n}, elapsed))
 

@@ -35,7 +35,7 @@ def reembed(
     from shared.db.embedding_spaces import SpaceTarget
 
     s = _settings()
-    db_url, _ = _urls(s)
+    db_url, _ = _urls(s, nats=False)
     if abort:
         done = asyncio.run(rb.abandon(db_url))
         console.print("re-embed abandoned" if done else "no re-embed was under way")

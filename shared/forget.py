@@ -313,7 +313,7 @@ async def forget(pool: AsyncConnectionPool, settings: Settings, nats_url: str, s
                     if not n:
                         break
                 # Its HNSW index holds only its (now deleted) drawers' vectors until a vacuum: it goes whole.
-                counts.update(await drop_vector_index(database_url or resolve_urls(settings)[0], ws))
+                counts.update(await drop_vector_index(database_url or resolve_urls(settings, nats=False)[0], ws))
                 step("vector_indexes", counts["vector_indexes"])
             # Events published while this ran (by handlers that committed just before the tombstones).
             n, _ = await _purge_streams(settings, js, scope, t)

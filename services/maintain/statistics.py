@@ -37,7 +37,7 @@ async def refresh_statistics(deps: Deps, holder: str, known: set[tuple[str, str]
         if not await take_lease(conn, "statistics", holder, _LEASE_S, 0.0):
             return []
     try:
-        db_url, _ = resolve_urls(deps.settings)
+        db_url, _ = resolve_urls(deps.settings, nats=False)
         done, skipped = await analyze_tables(db_url, sorted(set(blind) | stale), whole=stale)
         for table, why in skipped.items():
             # Locked by an index build: next round. Not allowed (a login role that does not own the table):

@@ -9,6 +9,7 @@ import json
 import random
 import re
 import time
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -317,19 +318,21 @@ def test_every_batch_query_uses_an_index(stack: Stack, big_workspace: str, name:
         assert "drawers_llm_labelled" in plan, plan
 
 
-def test_operators_run_each_job_restore_and_forget_from_the_cli(stack: Stack) -> None:
+def test_operators_run_each_job_restore_and_forget_from_the_cli(stack: Stack, tmp_path: Path) -> None:
     from typer.testing import CliRunner
 
     from services.cli import app
 
     env = {"PALACE_DATABASE_URL": stack.database_url, "PALACE_NATS_URL": stack.nats_url}
+    # What only touches the database asks for nothing else: no NATS URL, and no embedded stack to find one in.
+    db_only = {"PALACE_DATABASE_URL": stack.database_url, "PALACE_NATS_URL": "", "PALACE_DEVSTACK_DIR": str(tmp_path)}
     runner = CliRunner()
     for job in JOBS:
         # The stack's own maintain may hold the job's lease this moment: the CLI says so and exits 1 (an
         # operator runs it again when it is done), as the test does for a while.
         deadline = time.monotonic() + 60
         while True:
-            r = runner.invoke(app, ["maintain", job], env=env)
+            r = runner.invoke(app, ["maintain", job], env=env if JOBS[job].needs_bus else db_only)
             if r.exit_code == 0 or "holds the lease" not in r.output or time.monotonic() > deadline:
                 break
             time.sleep(1)
@@ -338,7 +341,7 @@ def test_operators_run_each_job_restore_and_forget_from_the_cli(stack: Stack) ->
     w = ws()
     _insert(stack, w, [{"id": "a", "content": "archived by hand"}, {"id": "b", "content": "kept as is"}])
     stack.sql("UPDATE drawers SET deleted_at = now() WHERE workspace_id = %s AND id = 'a' RETURNING 1", (w,))
-    r = runner.invoke(app, ["restore", "--workspace", w, "--drawer", "a"], env=env)
+    r = runner.invoke(app, ["restore", "--workspace", w, "--drawer", "a"], env=db_only)
     assert r.exit_code == 0, r.output
     assert stack.sql("SELECT count(*) FROM drawers WHERE workspace_id = %s AND deleted_at IS NULL", (w,))[0][0] == 2
     r = runner.invoke(app, ["forget", "--workspace", w, "--drawer", "a", "--verify", "--by", "ops"], env=env)
@@ -346,6 +349,9 @@ def test_operators_run_each_job_restore_and_forget_from_the_cli(stack: Stack) ->
     assert "nothing of it remains" in r.output
     assert [x[0] for x in stack.sql("SELECT id FROM drawers WHERE workspace_id = %s", (w,))] == ["b"]
     assert stack.sql("SELECT requested_by FROM forget_audit WHERE workspace_id = %s", (w,)) == [("ops",)]
+    # Forget purges the streams too: without a NATS URL it refuses before touching anything, naming it.
+    r = runner.invoke(app, ["forget", "--workspace", w, "--drawer", "b"], env=db_only)
+    assert r.exit_code == 2 and "PALACE_NATS_URL" in r.output and "PALACE_DATABASE_URL" not in r.output, r.output
     r = runner.invoke(app, ["forget", "--workspace", w, "--user", "u1", "--all"], env=env)
     assert r.exit_code != 0
 
