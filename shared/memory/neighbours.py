@@ -181,7 +181,9 @@ class WorkspaceVectors:
             return []
         n = self.n
         ids, filed = self.ids[:n], self.filed[:n]
-        sims = np.stack([_unit(v) for _, v, _ in queries]) @ self.unit[:n].T  # a row per query, a column per drawer
+        # A row per query, a column per drawer. Computed as drawers × queries: with the (drawers, dims) matrix
+        # on the left the BLAS kernel streams it once, where queries × drawersᵀ read it the slower way.
+        sims = np.ascontiguousarray((self.unit[:n] @ np.stack([_unit(v) for _, v, _ in queries]).T).T)
         # The ranking score: the cosine; a zero vector's (NaN in the database, which sorts it last) below
         # every cosine; a drawer that is not filed before the query, below that.
         score = np.where(np.isnan(sims), -2.0, sims)
@@ -200,17 +202,23 @@ class WorkspaceVectors:
             if self.odd_bands:
                 qset = set(qbands)
                 share[[self.slot[i] for i, b in self.odd_bands.items() if b & qset]] = True
-            out.append(Ranked(self._top(np.where(share, row, -np.inf), ids, sims[j], limit),
+            # The drawers sharing a band are few: ranked among themselves, not as the whole row masked.
+            out.append(Ranked(self._top(row, ids, sims[j], limit, among=np.flatnonzero(share)),
                               self._top(row, ids, sims[j], limit)))
         return out
 
     @staticmethod
-    def _top(row: np.ndarray, ids: np.ndarray, sims: np.ndarray, limit: int) -> list[tuple[str, float]]:
-        """The ``limit`` best-scored rows that are candidates (score above -inf), best first, ties by id."""
-        k = min(limit, int(np.count_nonzero(row > -np.inf)))
+    def _top(row: np.ndarray, ids: np.ndarray, sims: np.ndarray, limit: int,
+             among: np.ndarray | None = None) -> list[tuple[str, float]]:
+        """The ``limit`` best-scored rows that are candidates (score above -inf), of all or of the rows
+        ``among``, best first, ties by id."""
+        scores = row if among is None else row[among]
+        k = min(limit, int(np.count_nonzero(scores > -np.inf)))
         if not k:
             return []
-        top = np.argpartition(-row, k - 1)[:k]
+        top = np.argpartition(-scores, k - 1)[:k]
+        if among is not None:
+            top = among[top]
         top = top[np.lexsort((ids[top], -row[top]))]
         return [(ids[t].decode(), _clip(float(sims[t]))) for t in top]
 
