@@ -211,15 +211,18 @@ class WorkspaceVectors:
     def _top(row: np.ndarray, ids: np.ndarray, sims: np.ndarray, limit: int,
              among: np.ndarray | None = None) -> list[tuple[str, float]]:
         """The ``limit`` best-scored rows that are candidates (score above -inf), of all or of the rows
-        ``among``, best first, ties by id."""
+        ``among``, best first, ties by id (as the database orders them). The k-th best score is found by
+        partitioning the values, and every row scoring at least that is sorted: cheaper than partitioning
+        the indices, and a tie at the boundary is decided by id, not by where the partition left it."""
         scores = row if among is None else row[among]
         k = min(limit, int(np.count_nonzero(scores > -np.inf)))
         if not k:
             return []
-        top = np.argpartition(-scores, k - 1)[:k]
+        at = len(scores) - k
+        top = np.flatnonzero(scores >= np.partition(scores, at)[at])
         if among is not None:
             top = among[top]
-        top = top[np.lexsort((ids[top], -row[top]))]
+        top = top[np.lexsort((ids[top], -row[top]))][:k]
         return [(ids[t].decode(), _clip(float(sims[t]))) for t in top]
 
 

@@ -105,6 +105,18 @@ def test_ids_wider_than_usual_keep_their_order() -> None:
     assert _ids(r.near) == ["x" * 40 + "a", "x" * 40 + "b"]  # filed together: the smaller ids, by id
 
 
+def test_a_tie_at_the_limit_is_decided_by_id() -> None:
+    """Equal cosines across the cut: the smaller ids are kept, as the database's ORDER BY distance, id
+    keeps them, whichever order the drawers are held in."""
+    v = np.ones(DIMS)
+    ids = [f"d{n:02d}" for n in range(40)]
+    for order in (ids, ids[::-1]):
+        wv = WorkspaceVectors(DIMS)
+        wv.apply([Change(i, 1, v, [7] * BANDS) for i in order] + [Change("q", 2, v, [7] * BANDS)], (1, ()))
+        (r,) = wv.rank([("q", v, [7] * BANDS)], 5)  # type: ignore[misc]
+        assert _ids(r.near) == _ids(r.twins) == ids[:5]
+
+
 def test_bands_of_another_shape_still_make_twins() -> None:
     """Bands stored by another version (not ``BANDS`` keys) are matched as the database's ``&&`` does:
     any key in common; a drawer without bands is nobody's twin."""
