@@ -5,7 +5,8 @@ A workspace of settled drawers (processed, in sessions of ten, each session's ep
 while nothing is in flight, as autovacuum last saw it. Then, in one transaction rolled back at the end (so
 no analysis sees it), a backlog is filed: drawers still raw and episodes not yet announced, as while the
 embed service is down or behind. Each statement runs as the services' role against the backlog, in its
-former form and in today's, alternated, p50 of ``--rounds`` calls each (writes undone by a savepoint).
+former form and in today's, alternated (each first in every other round), p50 of ``--rounds`` calls each
+(writes undone by a savepoint).
 
     .venv/bin/python bench/backlog_plans.py [--drawers 50000] [--backlogs 0,1000,10000,50000] [--rounds 15]
 
@@ -32,15 +33,29 @@ WS = "bench-backlog"
 BEFORE = {
     "ingest: stored already": """SELECT id, false FROM drawers
         WHERE workspace_id = %(ws)s AND id = ANY(%(ids)s) AND state = 'raw' AND deleted_at IS NULL""",
-    "embed: failure note": """UPDATE drawers SET failure_reason = 'down'
+    "embed: failure note": """UPDATE drawers SET failure_reason = %(reason)s
         WHERE workspace_id = %(ws)s AND id = ANY(%(ids)s) AND state = 'raw'""",
-    "classify: batch": """UPDATE drawers d SET importance = c.imp, state = 'processed'
-          FROM unnest(%(ids)s::text[], %(imps)s::real[]) AS c(id, imp)
-         WHERE d.workspace_id = %(ws)s AND d.id = c.id AND d.state IN ('raw', 'failed')""",
+    "classify: batch": """
+        WITH u AS (
+            UPDATE drawers d
+               SET memory_type = c.memory_type, confidence = c.confidence, importance = c.importance,
+                   pipeline_tier = c.tier, state = 'processed', failure_reason = NULL, updated_at = now(),
+                   room = CASE WHEN d.room = 'general' THEN c.memory_type ELSE d.room END
+              FROM unnest(%(ids)s::text[], %(types)s::text[], %(confs)s::real[], %(imps)s::real[], %(tiers)s::text[])
+                   AS c(id, memory_type, confidence, importance, tier)
+             WHERE d.workspace_id = %(ws)s AND d.id = c.id AND d.state IN ('raw', 'failed')
+            RETURNING d.id, d.importance),
+        q AS (
+            INSERT INTO drawer_extraction (workspace_id, drawer_id, due_at)
+            SELECT %(ws)s, u.id, now() FROM u WHERE u.importance >= %(min_imp)s
+             ORDER BY u.id
+            ON CONFLICT DO NOTHING)
+        SELECT id FROM u""",
     "enrich: sessions awaiting": """SELECT DISTINCT e.session_id FROM drawer_sources ds
           JOIN episodes e ON e.workspace_id = ds.workspace_id AND e.session_id = ds.session_id
          WHERE ds.workspace_id = %(ws)s AND ds.drawer_id = ANY(%(ids)s) AND e.announced_at IS NULL""",
-    "enrich: episode progress": """SELECT e.status,
+    "enrich: episode progress": """SELECT e.status, e.source_hash, e.announced_at IS NOT NULL,
+          extract(epoch FROM now() - coalesce(e.pending_since, e.created_at)),
           (SELECT count(DISTINCT d.id) FROM drawer_sources ds
              JOIN drawers d ON d.workspace_id = ds.workspace_id AND d.id = ds.drawer_id
             WHERE ds.workspace_id = e.workspace_id AND ds.session_id = e.session_id AND d.deleted_at IS NULL),
@@ -53,8 +68,9 @@ BEFORE = {
 
 
 def after() -> dict[str, str]:
-    """Today's forms: the library's own statements where they are module constants, else the same edit."""
-    from shared.db.drawers import NOTE_FAILURE_SQL
+    """Today's forms: the library's own statements; ingest's is the lookup at the end of its store statement
+    (``shared.db.sessions._STORE_SQL``, whose inserts find every drawer there already)."""
+    from shared.db.drawers import NOTE_FAILURE_SQL, SAVE_CLASSIFICATIONS_SQL
     from shared.db.episodes import AWAITING_EPISODE_SQL, EPISODE_PROGRESS_SQL
 
     return {
@@ -62,9 +78,7 @@ def after() -> dict[str, str]:
             WHERE workspace_id = %(ws)s AND id = ANY(%(ids)s)
               AND CASE WHEN state = 'raw' AND deleted_at IS NULL THEN true END""",
         "embed: failure note": NOTE_FAILURE_SQL.replace("%s", "%({})s").format("reason", "ws", "ids"),
-        "classify: batch": """UPDATE drawers d SET importance = c.imp, state = 'processed'
-              FROM unnest(%(ids)s::text[], %(imps)s::real[]) AS c(id, imp)
-             WHERE d.workspace_id = %(ws)s AND d.id = c.id AND CASE WHEN d.state IN ('raw', 'failed') THEN true END""",
+        "classify: batch": SAVE_CLASSIFICATIONS_SQL,
         "enrich: sessions awaiting": AWAITING_EPISODE_SQL,
         "enrich: episode progress": EPISODE_PROGRESS_SQL.replace("%s", "%({})s").format("ws", "episode"),
     }
@@ -129,12 +143,14 @@ def measure(url: str, backlog: int, rounds: int) -> dict[str, Any]:
         else:
             ids = [r[0] for r in conn.execute("SELECT md5(g::text) FROM generate_series(10, 19) g")]
             episode = "e1"
-        params = {"ws": WS, "ids": ids, "imps": [2.0] * len(ids), "episode": episode, "reason": "down"}
+        params = {"ws": WS, "ids": ids, "episode": episode, "reason": "down", "min_imp": 3.0,
+                  "types": ["fact"] * len(ids), "confs": [0.5] * len(ids), "imps": [2.0] * len(ids),
+                  "tiers": ["heuristic"] * len(ids)}
         conn.execute("SET LOCAL ROLE palace_app")
         conn.execute("SELECT set_config('palace.workspace_id', %s, true)", (WS,))
-        for _ in range(rounds):
+        for r in range(rounds):
             for name in BEFORE:
-                for form in ("before", "after"):
+                for form in ("before", "after") if r % 2 == 0 else ("after", "before"):
                     conn.execute("SAVEPOINT s")
                     t0 = time.perf_counter()
                     cur = conn.execute(forms[form][name], params, prepare=False)
