@@ -19,6 +19,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -51,6 +52,7 @@ __all__ = [
     "free_port_block",
     "load_locomo",
     "machine_info",
+    "module_at",
     "percentiles",
     "prepare_process",
     "settle_drawers",
@@ -331,3 +333,21 @@ async def cleanup_workspace(database_url: str, workspace: str) -> None:
                     failed.append(table)
             left = failed
     await drop_vector_index(database_url, workspace)
+
+
+def module_at(ref: str, path: str, name: str) -> ModuleType:
+    """The module at ``path`` (in the repository) as it was at git ``ref``, loaded as ``name``, for a bench
+    that runs the code before a change beside today's (its imports resolve against today's tree)."""
+    import importlib.util
+    import tempfile
+
+    src = subprocess.run(["git", "show", f"{ref}:{path}"], cwd=REPO, check=True, capture_output=True,
+                         text=True).stdout
+    file = Path(tempfile.mkdtemp()) / f"{name}.py"
+    file.write_text(src)
+    spec = importlib.util.spec_from_file_location(name, file)
+    assert spec and spec.loader
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod  # dataclasses look their module up while the class is built
+    spec.loader.exec_module(mod)
+    return mod

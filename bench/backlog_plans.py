@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import re
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -29,28 +30,8 @@ from rich.table import Table
 
 WS = "bench-backlog"
 
-# The former forms, as they were before the in-flight tests became CASEs (c8ce8f5 and 9795797).
-BEFORE = {
-    "ingest: stored already": """SELECT id, false FROM drawers
-        WHERE workspace_id = %(ws)s AND id = ANY(%(ids)s) AND state = 'raw' AND deleted_at IS NULL""",
-    "embed: failure note": """UPDATE drawers SET failure_reason = %(reason)s
-        WHERE workspace_id = %(ws)s AND id = ANY(%(ids)s) AND state = 'raw'""",
-    "classify: batch": """
-        WITH u AS (
-            UPDATE drawers d
-               SET memory_type = c.memory_type, confidence = c.confidence, importance = c.importance,
-                   pipeline_tier = c.tier, state = 'processed', failure_reason = NULL, updated_at = now(),
-                   room = CASE WHEN d.room = 'general' THEN c.memory_type ELSE d.room END
-              FROM unnest(%(ids)s::text[], %(types)s::text[], %(confs)s::real[], %(imps)s::real[], %(tiers)s::text[])
-                   AS c(id, memory_type, confidence, importance, tier)
-             WHERE d.workspace_id = %(ws)s AND d.id = c.id AND d.state IN ('raw', 'failed')
-            RETURNING d.id, d.importance),
-        q AS (
-            INSERT INTO drawer_extraction (workspace_id, drawer_id, due_at)
-            SELECT %(ws)s, u.id, now() FROM u WHERE u.importance >= %(min_imp)s
-             ORDER BY u.id
-            ON CONFLICT DO NOTHING)
-        SELECT id FROM u""",
+# The former forms of the statements that were rewritten, not only re-worded (9795797, c8ce8f5).
+REWRITTEN_BEFORE = {
     "enrich: sessions awaiting": """SELECT DISTINCT e.session_id FROM drawer_sources ds
           JOIN episodes e ON e.workspace_id = ds.workspace_id AND e.session_id = ds.session_id
          WHERE ds.workspace_id = %(ws)s AND ds.drawer_id = ANY(%(ids)s) AND e.announced_at IS NULL""",
@@ -65,23 +46,33 @@ BEFORE = {
               AND d.deleted_at IS NULL AND d.embedding IS NULL AND d.state = 'raw')
           FROM episodes e WHERE e.workspace_id = %(ws)s AND e.id = %(episode)s""",
 }
+_IN_FLIGHT_CASE = re.compile(r"CASE WHEN ((?:(?!CASE|THEN).)+) THEN true END(?:\s*--[^\n]*)?")
 
 
-def after() -> dict[str, str]:
-    """Today's forms: the library's own statements; ingest's is the lookup at the end of its store statement
-    (``shared.db.sessions._STORE_SQL``, whose inserts find every drawer there already)."""
+def plain(statement: str) -> str:
+    """A statement with its in-flight test written back as the plain predicate it was before it became a
+    CASE (docs/scale.md, "In-flight states"): the index of in-flight rows is a way in again."""
+    out, n = _IN_FLIGHT_CASE.subn(r"\1", statement)
+    assert n == 1, statement
+    return out
+
+
+def forms() -> dict[str, dict[str, str]]:
+    """name → {"before": the former form, "after": the library's own statement}; ingest's is the lookup that
+    ends its store statement (``shared.db.sessions._STORE_SQL``, whose inserts find every drawer there already)."""
     from shared.db.drawers import NOTE_FAILURE_SQL, SAVE_CLASSIFICATIONS_SQL
     from shared.db.episodes import AWAITING_EPISODE_SQL, EPISODE_PROGRESS_SQL
+    from shared.db.sessions import _STORE_SQL
 
-    return {
-        "ingest: stored already": """SELECT id, false FROM drawers
-            WHERE workspace_id = %(ws)s AND id = ANY(%(ids)s)
-              AND CASE WHEN state = 'raw' AND deleted_at IS NULL THEN true END""",
+    after = {
+        "ingest: stored already": _STORE_SQL.rsplit("UNION ALL", 1)[1],
         "embed: failure note": NOTE_FAILURE_SQL.replace("%s", "%({})s").format("reason", "ws", "ids"),
         "classify: batch": SAVE_CLASSIFICATIONS_SQL,
         "enrich: sessions awaiting": AWAITING_EPISODE_SQL,
         "enrich: episode progress": EPISODE_PROGRESS_SQL.replace("%s", "%({})s").format("ws", "episode"),
     }
+    return {name: {"before": REWRITTEN_BEFORE.get(name) or plain(sql_), "after": sql_}
+            for name, sql_ in after.items()}
 
 
 @contextlib.contextmanager
@@ -124,8 +115,8 @@ def settle(url: str, drawers: int) -> None:
 def measure(url: str, backlog: int, rounds: int) -> dict[str, Any]:
     """p50 ms of each statement, before and after, with ``backlog`` raw drawers and as many sessions'
     episodes waiting (a tenth of them), in a transaction nobody else sees."""
-    forms = {"before": BEFORE, "after": after()}
-    times: dict[str, dict[str, list[float]]] = {name: {"before": [], "after": []} for name in BEFORE}
+    statements = forms()
+    times: dict[str, dict[str, list[float]]] = {name: {"before": [], "after": []} for name in statements}
     with psycopg.connect(url) as conn:
         if backlog:
             conn.execute("""INSERT INTO drawers (workspace_id, id, content, content_hash, state, filed_at, updated_at)
@@ -149,11 +140,11 @@ def measure(url: str, backlog: int, rounds: int) -> dict[str, Any]:
         conn.execute("SET LOCAL ROLE palace_app")
         conn.execute("SELECT set_config('palace.workspace_id', %s, true)", (WS,))
         for r in range(rounds):
-            for name in BEFORE:
+            for name in statements:
                 for form in ("before", "after") if r % 2 == 0 else ("after", "before"):
                     conn.execute("SAVEPOINT s")
                     t0 = time.perf_counter()
-                    cur = conn.execute(forms[form][name], params, prepare=False)
+                    cur = conn.execute(statements[name][form], params, prepare=False)
                     if cur.description is not None:
                         cur.fetchall()
                     times[name][form].append((time.perf_counter() - t0) * 1000)
@@ -178,7 +169,7 @@ def main() -> None:
     t.add_column("statement")
     for r in runs:
         t.add_column(f"backlog {r['backlog']:,}", justify="right")
-    for name in BEFORE:
+    for name in runs[0]["statements"]:
         t.add_row(name, *(f"{r['statements'][name]['before']['p50']:.2f} → {r['statements'][name]['after']['p50']:.2f}"
                           for r in runs))
     console.print(t)
@@ -186,7 +177,8 @@ def main() -> None:
                                            "machine": {**machine_info(), "load_at_start": load}})
     console.print(f"results: {path}")
     last = runs[-1]
-    worst = max(BEFORE, key=lambda n: last["statements"][n]["before"]["p50"] / last["statements"][n]["after"]["p50"])
+    p50 = {n: (f["before"]["p50"], f["after"]["p50"]) for n, f in last["statements"].items()}
+    worst = max(p50, key=lambda n: p50[n][0] / p50[n][1])
     s = last["statements"][worst]
     print(f"backlog_plans backlog={last['backlog']} worst={worst.replace(' ', '_')} "
           f"before_p50_ms={s['before']['p50']:.2f} after_p50_ms={s['after']['p50']:.2f}")

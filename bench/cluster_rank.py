@@ -14,17 +14,12 @@ Prints ms per event (ten drawers) per workspace size; writes bench/results/clust
 from __future__ import annotations
 
 import argparse
-import importlib.util
-import subprocess
-import sys
-import tempfile
 import time
-from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import numpy as np
-from _common import REPO, console, machine_info, percentiles, prepare_process, write_results
+from _common import console, machine_info, module_at, percentiles, prepare_process, write_results
 from rich.table import Table
 
 BEFORE_REF = "9f4a39b"  # the last commit before the ranking's layout and band-candidate changes
@@ -33,16 +28,7 @@ DIMS = 384
 
 def load_before(ref: str) -> ModuleType:
     """``shared.memory.neighbours`` as it was at ``ref`` (imports resolve against today's tree)."""
-    src = subprocess.run(["git", "show", f"{ref}:shared/memory/neighbours.py"], cwd=REPO, check=True,
-                         capture_output=True, text=True).stdout
-    path = Path(tempfile.mkdtemp()) / "neighbours_before.py"
-    path.write_text(src)
-    spec = importlib.util.spec_from_file_location("neighbours_before", path)
-    assert spec and spec.loader
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["neighbours_before"] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return module_at(ref, "shared/memory/neighbours.py", "neighbours_before")
 
 
 def measure(size: int, rounds: int, versions: dict[str, ModuleType], rng: np.random.Generator) -> dict[str, Any]:

@@ -18,12 +18,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib.util
 import random
 import statistics
-import subprocess
-import sys
-import tempfile
 import time
 from pathlib import Path
 from types import ModuleType
@@ -32,11 +28,11 @@ from typing import Any
 import numpy as np
 import psycopg
 from _common import (
-    REPO,
     bench_servers,
     bench_settings,
     console,
     machine_info,
+    module_at,
     prepare_process,
     write_results,
 )
@@ -70,15 +66,7 @@ def names(n: int) -> list[str]:
 
 def load_before(ref: str) -> ModuleType:
     """``shared.db.entity_dedup`` as it was at ``ref`` (imports resolve against today's tree)."""
-    src = subprocess.run(["git", "show", f"{ref}:shared/db/entity_dedup.py"], cwd=REPO, check=True,
-                         capture_output=True, text=True).stdout
-    path = Path(tempfile.mkdtemp()) / "entity_dedup_before.py"
-    path.write_text(src)
-    spec = importlib.util.spec_from_file_location("entity_dedup_before", path)
-    assert spec and spec.loader
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["entity_dedup_before"] = mod
-    spec.loader.exec_module(mod)
+    mod = module_at(ref, "shared/db/entity_dedup.py", "entity_dedup_before")
 
     async def kept_apart_pairs(conn: Any, ws: str, pairs: list[tuple[str, str]]) -> set[tuple[str, str]]:
         out = set()
