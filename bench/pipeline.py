@@ -111,6 +111,11 @@ def count_round_trips(log: Path, offset: int) -> dict[str, int]:
     return counts
 
 
+def cpu_total(cpu_seconds: dict[str, float]) -> float:
+    """Every process's CPU together ("postgres" already holds its exited backends' "postgres_exited")."""
+    return sum(v for k, v in cpu_seconds.items() if k != "postgres_exited")
+
+
 def run_config(settings: Any, turns: list[Any], args: argparse.Namespace, replicas: int) -> dict[str, Any]:
     """One configuration on its own stack start: services up, publish, wait, measure, stop."""
     from palace_dev.supervisor import Supervisor
@@ -175,6 +180,8 @@ def run_config(settings: Any, turns: list[Any], args: argparse.Namespace, replic
             **{f"{d} (drained)": rate(result["drained_s"].get(d)) for d in STAGES},
         },
         "end_to_end_msg_per_s": rate(result["all_drained_s"]) if result["completed"] else 0.0,
+        "cpu_ms_per_message": 1000 * cpu_total(result["cpu_seconds"]) / work.messages,
+        "cores_busy": cpu_total(result["cpu_seconds"]) / result["cpu_wall_s"] if result["cpu_wall_s"] else 0.0,
         "pipeline": result,
     }
 
@@ -248,6 +255,15 @@ def _run(args: argparse.Namespace) -> None:
                   *(f"{r['pipeline']['postgres_cpu_seconds_by_service'].get(name, 0.0):.1f}" for r in runs))
     c.add_row("[bold]PostgreSQL ms per message",
               *(f"[bold]{1000 * r['pipeline']['cpu_seconds'].get('postgres', 0.0) / r['messages']:.1f}" for r in runs))
+    # What the run's throughput was bounded by: the CPU a message cost, every process together, and the rate
+    # at which that would keep every core busy. A goal above that rate needs less work per message, not
+    # more concurrency.
+    cores = out["machine"]["cpus"]
+    c.add_row("[bold]all processes, ms per message", *(f"[bold]{r['cpu_ms_per_message']:.2f}" for r in runs))
+    c.add_row(f"cores busy (of {cores})", *(f"{r['cores_busy']:.2f}" for r in runs))
+    c.add_row(f"[bold]msg/s at {cores} cores busy at this cost",
+              *(f"[bold]{1000 * cores / r['cpu_ms_per_message']:,.0f}" if r["cpu_ms_per_message"] else "–"
+                for r in runs))
     console.print(c)
     console.print(f"results: {path.relative_to(path.parents[2])}")
     print(f"end_to_end_msg_per_s={best['end_to_end_msg_per_s']:.0f} replicas={best['replicas']}")
