@@ -14,7 +14,7 @@ from threadpoolctl import threadpool_limits
 from services._runtime import Deps, ack_once, decode_batch
 from shared.adapters.llm import LlmClient, Usage
 from shared.bus import decode_event
-from shared.db.clustering import cluster_candidates, merge_into, record_history_many, supersede
+from shared.db.clustering import cluster_candidates, merge_many, record_history_many, supersede_many
 from shared.db.curation import record_usage
 from shared.db.decisions import apply_proposal
 from shared.db.drawers import (
@@ -223,14 +223,18 @@ def register(deps: Deps) -> None:
                 proposals = [(r, p, cands) for r, p, cands in proposals
                              if r.id not in gone and not {c for c, _ in cands} & gone]
         history: list[dict[str, Any]] = []
+        # The event's supersessions, then its merges: one statement each, whatever their number.
+        marked = await supersede_many(conn, ws, [(old, new) for old, new, _, _ in supersede_])
         for old, new, sim, reason in supersede_:
-            if await supersede(conn, ws, old, new):
+            if old in marked:
+                marked.discard(old)  # audited under the newer drawer that marked it, the first one named
                 history.append({"drawer_id": old, "action": "SUPERSEDE", "actor": "cluster",
                                 "event_id": ev.event_id, "reason": reason, "old_value": {"superseded_by": None},
                                 "new_value": {"superseded_by": new, "similarity": round(sim, 4)}})
                 DRAWERS.labels(deps.service, "superseded").inc()
+        merged = await merge_many(conn, ws, [(did, d.target) for did, d in decisions])
         for did, d in decisions:
-            if await merge_into(conn, ws, did, d.target):
+            if did in merged:
                 history.append({"drawer_id": did, "action": "MERGE", "actor": "cluster", "event_id": ev.event_id,
                                 "reason": d.reason, "new_value": {"cluster_id": d.target}})
                 DRAWERS.labels(deps.service, "merged").inc()

@@ -40,8 +40,8 @@ from shared.memory.neighbours import Change, VectorCache
 from shared.metrics import NEIGHBOUR_CACHE_BYTES, NEIGHBOUR_CACHE_READS
 
 __all__ = ["CANDIDATES_SQL", "CONTENTS_SQL", "DELTA_SQL", "FULL_SQL", "INDEXED_CANDIDATES_SQL", "LIVE_COUNT_SQL",
-           "TWINS_SQL",
-           "Neighbours", "cluster_candidates", "merge_into", "record_history_many", "supersede"]
+           "MERGE_SQL", "SUPERSEDE_SQL", "TWINS_SQL",
+           "Neighbours", "cluster_candidates", "merge_many", "record_history_many", "supersede_many"]
 
 # The twins are fetched by primary key from an array of the wording candidates: joined to the function
 # instead (whose row count the planner cannot know), the lateral subquery hashed every processed drawer
@@ -248,25 +248,46 @@ async def record_history_many(conn: AsyncConnection[Any], workspace_id: str, row
     await insert_history(conn, workspace_id, rows)
 
 
-async def merge_into(conn: AsyncConnection[Any], workspace_id: str, drawer_id: str, target: str) -> bool:
-    """Merge a drawer into its older twin, only while the twin is still a live, processed drawer (checked
-    in the same statement). False when nothing changed (already merged, or the twin is gone)."""
-    cur = await conn.execute(
-        """UPDATE drawers SET state = 'merged', cluster_id = %(t)s, updated_at = now()
-            WHERE workspace_id = %(ws)s AND id = %(id)s AND state = 'processed'
-              AND EXISTS (SELECT 1 FROM drawers t WHERE t.workspace_id = %(ws)s AND t.id = %(t)s
-                             AND t.state = 'processed' AND t.deleted_at IS NULL)""",
-        {"t": target, "ws": workspace_id, "id": drawer_id},
-    )
-    return bool(cur.rowcount)
+# An event's merges, one statement: each drawer into its older twin, only while the drawer is processed and
+# the twin a live, processed drawer, both as the statement begins. (So when a twin is itself merged by the
+# same statement, the drawer still merges into it, as the decisions taken one by one did when the twin's
+# came second: forget and search follow the chain.) The drawers are named by key; whether each is still
+# processed is a CASE, never matched to an index of drawers by state (docs/scale.md, "In-flight states").
+MERGE_SQL = """UPDATE drawers d SET state = 'merged', cluster_id = m.target, updated_at = now()
+      FROM unnest(%(ids)s::text[], %(targets)s::text[]) AS m(id, target)
+     WHERE d.workspace_id = %(ws)s AND d.id = ANY(%(ids)s) AND d.id = m.id
+       AND CASE WHEN d.state = 'processed' THEN true END  -- by key only: docs/scale.md
+       AND EXISTS (SELECT 1 FROM drawers t WHERE t.workspace_id = %(ws)s AND t.id = m.target
+                      AND t.state = 'processed' AND t.deleted_at IS NULL)
+    RETURNING d.id"""
+# An event's supersessions, one statement: each older drawer marked superseded by the newer one that
+# contradicts it, unless it already is (or is no longer a live, processed drawer).
+SUPERSEDE_SQL = """UPDATE drawers d SET superseded_by = s.new, updated_at = now()
+      FROM unnest(%(olds)s::text[], %(news)s::text[]) AS s(old, new)
+     WHERE d.workspace_id = %(ws)s AND d.id = ANY(%(olds)s) AND d.id = s.old
+       AND CASE WHEN d.superseded_by IS NULL AND d.state = 'processed' AND d.deleted_at IS NULL
+                THEN true END  -- by key only: docs/scale.md
+    RETURNING d.id"""
 
 
-async def supersede(conn: AsyncConnection[Any], workspace_id: str, old: str, new: str) -> bool:
-    """Mark ``old`` superseded by ``new`` unless it already is (or is no longer a live, processed drawer)."""
-    cur = await conn.execute(
-        """UPDATE drawers SET superseded_by = %(new)s, updated_at = now()
-            WHERE workspace_id = %(ws)s AND id = %(old)s AND superseded_by IS NULL
-              AND state = 'processed' AND deleted_at IS NULL""",
-        {"new": new, "old": old, "ws": workspace_id},
-    )
-    return bool(cur.rowcount)
+async def merge_many(conn: AsyncConnection[Any], workspace_id: str, pairs: list[tuple[str, str]]) -> set[str]:
+    """Merge each (drawer, older twin) pair in one statement (``MERGE_SQL``). Returns the drawers merged:
+    one already merged, or whose twin is gone or merged already, is left as it is."""
+    if not pairs:
+        return set()
+    cur = await conn.execute(MERGE_SQL, {"ws": workspace_id, "ids": [d for d, _ in pairs],
+                                         "targets": [t for _, t in pairs]})
+    return {str(r[0]) for r in await cur.fetchall()}
+
+
+async def supersede_many(conn: AsyncConnection[Any], workspace_id: str, pairs: list[tuple[str, str]]) -> set[str]:
+    """Mark each (older, newer) pair's older drawer superseded by the newer one, in one statement
+    (``SUPERSEDE_SQL``). An older drawer named twice keeps its first newer one, as one by one. Returns the
+    older drawers marked."""
+    first: dict[str, str] = {}
+    for old, new in pairs:
+        first.setdefault(old, new)
+    if not first:
+        return set()
+    cur = await conn.execute(SUPERSEDE_SQL, {"ws": workspace_id, "olds": list(first), "news": list(first.values())})
+    return {str(r[0]) for r in await cur.fetchall()}

@@ -135,7 +135,8 @@ def test_known_pairs_are_not_asked_again(database: str) -> None:
     assert ("drawers", "ws-a") in known and ("drawers", "ws-b") not in known
 
 
-# The shape of cluster's merge (shared.db.clustering.merge_into): a drawer by primary key, only while processed.
+# A drawer by primary key, only while processed: what cluster's merge (shared.db.clustering.MERGE_SQL) asks of
+# each drawer it names, in its plain form (the merge itself writes the state test as a CASE).
 MERGE_SQL = """SELECT d.id FROM drawers d
                 WHERE d.workspace_id = %s AND d.id = %s AND d.state = 'processed'"""
 

@@ -110,3 +110,57 @@ def test_two_people_saying_the_same_words_keep_two_drawers(stack: Stack) -> None
     assert rows == {("Caroline", said): "processed",
                     ("Melanie", melanie): "processed",
                     ("Caroline", again): "merged"}
+
+
+def test_an_events_merges_and_supersessions_are_written_together_with_their_rules(stack: Stack) -> None:
+    """Cluster writes an event's supersessions in one statement and its merges in another
+    (shared.db.clustering): each keeps the rule it had one by one. A drawer merges only while processed and
+    only into a live, processed twin; an older drawer named by two newer ones keeps the first; one already
+    superseded keeps its mark; another workspace's drawers are not touched."""
+    import asyncio
+
+    import psycopg
+
+    from shared.db.clustering import merge_many, supersede_many
+    from shared.db.pool import open_pool
+    from shared.db.tenancy import workspace_tx
+
+    w, other = ws(), ws()
+    rows = {"twin": ("processed", False), "gone": ("processed", True), "merged": ("merged", False),
+            "x1": ("processed", False), "x2": ("processed", False), "x3": ("processed", False),
+            "x4": ("merged", False), "y": ("processed", False), "old1": ("processed", False),
+            "old2": ("processed", False), "marked": ("processed", False)}
+    with psycopg.connect(stack.database_url, autocommit=True) as conn:
+        for workspace in (w, other):
+            for did, (state, deleted) in rows.items():
+                # dedup_bands '{}': the running stack's own backfill must not race this test
+                conn.execute("INSERT INTO drawers (workspace_id, id, content, content_hash, state, deleted_at,"
+                             " dedup_bands) VALUES (%s, %s, %s, md5(%s), %s, CASE WHEN %s THEN now() END, '{}')",
+                             (workspace, did, did, did, state, deleted))
+        conn.execute("UPDATE drawers SET superseded_by = 'y' WHERE id = 'marked'")
+
+    async def write() -> tuple[set[str], set[str]]:
+        pool = await open_pool(stack.database_url, name="test-cluster-writes", max_size=1)
+        try:
+            async with workspace_tx(pool, w) as conn:
+                marked = await supersede_many(conn, w, [("old1", "x1"), ("old1", "x2"), ("old2", "x3"),
+                                                        ("marked", "x1"), ("gone", "x1")])
+                merged = await merge_many(conn, w, [("x1", "twin"), ("x2", "gone"), ("x3", "merged"),
+                                                    ("x4", "twin"), ("y", "x1")])
+                assert await merge_many(conn, w, []) == set() and await supersede_many(conn, w, []) == set()
+                return marked, merged
+        finally:
+            await pool.close()
+
+    marked, merged = asyncio.run(write())
+    assert marked == {"old1", "old2"}
+    # y's twin x1 was processed when the statement began, so y merges into it as x1 merges into its own.
+    assert merged == {"x1", "y"}
+    got = {i: (st, c, sb) for i, st, c, sb in stack.sql(
+        "SELECT id, state, cluster_id, superseded_by FROM drawers WHERE workspace_id = %s", (w,))}
+    assert got["old1"][2] == "x1" and got["old2"][2] == "x3" and got["marked"][2] == "y"
+    assert got["gone"][2] is None
+    assert got["x1"][:2] == ("merged", "twin") and got["y"][:2] == ("merged", "x1")
+    assert [got[i][:2] for i in ("x2", "x3", "x4")] == [("processed", None), ("processed", None), ("merged", None)]
+    assert stack.sql("SELECT count(*) FROM drawers WHERE workspace_id = %s AND (state = 'merged' AND id <> 'x4'"
+                     " AND id <> 'merged' OR superseded_by IS NOT NULL AND id <> 'marked')", (other,)) == [(0,)]
