@@ -255,15 +255,14 @@ def _run(args: argparse.Namespace) -> None:
                   *(f"{r['pipeline']['postgres_cpu_seconds_by_service'].get(name, 0.0):.1f}" for r in runs))
     c.add_row("[bold]PostgreSQL ms per message",
               *(f"[bold]{1000 * r['pipeline']['cpu_seconds'].get('postgres', 0.0) / r['messages']:.1f}" for r in runs))
-    # What the run's throughput was bounded by: the CPU a message cost, every process together, and the rate
-    # at which that would keep every core busy. A goal above that rate needs less work per message, not
-    # more concurrency.
+    # What the run's throughput was bounded by: the CPU a message cost, every process together (the bench's
+    # own publisher and poller aside), and the rate at which that would keep every core busy. A goal above
+    # that rate needs less work per message, not more concurrency. A run cut short has no such rate.
     cores = out["machine"]["cpus"]
     c.add_row("[bold]all processes, ms per message", *(f"[bold]{r['cpu_ms_per_message']:.2f}" for r in runs))
     c.add_row(f"cores busy (of {cores})", *(f"{r['cores_busy']:.2f}" for r in runs))
     c.add_row(f"[bold]msg/s at {cores} cores busy at this cost",
-              *(f"[bold]{1000 * cores / r['cpu_ms_per_message']:,.0f}" if r["cpu_ms_per_message"] else "–"
-                for r in runs))
+              *(f"[bold]{1000 * cores / r['cpu_ms_per_message']:,.0f}" if r["completed"] else "–" for r in runs))
     console.print(c)
     console.print(f"results: {path.relative_to(path.parents[2])}")
     print(f"end_to_end_msg_per_s={best['end_to_end_msg_per_s']:.0f} replicas={best['replicas']}")

@@ -235,6 +235,7 @@ def register(deps: Deps) -> None:
         merged = await merge_many(conn, ws, [(did, d.target) for did, d in decisions])
         for did, d in decisions:
             if did in merged:
+                merged.discard(did)  # audited once, under its first twin (the one it was merged into)
                 history.append({"drawer_id": did, "action": "MERGE", "actor": "cluster", "event_id": ev.event_id,
                                 "reason": d.reason, "new_value": {"cluster_id": d.target}})
                 DRAWERS.labels(deps.service, "merged").inc()

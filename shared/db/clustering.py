@@ -251,14 +251,16 @@ async def record_history_many(conn: AsyncConnection[Any], workspace_id: str, row
 # An event's merges, one statement: each drawer into its older twin, only while the drawer is processed and
 # the twin a live, processed drawer, both as the statement begins. (So when a twin is itself merged by the
 # same statement, the drawer still merges into it, as the decisions taken one by one did when the twin's
-# came second: forget and search follow the chain.) The drawers are named by key; whether each is still
-# processed is a CASE, never matched to an index of drawers by state (docs/scale.md, "In-flight states").
+# came second; forgetting the twin's own twin makes the twin live again, so no drawer is left merged into a
+# drawer that is gone.) The drawers and their twins are named by key; whether each is still a live,
+# processed drawer is a CASE, never matched to an index of drawers by state or liveness: where ``state`` has
+# no statistics yet, the plain test walked the workspace for the twins (docs/scale.md, "In-flight states").
 MERGE_SQL = """UPDATE drawers d SET state = 'merged', cluster_id = m.target, updated_at = now()
       FROM unnest(%(ids)s::text[], %(targets)s::text[]) AS m(id, target)
      WHERE d.workspace_id = %(ws)s AND d.id = ANY(%(ids)s) AND d.id = m.id
        AND CASE WHEN d.state = 'processed' THEN true END  -- by key only: docs/scale.md
        AND EXISTS (SELECT 1 FROM drawers t WHERE t.workspace_id = %(ws)s AND t.id = m.target
-                      AND t.state = 'processed' AND t.deleted_at IS NULL)
+                      AND CASE WHEN t.state = 'processed' AND t.deleted_at IS NULL THEN true END)
     RETURNING d.id"""
 # An event's supersessions, one statement: each older drawer marked superseded by the newer one that
 # contradicts it, unless it already is (or is no longer a live, processed drawer).
@@ -272,11 +274,14 @@ SUPERSEDE_SQL = """UPDATE drawers d SET superseded_by = s.new, updated_at = now(
 
 async def merge_many(conn: AsyncConnection[Any], workspace_id: str, pairs: list[tuple[str, str]]) -> set[str]:
     """Merge each (drawer, older twin) pair in one statement (``MERGE_SQL``). Returns the drawers merged:
-    one already merged, or whose twin is gone or merged already, is left as it is."""
-    if not pairs:
+    one already merged, or whose twin is gone or merged already, is left as it is; a drawer named twice
+    is merged into its first twin."""
+    first: dict[str, str] = {}
+    for drawer, twin in pairs:
+        first.setdefault(drawer, twin)  # one twin per drawer: a drawer named twice keeps the first
+    if not first:
         return set()
-    cur = await conn.execute(MERGE_SQL, {"ws": workspace_id, "ids": [d for d, _ in pairs],
-                                         "targets": [t for _, t in pairs]})
+    cur = await conn.execute(MERGE_SQL, {"ws": workspace_id, "ids": list(first), "targets": list(first.values())})
     return {str(r[0]) for r in await cur.fetchall()}
 
 

@@ -466,24 +466,6 @@ def test_in_flight_rows_are_found_by_key_in_a_backlog(settled: tuple[str, str], 
     assert not any(i in plan for i in _IN_FLIGHT_INDEXES) and '"Seq Scan"' not in plan, plan
 
 
-def test_an_events_merges_and_supersessions_read_each_drawer_by_key(settled: tuple[str, str]) -> None:
-    """Cluster writes an event's merges and its supersessions one statement each; the drawers they name, and
-    each merge's twin, are read by primary key, not from an index of drawers by state, in a workspace of
-    N processed drawers."""
-    from shared.db.clustering import MERGE_SQL, SUPERSEDE_SQL
-
-    w = settled[1]
-    newer = [str(g) for g in range(100, 110)]
-    older = [str(g) for g in range(10, 20)]
-    with _backlog(settled) as conn:
-        ids = [r[0] for r in conn.execute("SELECT md5(g) FROM unnest(%s::text[]) g", (newer + older,))]
-        for statement, params in ((MERGE_SQL, {"ws": w, "ids": ids[:10], "targets": ids[10:]}),
-                                  (SUPERSEDE_SQL, {"ws": w, "olds": ids[10:], "news": ids[:10]})):
-            plan = _explain(conn, statement, params)
-            assert "drawers_pkey" in plan and not any(i in plan for i in _IN_FLIGHT_INDEXES), plan
-            assert '"Seq Scan"' not in plan.replace('"Function Scan"', ""), plan
-
-
 def test_a_small_exact_workspace_finds_both_candidate_lists_in_one_pass(stack: Stack, big_workspace: str) -> None:
     """At most ``fts_scan_max`` drawers and no index of its own: search reads the workspace's rows once,
     through an index on the workspace (the big workspace shares the table), for both the nearest

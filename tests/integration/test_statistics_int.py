@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -63,14 +64,15 @@ def _maintenance(url: str, fn: Any) -> Any:
     return asyncio.run(go())
 
 
-def _drawer_rows_read(url: str, query: str, params: tuple[Any, ...], *, as_app: bool = False) -> int:
-    """Rows the plan of ``query`` read from drawers (all loops), measured by EXPLAIN ANALYZE. ``as_app``: as
-    the services' role, scoped to the first parameter's workspace (row-level security's qualifier is part of
-    the plan)."""
+def _drawer_rows_read(url: str, query: str, params: tuple[Any, ...] | dict[str, Any], *, as_app: bool = False) -> int:
+    """Rows the plan of ``query`` read from drawers (all loops), measured by EXPLAIN ANALYZE (in a transaction
+    rolled back: an UPDATE writes nothing). ``as_app``: as the services' role, scoped to the workspace (the
+    first parameter, or ``ws``), as row-level security's qualifier is part of the plan."""
     with psycopg.connect(url) as conn:
         if as_app:
             conn.execute("SET LOCAL ROLE palace_app")
-            conn.execute("SELECT set_config('palace.workspace_id', %s, true)", (params[0],))
+            conn.execute("SELECT set_config('palace.workspace_id', %s, true)",
+                         (params["ws"] if isinstance(params, dict) else params[0],))
         plan = conn.execute(sql.SQL("EXPLAIN (ANALYZE, FORMAT JSON) ") + sql.SQL(query),  # type: ignore[operator]
                             params).fetchone()[0]
         conn.rollback()
@@ -179,6 +181,34 @@ def test_a_table_autovacuum_has_not_analyzed_yet_is_analyzed_whole(database: str
     with psycopg.connect(database, autocommit=True) as conn:
         conn.execute("UPDATE drawers SET importance = 0.4 WHERE workspace_id = %s AND seq = 1", (ws,))
     assert "drawers" not in _maintenance(database, lambda c: stale_tables(c, 1000))
+
+
+def test_clusters_writes_read_their_drawers_by_key_where_state_has_no_statistics(database: str) -> None:
+    """Cluster's merges and supersessions name their drawers by key and test whether each is still processed.
+    Where ``state`` has no statistics yet (a new database, autovacuum behind), the plain test made the
+    planner walk the workspace's processed drawers from the state index; the statements test it as a CASE
+    (docs/scale.md, "In-flight states") and read each named drawer, and each merge's twin, by key."""
+    from shared.db.clustering import MERGE_SQL, SUPERSEDE_SQL
+
+    ws = "ws-cluster-writes"
+    with psycopg.connect(database, autocommit=True) as conn:
+        conn.execute("ALTER TABLE drawers SET (autovacuum_enabled = false)")
+    _seed(database, ws, 300)
+    with psycopg.connect(database, autocommit=True) as conn:
+        conn.execute("UPDATE drawers SET state = 'processed' WHERE workspace_id = %s", (ws,))
+    done, _ = asyncio.run(analyze_tables(database, ["drawers"]))  # the workspace column alone, as maintain's first
+    assert done == ["drawers"] and _state_estimate(database, ws) < 300
+
+    newer, older = [f"d{s}-1" for s in range(1, 11)], [f"d{s}-2" for s in range(1, 11)]
+    for statement, params in ((MERGE_SQL, {"ws": ws, "ids": newer, "targets": older}),
+                              (SUPERSEDE_SQL, {"ws": ws, "olds": older, "news": newer})):
+        cases = re.findall(r"CASE WHEN (.+?)\s+THEN true END", statement, flags=re.S)
+        assert len(cases) == (2 if statement is MERGE_SQL else 1)  # the drawer's test, and the twin's
+        for test in cases:  # each written plainly walks the workspace: the trap is there
+            plain = re.sub(rf"CASE WHEN {re.escape(test)}\s+THEN true END", test.replace("\\", "\\\\"), statement,
+                           flags=re.S)
+            assert _drawer_rows_read(database, plain, params, as_app=True) > 1_000, test
+        assert _drawer_rows_read(database, statement, params, as_app=True) <= 2 * 2 * len(newer)
 
 
 def test_maintains_check_analyzes_a_stale_table_whole(stack: Stack, database: str) -> None:

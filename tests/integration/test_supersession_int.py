@@ -116,7 +116,8 @@ def test_an_events_merges_and_supersessions_are_written_together_with_their_rule
     """Cluster writes an event's supersessions in one statement and its merges in another
     (shared.db.clustering): each keeps the rule it had one by one. A drawer merges only while processed and
     only into a live, processed twin; an older drawer named by two newer ones keeps the first; one already
-    superseded keeps its mark; another workspace's drawers are not touched."""
+    superseded keeps its mark; another workspace's drawers are neither touched nor taken for twins (its
+    'gone' is live)."""
     import asyncio
 
     import psycopg
@@ -136,7 +137,7 @@ def test_an_events_merges_and_supersessions_are_written_together_with_their_rule
                 # dedup_bands '{}': the running stack's own backfill must not race this test
                 conn.execute("INSERT INTO drawers (workspace_id, id, content, content_hash, state, deleted_at,"
                              " dedup_bands) VALUES (%s, %s, %s, md5(%s), %s, CASE WHEN %s THEN now() END, '{}')",
-                             (workspace, did, did, did, state, deleted))
+                             (workspace, did, did, did, state, deleted and workspace == w))
         conn.execute("UPDATE drawers SET superseded_by = 'y' WHERE id = 'marked'")
 
     async def write() -> tuple[set[str], set[str]]:
