@@ -70,6 +70,10 @@ def test_batches_naming_the_same_new_entities_in_opposite_orders_do_not_deadlock
             for sid, names in sessions.items():
                 async with workspace_tx(pool, w) as conn:
                     await store_session(conn, plan_session(_session(w, sid, names)))
+                    # Never announced, so raw for good: touched in the future, lest the stack's maintain
+                    # re-drive them as stuck and classify's writes to them meet this test's transactions.
+                    await conn.execute("UPDATE drawers SET updated_at = now() + interval '1 day'"
+                                       " WHERE workspace_id = %s AND session_id = %s", (w, sid))
             deps = Deps(s, "enrich", pool, broker)
             for r in range(ROUNDS):
                 one = [_episode(w, f"r{r}-a"), _episode(w, f"r{r}-b")]

@@ -119,9 +119,19 @@ def test_sessions_from_a_plain_client_never_stall(tmp_path: Path) -> None:
         nats_url = json.loads((devstack / "stack.json").read_text())["nats_url"]
         metrics_urls = [ep["metrics"] for name, ep in services.items() if name in ("ingest", "embed", "classify")]
         published, classified, worst_age = asyncio.run(_produce_and_watch(nats_url, metrics_urls))
-        # Idle now: nothing may be logged on a timer (a line every few seconds buries the real ones).
+        # Idle now: nothing may be logged on a timer (a line every few seconds buries the real ones). The last
+        # sessions' later stages (cluster, the graph's consumers, maintain's jobs on what they wrote) may still
+        # be finishing when the last drawer.classified is seen: the watch starts once the logs have been quiet
+        # for 3 s (or after a minute: a timer more frequent than that shows in the watch all the same).
         logs = sorted((devstack / "logs").glob("*.log"))
         sizes = {p.name: p.stat().st_size for p in logs}
+        quiet_by = time.monotonic() + 60
+        while time.monotonic() < quiet_by:
+            time.sleep(3)
+            now = {p.name: p.stat().st_size for p in logs}
+            if now == sizes:
+                break
+            sizes = now
         time.sleep(15)
         chatty = {p.name: p.read_bytes()[sizes[p.name]:].decode(errors="replace")[:300] for p in logs
                   if p.stat().st_size != sizes[p.name]}

@@ -25,9 +25,11 @@ async def test_layout_version_moves_with_the_taxonomy_only(stack: Stack) -> None
         assert (await graph.taxonomy(w)).wings == {}
         async with workspace_tx(pool, w) as conn:
             for i in range(50):  # one transaction, many drawers: one bump
+                # Raw, touched in the future: the stack's maintain would re-drive them as stuck, and classify
+                # would file them by type while this test counts its own changes.
                 await conn.execute(
-                    "INSERT INTO drawers (workspace_id, id, content, content_hash, wing, room)"
-                    " VALUES (%s, md5(%s), %s, md5(%s), %s, 'general')",
+                    "INSERT INTO drawers (workspace_id, id, content, content_hash, wing, room, updated_at)"
+                    " VALUES (%s, md5(%s), %s, md5(%s), %s, 'general', now() + interval '1 day')",
                     (w, f"d{i}", f"content {i}", f"d{i}", "alice" if i % 2 else "bob"))
         assert await version() == 1
         assert (await graph.taxonomy(w)).wings == {"alice": {"general": 25}, "bob": {"general": 25}}

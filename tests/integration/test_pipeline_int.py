@@ -221,6 +221,9 @@ def test_a_redelivery_announces_the_drawers_an_earlier_attempt_stored_but_never_
             await pool.close()
 
     assert asyncio.run(attempt()) == (ids, ids)  # the first attempt: all new, all raw
+    # Never announced: touched in the future, lest the stack's maintain re-drive them (as stuck) before the
+    # second attempt looks.
+    stack.sql("UPDATE drawers SET updated_at = now() + interval '1 day' WHERE workspace_id = %s RETURNING 1", (w,))
     assert asyncio.run(attempt()) == ([], ids)  # again: nothing new, all still raw (never announced)
     assert stack.sql("SELECT count(*) FROM drawer_sources WHERE workspace_id = %s", (w,)) == [(len(plan.sources),)]
     stack.publish(body)  # the redelivery, through the running ingest

@@ -32,7 +32,10 @@ def big_workspace(stack: Stack) -> str:
             """INSERT INTO drawers (workspace_id, id, content, content_hash, state, filed_at, updated_at, dedup_bands)
                SELECT %s, md5(g::text), 'drawer number ' || g || ' says something', md5(g::text),
                       CASE WHEN g %% 1000 = 0 THEN 'raw' ELSE 'processed' END,
-                      now() - g * interval '1 second', now() - g * interval '1 second',
+                      now() - g * interval '1 second',
+                      -- raw ones touched in the future: the stack's maintain would re-drive them (as stuck)
+                      -- into its pipeline, which then asks for this workspace's index and lexicon
+                      CASE WHEN g %% 1000 = 0 THEN now() + interval '1 day' ELSE now() - g * interval '1 second' END,
                       ARRAY[g::bigint * 7919, g::bigint * 104729]
                  FROM generate_series(1, %s) g""",
             (w, N),
