@@ -129,7 +129,8 @@ LIVE_COUNT_SQL = """SELECT count(*) FROM drawers d WHERE d.workspace_id = %(ws)s
                        AND d.deleted_at IS NULL AND d.embedding IS NOT NULL"""
 # The winners' contents and speakers, for those still candidates (one deleted outright is not in any read above).
 CONTENTS_SQL = """SELECT d.id, d.content, d.speaker FROM drawers d WHERE d.workspace_id = %(ws)s AND d.id = ANY(%(ids)s)
-                     AND d.state = 'processed' AND d.deleted_at IS NULL AND d.embedding IS NOT NULL"""
+                     AND CASE WHEN d.state = 'processed' AND d.deleted_at IS NULL AND d.embedding IS NOT NULL
+                              THEN true END  -- by key only: docs/scale.md"""
 # The work table holds a row per drawer of the workspace (its vector is most of it): room for it in
 # memory, for this transaction only, instead of a temporary file written and read back every event.
 _SCAN_WORK_MEM = "64MB"

@@ -15,6 +15,7 @@ from shared.ids import stable_id
 from shared.memory.kg import KG_MIN_IMPORTANCE
 
 __all__ = [
+    "BY_ID_SQL",
     "OLDER_TWINS_SQL",
     "WORKSPACE_SIZE_SQL",
     "DrawerRow",
@@ -60,19 +61,20 @@ class DrawerRow:
     dedup_bands: list[int] | None = None  # the wording bands ingest stored (None for an older drawer)
 
 
+BY_ID_SQL = """SELECT id, content, content_hash, state, room, embedding IS NOT NULL,
+                  CASE WHEN %(emb)s THEN embedding END, speaker, context, failure_reason,
+                  CASE WHEN %(emb)s THEN dedup_bands END
+             FROM drawers WHERE workspace_id = %(ws)s AND id = ANY(%(ids)s)
+              AND CASE WHEN deleted_at IS NULL THEN true END  -- by key only: docs/scale.md"""
+
+
 async def drawers_by_id(
     conn: AsyncConnection[Any], workspace_id: str, ids: list[str], *, with_embedding: bool = False
 ) -> list[DrawerRow]:
     """The live (not deleted) drawers among ``ids``. Read in binary: a vector in text is hundreds of
     decimal numbers for the client to parse, in binary one copy of its floats. ``with_embedding`` also
     reads the wording bands, which whoever compares drawers needs beside the vector."""
-    cur = await conn.execute(
-        """SELECT id, content, content_hash, state, room, embedding IS NOT NULL,
-                  CASE WHEN %s THEN embedding END, speaker, context, failure_reason,
-                  CASE WHEN %s THEN dedup_bands END
-             FROM drawers WHERE workspace_id = %s AND id = ANY(%s) AND deleted_at IS NULL""",
-        (with_embedding, with_embedding, workspace_id, ids), binary=True,
-    )
+    cur = await conn.execute(BY_ID_SQL, {"emb": with_embedding, "ws": workspace_id, "ids": ids}, binary=True)
     return [DrawerRow(*r) for r in await cur.fetchall()]
 
 

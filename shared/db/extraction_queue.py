@@ -14,7 +14,7 @@ from typing import Any
 
 from psycopg import AsyncConnection
 
-__all__ = ["DUE_SQL", "due_drawers", "due_turns", "mark_extracted"]
+__all__ = ["DUE_SQL", "DUE_TURNS_SQL", "due_drawers", "due_turns", "mark_extracted"]
 
 
 # The sweep's read (tests check its plan): drawers queued, unread, past their grace; oldest first.
@@ -45,15 +45,18 @@ async def due_drawers(conn: AsyncConnection[Any], older_than_s: float, limit: in
     return [(str(w), str(d)) for w, d in await cur.fetchall()]
 
 
+DUE_TURNS_SQL = """SELECT d.id, d.speaker, d.content, COALESCE(m.created_at, d.occurred_at, d.filed_at), d.seq,
+                  d.session_id
+             FROM drawers d
+             LEFT JOIN messages m ON m.workspace_id = d.workspace_id AND m.session_id = d.session_id AND m.seq = d.seq
+            WHERE d.workspace_id = %(ws)s AND d.id = ANY(%(ids)s)
+              AND CASE WHEN d.state = 'processed' AND d.deleted_at IS NULL THEN true END  -- by key only: docs/scale.md
+            ORDER BY d.session_id NULLS LAST, d.seq, d.id"""
+
+
 async def due_turns(conn: AsyncConnection[Any], workspace_id: str, drawer_ids: Sequence[str]) -> list[dict[str, Any]]:
     """The queued drawers that are still worth reading (processed, not archived), with the message of
     their first sighting: its time is when the drawer's facts were said."""
-    cur = await conn.execute(
-        """SELECT d.id, d.speaker, d.content, COALESCE(m.created_at, d.occurred_at, d.filed_at), d.seq, d.session_id
-             FROM drawers d
-             LEFT JOIN messages m ON m.workspace_id = d.workspace_id AND m.session_id = d.session_id AND m.seq = d.seq
-            WHERE d.workspace_id = %s AND d.id = ANY(%s) AND d.state = 'processed' AND d.deleted_at IS NULL
-            ORDER BY d.session_id NULLS LAST, d.seq, d.id""",
-        (workspace_id, sorted(set(drawer_ids))))
+    cur = await conn.execute(DUE_TURNS_SQL, {"ws": workspace_id, "ids": sorted(set(drawer_ids))})
     cols = ("id", "speaker", "content", "said_at", "seq", "session_id")
     return [dict(zip(cols, r, strict=True)) for r in await cur.fetchall()]

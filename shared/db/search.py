@@ -204,7 +204,8 @@ SELECT d.id, d.session_id, d.seq,
        d.content, d.memory_type, d.wing, d.room, d.speaker, d.role, d.occurred_at, d.metadata::text,
        d.superseded_by, CASE WHEN row_number() OVER () = 1 THEN now() END AS now
   FROM c, drawers d
- WHERE d.workspace_id = %(ws)s AND d.id = ANY(c.ids) AND d.deleted_at IS NULL AND d.state <> 'merged'
+ WHERE d.workspace_id = %(ws)s AND d.id = ANY(c.ids)
+   AND CASE WHEN d.deleted_at IS NULL AND d.state <> 'merged' THEN true END  -- by key only: docs/scale.md
 """
 
 

@@ -23,6 +23,8 @@ from tests.integration.helpers import Stack, fresh_database, wait_for
 pytestmark = pytest.mark.integration
 
 TURNS = 10
+# An in-flight test written as a CASE (the condition holds no other CASE), and the condition alone.
+_CASE = re.compile(r"CASE WHEN ((?:(?!CASE WHEN).)+?)\s+THEN true END", flags=re.S)
 # The statement shape of session_turns (shared.db.episodes): a session's sources, each joined to its drawer.
 TURNS_SQL = """SELECT d.id FROM drawer_sources ds
                  JOIN drawers d ON d.workspace_id = ds.workspace_id AND d.id = ds.drawer_id
@@ -64,15 +66,16 @@ def _maintenance(url: str, fn: Any) -> Any:
     return asyncio.run(go())
 
 
-def _drawer_rows_read(url: str, query: str, params: tuple[Any, ...] | dict[str, Any], *, as_app: bool = False) -> int:
+def _drawer_rows_read(url: str, query: str, params: tuple[Any, ...] | dict[str, Any], *, as_app: bool = False,
+                      workspace: str | None = None) -> int:
     """Rows the plan of ``query`` read from drawers (all loops), measured by EXPLAIN ANALYZE (in a transaction
-    rolled back: an UPDATE writes nothing). ``as_app``: as the services' role, scoped to the workspace (the
-    first parameter, or ``ws``), as row-level security's qualifier is part of the plan."""
+    rolled back: an UPDATE writes nothing). ``as_app``: as the services' role, scoped to ``workspace`` (by
+    default the first parameter, or ``ws``), as row-level security's qualifier is part of the plan."""
     with psycopg.connect(url) as conn:
         if as_app:
             conn.execute("SET LOCAL ROLE palace_app")
             conn.execute("SELECT set_config('palace.workspace_id', %s, true)",
-                         (params["ws"] if isinstance(params, dict) else params[0],))
+                         (workspace or (params["ws"] if isinstance(params, dict) else params[0]),))
         plan = conn.execute(sql.SQL("EXPLAIN (ANALYZE, FORMAT JSON) ") + sql.SQL(query),  # type: ignore[operator]
                             params).fetchone()[0]
         conn.rollback()
@@ -202,13 +205,59 @@ def test_clusters_writes_read_their_drawers_by_key_where_state_has_no_statistics
     newer, older = [f"d{s}-1" for s in range(1, 11)], [f"d{s}-2" for s in range(1, 11)]
     for statement, params in ((MERGE_SQL, {"ws": ws, "ids": newer, "targets": older}),
                               (SUPERSEDE_SQL, {"ws": ws, "olds": older, "news": newer})):
-        cases = re.findall(r"CASE WHEN (.+?)\s+THEN true END", statement, flags=re.S)
+        cases = _CASE.findall(statement)
         assert len(cases) == (2 if statement is MERGE_SQL else 1)  # the drawer's test, and the twin's
         for test in cases:  # each written plainly walks the workspace: the trap is there
             plain = re.sub(rf"CASE WHEN {re.escape(test)}\s+THEN true END", test.replace("\\", "\\\\"), statement,
                            flags=re.S)
             assert _drawer_rows_read(database, plain, params, as_app=True) > 1_000, test
         assert _drawer_rows_read(database, statement, params, as_app=True) <= 2 * 2 * len(newer)
+
+
+def _by_key_statements(ws: str) -> dict[str, tuple[str, dict[str, Any]]]:
+    """Hot-path statements that name ten drawers by key and keep the live (or processed) ones, with their
+    parameters in ``ws``. (Those that reach a session's drawers through its sources, by key too, were
+    planned by key here in their plain form: session_turns, an episode's progress, the drawers it cites.)"""
+    from shared.db.clustering import CONTENTS_SQL
+    from shared.db.drawers import BY_ID_SQL
+    from shared.db.extraction_queue import DUE_TURNS_SQL
+    from shared.db.layers import _ROWS
+    from shared.db.search import _FETCH
+
+    ids = [f"d{s}-3" for s in range(1, 11)]
+    # A search's fetch of its candidates, as statement() wraps it: the ids come from a CTE (so the planner
+    # cannot count them), the words from another.
+    fetch = ("WITH lex AS (SELECT 'x'::text AS l), c AS (SELECT %(ids)s::text[] AS ids) "
+             + _FETCH.format(dated="false"))
+    return {
+        "embed, classify, cluster: an event's drawers": (BY_ID_SQL, {"emb": False, "ws": ws, "ids": ids}),
+        "cluster: the winners' contents": (CONTENTS_SQL, {"ws": ws, "ids": ids}),
+        "search: the candidates' rows": (fetch, {"ws": ws, "ids": ids, "use_ann": False, "emb": None}),
+        "wake_up / recall layers: the chosen rows": (_ROWS, {"ws": ws, "ids": ids, "n": 200}),
+        "enrich: the drawers due for extraction": (DUE_TURNS_SQL, {"ws": ws, "ids": ids}),
+    }
+
+
+@pytest.mark.parametrize("name", list(_by_key_statements("ws")))
+def test_drawers_named_by_key_are_read_by_key_where_liveness_has_no_statistics(database: str, name: str) -> None:
+    """Where ``state`` and ``deleted_at`` have no statistics yet (a new database, autovacuum behind), a plain
+    test of either looks as selective as the key, and an index whose predicate it matches (live drawers,
+    drawers by state) was walked instead of the primary key: the plain form of each statement below read
+    the whole workspace here. Written as a CASE, each reads its ten drawers by key."""
+    ws = "ws-by-key"
+    with psycopg.connect(database, autocommit=True) as conn:
+        conn.execute("ALTER TABLE drawers SET (autovacuum_enabled = false)")
+    _seed(database, ws, 300)
+    with psycopg.connect(database, autocommit=True) as conn:
+        conn.execute("UPDATE drawers SET state = 'processed' WHERE workspace_id = %s", (ws,))
+    done, _ = asyncio.run(analyze_tables(database, ["drawers"]))  # the workspace column alone, as maintain's first
+    assert done == ["drawers"] and _state_estimate(database, ws) < 300
+    statement, params = _by_key_statements(ws)[name]
+    plain = _CASE.sub(lambda m: m.group(1), statement)
+    assert plain != statement
+    read = _drawer_rows_read(database, plain, params, as_app=True, workspace=ws)
+    assert read >= 1_000, f"the plain form read {read} rows"  # the trap is there
+    assert _drawer_rows_read(database, statement, params, as_app=True, workspace=ws) <= 2 * 10  # ten, by key
 
 
 def test_maintains_check_analyzes_a_stale_table_whole(stack: Stack, database: str) -> None:
