@@ -14,6 +14,8 @@ from shared.db.drawers import as_array
 from shared.db.tenancy import scoped_rows, scoped_statement
 
 __all__ = [
+    "SESSION_DRAWERS_SQL",
+    "SESSION_TURNS_SQL",
     "EpisodeHit",
     "EpisodeProgress",
     "SessionDrawers",
@@ -32,24 +34,27 @@ __all__ = [
 ]
 
 
-async def session_turns(conn: AsyncConnection[Any], workspace_id: str, session_id: str, *,
-                        with_embedding: bool = True) -> list[dict[str, Any]]:
-    """The session's drawers in conversation order, with their embeddings when present (and asked
-    for: an extraction reads only the text), the message each came from (seq) and when it was said
-    (the message's time, else the drawer's). Read in binary, which spares parsing vectors as text."""
-    cur = await conn.execute(
-        """SELECT d.id, d.speaker, d.content, CASE WHEN %s THEN d.embedding END, s.agent_id, s.started_at,
-                  s.completed_at, ds.seq,
+# Reached through the session's sources, by key; liveness tested as a CASE (docs/scale.md, "In-flight states").
+SESSION_TURNS_SQL = """SELECT d.id, d.speaker, d.content, CASE WHEN %(emb)s THEN d.embedding END, s.agent_id,
+                  s.started_at, s.completed_at, ds.seq,
                   COALESCE(m.created_at, d.occurred_at, s.started_at)
              FROM drawer_sources ds
              JOIN drawers d ON d.workspace_id = ds.workspace_id AND d.id = ds.drawer_id
              JOIN sessions s ON s.workspace_id = ds.workspace_id AND s.session_id = ds.session_id
              LEFT JOIN messages m ON m.workspace_id = ds.workspace_id AND m.session_id = ds.session_id
                                  AND m.seq = ds.seq
-            WHERE ds.workspace_id = %s AND ds.session_id = %s AND d.deleted_at IS NULL
-            ORDER BY ds.seq, ds.chunk_index""",
-        (with_embedding, workspace_id, session_id), binary=True,
-    )
+            WHERE ds.workspace_id = %(ws)s AND ds.session_id = %(sid)s
+              AND CASE WHEN d.deleted_at IS NULL THEN true END  -- by key only: docs/scale.md
+            ORDER BY ds.seq, ds.chunk_index"""
+
+
+async def session_turns(conn: AsyncConnection[Any], workspace_id: str, session_id: str, *,
+                        with_embedding: bool = True) -> list[dict[str, Any]]:
+    """The session's drawers in conversation order, with their embeddings when present (and asked
+    for: an extraction reads only the text), the message each came from (seq) and when it was said
+    (the message's time, else the drawer's). Read in binary, which spares parsing vectors as text."""
+    cur = await conn.execute(SESSION_TURNS_SQL, {"emb": with_embedding, "ws": workspace_id, "sid": session_id},
+                             binary=True)
     cols = ["id", "speaker", "content", "embedding", "agent_id", "started_at", "completed_at", "seq", "said_at"]
     rows = [dict(zip(cols, r, strict=True)) for r in await cur.fetchall()]
     for row in rows:
@@ -121,15 +126,8 @@ class SessionDrawers:
     total: int
 
 
-async def session_drawers(
-    conn: AsyncConnection[Any], workspace_id: str, session_ids: list[str], *, per_session: int = 20
-) -> dict[str, SessionDrawers]:
-    """The live drawers of these sessions, so an episode cites what it summarises: one statement, each
-    session read through ``drawer_sources_session`` (its drawers in message order)."""
-    if not session_ids:
-        return {}
-    cur = await conn.execute(
-        """SELECT s.sid, x.ids, x.wings, x.rooms, x.total
+# Through the sessions' sources, by key.
+SESSION_DRAWERS_SQL = """SELECT s.sid, x.ids, x.wings, x.rooms, x.total
              FROM unnest(%(sids)s::text[]) AS s(sid)
              CROSS JOIN LATERAL (
                  SELECT (array_agg(d.id ORDER BY o.first))[1:%(n)s] AS ids,
@@ -141,9 +139,18 @@ async def session_drawers(
                           WHERE ds.workspace_id = %(ws)s AND ds.session_id = s.sid
                           GROUP BY ds.drawer_id) o
                    JOIN drawers d ON d.workspace_id = %(ws)s AND d.id = o.drawer_id
-                  WHERE d.deleted_at IS NULL AND d.state <> 'merged') x""",
-        {"sids": session_ids, "ws": workspace_id, "n": max(1, int(per_session))},
-    )
+                  WHERE d.deleted_at IS NULL AND d.state <> 'merged') x"""
+
+
+async def session_drawers(
+    conn: AsyncConnection[Any], workspace_id: str, session_ids: list[str], *, per_session: int = 20
+) -> dict[str, SessionDrawers]:
+    """The live drawers of these sessions, so an episode cites what it summarises: one statement, each
+    session read through ``drawer_sources_session`` (its drawers in message order)."""
+    if not session_ids:
+        return {}
+    cur = await conn.execute(SESSION_DRAWERS_SQL,
+                             {"sids": session_ids, "ws": workspace_id, "n": max(1, int(per_session))})
     out: dict[str, SessionDrawers] = {}
     for sid, ids, wings, rooms, total in await cur.fetchall():
         out[str(sid)] = SessionDrawers(list(zip(ids or [], wings or [], rooms or [], strict=True)), int(total))

@@ -215,18 +215,20 @@ def test_clusters_writes_read_their_drawers_by_key_where_state_has_no_statistics
 
 
 def _by_key_statements(ws: str) -> dict[str, tuple[str, dict[str, Any]]]:
-    """Hot-path statements that name ten drawers by key and keep the live (or processed) ones, with their
-    parameters in ``ws``. (Those that reach a session's drawers through its sources, by key too, were
-    planned by key here in their plain form: session_turns, an episode's progress, the drawers it cites.)"""
+    """Hot-path statements that name ten drawers by key (by id, or as session 's7''s through its sources)
+    and keep the live (or processed) ones, with their parameters in ``ws``. (An episode's progress and the
+    drawers it cites, which aggregate a session's drawers, read this small table whole here in either form,
+    a hash join the planner prefers at 3,000 rows; test_plans_int.py checks the progress at 30,000.)"""
     from shared.db.clustering import CONTENTS_SQL
     from shared.db.drawers import BY_ID_SQL
+    from shared.db.episodes import SESSION_TURNS_SQL
     from shared.db.extraction_queue import DUE_TURNS_SQL
     from shared.db.layers import _ROWS
     from shared.db.search import _FETCH
 
     ids = [f"d{s}-3" for s in range(1, 11)]
-    # A search's fetch of its candidates, as statement() wraps it: the ids come from a CTE (so the planner
-    # cannot count them), the words from another.
+    # A search's fetch of its candidates, with the CTEs it reads (statement() builds the ids from the
+    # candidate lists, here a constant array of ten; the planner estimates either as about ten).
     fetch = ("WITH lex AS (SELECT 'x'::text AS l), c AS (SELECT %(ids)s::text[] AS ids) "
              + _FETCH.format(dated="false"))
     return {
@@ -235,6 +237,7 @@ def _by_key_statements(ws: str) -> dict[str, tuple[str, dict[str, Any]]]:
         "search: the candidates' rows": (fetch, {"ws": ws, "ids": ids, "use_ann": False, "emb": None}),
         "wake_up / recall layers: the chosen rows": (_ROWS, {"ws": ws, "ids": ids, "n": 200}),
         "enrich: the drawers due for extraction": (DUE_TURNS_SQL, {"ws": ws, "ids": ids}),
+        "enrich: a session's turns": (SESSION_TURNS_SQL, {"emb": False, "ws": ws, "sid": "s7"}),
     }
 
 
@@ -250,8 +253,11 @@ def test_drawers_named_by_key_are_read_by_key_where_liveness_has_no_statistics(d
     _seed(database, ws, 300)
     with psycopg.connect(database, autocommit=True) as conn:
         conn.execute("UPDATE drawers SET state = 'processed' WHERE workspace_id = %s", (ws,))
-    done, _ = asyncio.run(analyze_tables(database, ["drawers"]))  # the workspace column alone, as maintain's first
-    assert done == ["drawers"] and _state_estimate(database, ws) < 300
+        conn.execute("INSERT INTO episodes (workspace_id, id, session_id, summary, abstract, status)"
+                     " VALUES (%s, 'e7', 's7', '', '', 'pending')", (ws,))
+    # The workspace column alone, as maintain's first analysis of a new workspace (of every table it is in).
+    done, _ = asyncio.run(analyze_tables(database, ["drawers", "drawer_sources"]))
+    assert sorted(done) == ["drawer_sources", "drawers"] and _state_estimate(database, ws) < 300
     statement, params = _by_key_statements(ws)[name]
     plain = _CASE.sub(lambda m: m.group(1), statement)
     assert plain != statement
