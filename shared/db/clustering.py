@@ -62,8 +62,9 @@ SELECT q.i, true AS twin, t.id, t.sim, t.content, t.speaker
          FROM drawers d
         WHERE d.workspace_id = %(ws)s
           AND d.id = ANY(ARRAY(SELECT c.id FROM palace_wording_candidates(%(ws)s, q.bands, 200) c))
-          AND d.id <> q.id AND d.state = 'processed' AND d.deleted_at IS NULL AND d.embedding IS NOT NULL
-          AND (d.filed_at, d.id) < (q.filed_at, q.id)
+          AND d.id <> q.id AND (d.filed_at, d.id) < (q.filed_at, q.id)
+          AND CASE WHEN d.state = 'processed' AND d.deleted_at IS NULL AND d.embedding IS NOT NULL
+                   THEN true END  -- by key only: docs/scale.md
         ORDER BY d.embedding <=> q.emb LIMIT %(n)s) t
 """
 _NEIGHBOURS = """

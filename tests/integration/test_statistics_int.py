@@ -266,6 +266,35 @@ def test_drawers_named_by_key_are_read_by_key_where_liveness_has_no_statistics(d
     assert _drawer_rows_read(database, statement, params, as_app=True, workspace=ws) <= 2 * 10  # ten, by key
 
 
+def test_clusters_twins_are_read_by_key_where_liveness_has_no_statistics(database: str) -> None:
+    """Cluster's near-duplicate twins (for a workspace past its in-process cache) are the drawers sharing a
+    wording band, fetched by key. With the twins' liveness tested plainly and no statistics on it, each of an
+    event's ten drawers walked the workspace's processed drawers from the state index instead; as a CASE,
+    each reads its session's ten."""
+    from shared.db.clustering import TWINS_SQL
+
+    ws = "ws-twins"
+    with psycopg.connect(database, autocommit=True) as conn:
+        conn.execute("ALTER TABLE drawers SET (autovacuum_enabled = false)")
+    _seed(database, ws, 300)
+    vec = "[" + ",".join(["0.05"] * 384) + "]"
+    with psycopg.connect(database, autocommit=True) as conn:  # a session's drawers share a band
+        conn.execute("UPDATE drawers SET state = 'processed', embedding = %s::vector,"
+                     " dedup_bands = ARRAY[hashtext(session_id)::bigint], filed_at = now() - seq * interval '1 s'"
+                     " WHERE workspace_id = %s", (vec, ws))
+        bands = [r[0] for r in conn.execute("SELECT hashtext('s' || g)::bigint FROM generate_series(1, 10) g")]
+    done, _ = asyncio.run(analyze_tables(database, ["drawers", "drawer_sources"]))
+    assert sorted(done) == ["drawer_sources", "drawers"] and _state_estimate(database, ws) < 300
+    # The vectors as text here (the services send them in binary): the plan does not depend on it.
+    statement = TWINS_SQL.replace("%(embs)b::vector[]", "%(embs)s::vector[]")
+    params = {"ws": ws, "ids": [f"d{s}-1" for s in range(1, 11)], "embs": [vec] * 10, "bands": bands, "nb": 1,
+              "n": 5}
+    (test,) = _CASE.findall(statement)
+    plain = _CASE.sub(lambda m: m.group(1), statement)
+    assert _drawer_rows_read(database, plain, params, as_app=True) >= 10 * 1_000, test  # the trap is there
+    assert _drawer_rows_read(database, statement, params, as_app=True) <= 10 + 10 * 10 * 2
+
+
 def test_maintains_check_analyzes_a_stale_table_whole(stack: Stack, database: str) -> None:
     """The check maintain runs every few seconds, end to end: a table autovacuum has not reached is
     found and analyzed whole (its planner estimates are right afterwards), and the next round finds
