@@ -186,6 +186,22 @@ def test_a_table_autovacuum_has_not_analyzed_yet_is_analyzed_whole(database: str
     assert "drawers" not in _maintenance(database, lambda c: stale_tables(c, 1000))
 
 
+def _without_liveness_statistics(database: str, ws: str, tables: list[str],
+                                 *writes: tuple[str, tuple[Any, ...]]) -> None:
+    """A workspace of 3,000 processed drawers (``_seed``, then ``writes``) in a table whose ``state`` and
+    ``deleted_at`` have no statistics: autovacuum off, and ``tables`` analysed on their workspace column
+    alone, as maintain's first analysis of a new workspace does."""
+    with psycopg.connect(database, autocommit=True) as conn:
+        conn.execute("ALTER TABLE drawers SET (autovacuum_enabled = false)")
+    _seed(database, ws, 300)
+    with psycopg.connect(database, autocommit=True) as conn:
+        conn.execute("UPDATE drawers SET state = 'processed' WHERE workspace_id = %s", (ws,))
+        for statement, params in writes:
+            conn.execute(statement, params)  # type: ignore[arg-type]
+    done, _ = asyncio.run(analyze_tables(database, tables))
+    assert sorted(done) == sorted(tables) and _state_estimate(database, ws) < 300
+
+
 def test_clusters_writes_read_their_drawers_by_key_where_state_has_no_statistics(database: str) -> None:
     """Cluster's merges and supersessions name their drawers by key and test whether each is still processed.
     Where ``state`` has no statistics yet (a new database, autovacuum behind), the plain test made the
@@ -194,13 +210,7 @@ def test_clusters_writes_read_their_drawers_by_key_where_state_has_no_statistics
     from shared.db.clustering import MERGE_SQL, SUPERSEDE_SQL
 
     ws = "ws-cluster-writes"
-    with psycopg.connect(database, autocommit=True) as conn:
-        conn.execute("ALTER TABLE drawers SET (autovacuum_enabled = false)")
-    _seed(database, ws, 300)
-    with psycopg.connect(database, autocommit=True) as conn:
-        conn.execute("UPDATE drawers SET state = 'processed' WHERE workspace_id = %s", (ws,))
-    done, _ = asyncio.run(analyze_tables(database, ["drawers"]))  # the workspace column alone, as maintain's first
-    assert done == ["drawers"] and _state_estimate(database, ws) < 300
+    _without_liveness_statistics(database, ws, ["drawers"])
 
     newer, older = [f"d{s}-1" for s in range(1, 11)], [f"d{s}-2" for s in range(1, 11)]
     for statement, params in ((MERGE_SQL, {"ws": ws, "ids": newer, "targets": older}),
@@ -248,16 +258,9 @@ def test_drawers_named_by_key_are_read_by_key_where_liveness_has_no_statistics(d
     drawers by state) was walked instead of the primary key: the plain form of each statement below read
     the whole workspace here. Written as a CASE, each reads its ten drawers by key."""
     ws = "ws-by-key"
-    with psycopg.connect(database, autocommit=True) as conn:
-        conn.execute("ALTER TABLE drawers SET (autovacuum_enabled = false)")
-    _seed(database, ws, 300)
-    with psycopg.connect(database, autocommit=True) as conn:
-        conn.execute("UPDATE drawers SET state = 'processed' WHERE workspace_id = %s", (ws,))
-        conn.execute("INSERT INTO episodes (workspace_id, id, session_id, summary, abstract, status)"
-                     " VALUES (%s, 'e7', 's7', '', '', 'pending')", (ws,))
-    # The workspace column alone, as maintain's first analysis of a new workspace (of every table it is in).
-    done, _ = asyncio.run(analyze_tables(database, ["drawers", "drawer_sources"]))
-    assert sorted(done) == ["drawer_sources", "drawers"] and _state_estimate(database, ws) < 300
+    _without_liveness_statistics(database, ws, ["drawers", "drawer_sources"], (
+        "INSERT INTO episodes (workspace_id, id, session_id, summary, abstract, status)"
+        " VALUES (%s, 'e7', 's7', '', '', 'pending')", (ws,)))
     statement, params = _by_key_statements(ws)[name]
     plain = _CASE.sub(lambda m: m.group(1), statement)
     assert plain != statement
@@ -274,17 +277,12 @@ def test_clusters_twins_are_read_by_key_where_liveness_has_no_statistics(databas
     from shared.db.clustering import TWINS_SQL
 
     ws = "ws-twins"
-    with psycopg.connect(database, autocommit=True) as conn:
-        conn.execute("ALTER TABLE drawers SET (autovacuum_enabled = false)")
-    _seed(database, ws, 300)
     vec = "[" + ",".join(["0.05"] * 384) + "]"
-    with psycopg.connect(database, autocommit=True) as conn:  # a session's drawers share a band
-        conn.execute("UPDATE drawers SET state = 'processed', embedding = %s::vector,"
-                     " dedup_bands = ARRAY[hashtext(session_id)::bigint], filed_at = now() - seq * interval '1 s'"
-                     " WHERE workspace_id = %s", (vec, ws))
+    _without_liveness_statistics(database, ws, ["drawers", "drawer_sources"], (  # a session's drawers share a band
+        "UPDATE drawers SET embedding = %s::vector, dedup_bands = ARRAY[hashtext(session_id)::bigint],"
+        " filed_at = now() - seq * interval '1 s' WHERE workspace_id = %s", (vec, ws)))
+    with psycopg.connect(database, autocommit=True) as conn:
         bands = [r[0] for r in conn.execute("SELECT hashtext('s' || g)::bigint FROM generate_series(1, 10) g")]
-    done, _ = asyncio.run(analyze_tables(database, ["drawers", "drawer_sources"]))
-    assert sorted(done) == ["drawer_sources", "drawers"] and _state_estimate(database, ws) < 300
     # The vectors as text here (the services send them in binary): the plan does not depend on it.
     statement = TWINS_SQL.replace("%(embs)b::vector[]", "%(embs)s::vector[]")
     params = {"ws": ws, "ids": [f"d{s}-1" for s in range(1, 11)], "embs": [vec] * 10, "bands": bands, "nb": 1,
