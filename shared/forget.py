@@ -116,7 +116,12 @@ def _matcher(scope: Scope, t: Targets) -> Callable[[dict[str, Any]], bool]:
             return True
         if scope.kind in ("user", "agent") and body.get(f"{scope.kind}_id") == scope.value:
             return True
-        if body.get("session_id") in t.session_ids or body.get("source_episode_id") in t.episode_ids:
+        if body.get("session_id") in t.session_ids:
+            return True
+        # An episode's own event (episodic.created: its summary, abstract and topics) and what was found
+        # in it (entity.upserted) name it under different fields.
+        if t.episode_ids and (body.get("episode_id") in t.episode_ids
+                              or body.get("source_episode_id") in t.episode_ids):
             return True
         ids = body.get("drawer_ids") or []
         if ids and t.drawer_ids and all(i in t.drawer_ids for i in ids):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from shared.events import SessionCompleted
+from shared.events import EntityUpserted, EpisodicCreated, SessionCompleted
 from shared.forget import Scope, Targets, _matcher, drop_forgotten_drawers
 from shared.ids import content_hash
 from shared.lifecycle import JOBS
@@ -50,6 +50,22 @@ def test_matcher_takes_only_the_scope_of_its_own_workspace() -> None:
     assert not m({"workspace_id": "other", "user_id": "alice", "session_id": "s1"})
     assert not m({"workspace_id": "w", "user_id": "bob", "session_id": "s2"})
     assert _matcher(Scope("w", "workspace", "*"), Targets())({"workspace_id": "w"})
+
+
+def test_matcher_takes_the_events_of_an_episode_a_drawer_forget_deleted() -> None:
+    """A drawer forget keeps its session (no session id to match) but deletes the episode that quotes the
+    drawer: the episode's own event carries its summary, and must go from the streams too."""
+    episode = "e" * 32
+    created = EpisodicCreated(event_id="ev1", workspace_id="w", episode_id=episode, session_id="kept-session",
+                              summary="I keep the violin in the blue case", abstract="violin", topics=["violin"])
+    found = EntityUpserted(event_id="ev2", workspace_id="w", entity_ids=["x"], names=["violin"],
+                           source_episode_id=episode)
+    m = _matcher(Scope("w", "drawer", "d1"), Targets(drawer_ids={"d1"}, episode_ids={episode}))
+    assert m(created.model_dump(mode="json"))
+    assert m(found.model_dump(mode="json"))
+    other = created.model_copy(update={"episode_id": "f" * 32})
+    assert not m(other.model_dump(mode="json"))
+    assert not _matcher(Scope("w", "drawer", "d1"), Targets(drawer_ids={"d1"}))(other.model_dump(mode="json"))
 
 
 def test_every_job_is_one_registry_entry_with_a_schedule() -> None:
