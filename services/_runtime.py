@@ -80,9 +80,16 @@ async def decode_batch(deps: Deps, model: type[E], bodies: list[bytes], raws: li
                        dead_letters: bool = True) -> list[tuple[E, Msg]]:
     """A batch handler's events, decoded. A malformed one must not hold back (or silently ride along with)
     the good ones: it is dead-lettered with its reason and acked here, or only acked where another
-    consumer of the subject is the one that dead-letters it (``dead_letters=False``)."""
+    consumer of the subject is the one that dead-letters it (``dead_letters=False``).
+
+    A message a former run of this batch already settled is left out: the loop runs a batch again in place
+    while a dependency is down (``PullConsumer._call_holding``), and an item acked then (done, or
+    dead-lettered) is neither redone nor acked a second time, which nats-py refuses with an error that
+    would fail the whole retry."""
     events: list[tuple[E, Msg]] = []
     for raw, body in zip(raws, bodies, strict=True):
+        if raw._ackd:
+            continue
         try:
             events.append((decode_event(model, body, deps.settings), raw))
         except Poison as e:

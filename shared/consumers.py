@@ -241,6 +241,11 @@ class PullConsumer:
                 more = await sub.fetch(batch=free - 1, timeout=self.settings.fetch_linger_s)
             except TimeoutError:
                 more = []
+            except Exception as e:
+                # The first is ours already (delivered to this subscription): dropping it here would leave
+                # it to wait out ack_wait. It goes on; the failure shows again at the next fetch.
+                log.warning("fetch_failed", consumer=self.c.durable, error=repr(e)[:300], kept=len(first))
+                more = []
             return first + more
         except asyncio.CancelledError:
             raise
@@ -391,8 +396,28 @@ class PullConsumer:
                 await asyncio.sleep(delay * random.uniform(0.5, 1.0))
 
     async def _settle_dead(self, raw: Msg, error_type: str, reason: str) -> None:
-        await self.dead_letter(self.broker, self.settings, service=self.c.service, raw=raw, reason=reason,
-                               error_type=error_type)
+        """Dead-letter, then ack; never ack a message whose dead letter was not stored. While NATS cannot
+        take the dead letter (reconnecting, a publish timing out) it is published again in place, the
+        message kept alive meanwhile, as ``_call_holding`` holds a handler (the dead letter's message id
+        makes a repeat harmless). One that still fails is left un-acked: JetStream delivers it again while
+        its attempts last, where acking it would have lost it from both streams."""
+        hold_until = time.monotonic() + self.settings.dependency_wait_s
+        waits = 0
+        while True:
+            try:
+                await self.dead_letter(self.broker, self.settings, service=self.c.service, raw=raw, reason=reason,
+                                       error_type=error_type)
+                break
+            except Exception as e:
+                if not is_transient(e) or time.monotonic() >= hold_until:
+                    log.error("dead_letter_failed", service=self.c.service, subject=self.c.subject,
+                              deliveries=raw.metadata.num_delivered, error=repr(e)[:300], exc_info=e)
+                    return
+                waits += 1
+                with contextlib.suppress(Exception):
+                    await raw.in_progress()
+                delay = min(self.settings.dependency_retry_max_s, 0.25 * 2 ** min(waits, 8))
+                await asyncio.sleep(delay * random.uniform(0.5, 1.0))
         await raw.ack()
 
 

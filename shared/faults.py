@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import sys
+from collections.abc import Sequence
 
 import psycopg
 
-__all__ = ["is_transient"]
+__all__ = ["is_transient", "to_raise"]
 
 
 def _optional_types() -> tuple[type[BaseException], ...]:
@@ -68,3 +69,12 @@ def is_transient(exc: BaseException) -> bool:
         e = e.__cause__  # an explicit `raise ... from`, not whatever happened to be handled nearby
         seen += 1
     return False
+
+
+def to_raise(errors: Sequence[BaseException]) -> BaseException:
+    """Of the failures of a batch's items, the one to raise to the consumer loop: a transient one where
+    there is any, else the first. The loop holds a batch that failed for a dependency and runs it again in
+    place (what a former run acked is not redone, ``services._runtime.decode_batch``); any other failure
+    NAKs what is left, and each NAK uses up one of a message's attempts. Raising the first failure let an
+    item that failed on its own NAK a batch-mate that only met an outage."""
+    return next((e for e in errors if is_transient(e)), errors[0])

@@ -17,7 +17,7 @@ from shared.db.curation import LLM_FAILURE_PREFIX, record_llm_failures, record_u
 from shared.db.drawers import DrawerRow, drawers_by_id, save_classifications
 from shared.db.tenancy import retry_conflicts, workspace_write, workspaces_tx
 from shared.events import DrawerClassified, DrawerEmbedded
-from shared.faults import is_transient
+from shared.faults import is_transient, to_raise
 from shared.ids import event_id_for
 from shared.logging import get_logger
 from shared.memory.centroids import nearest_type
@@ -54,19 +54,19 @@ def register(deps: Deps) -> None:
                 raise  # the database is down for all of them: the loop holds, NAKs or dead-letters them
             # Something in the batch broke its transaction: each event alone, so one bad event fails only
             # itself (NAKed, then dead-lettered, by the loop); the others are committed and acked here.
-            failed: Exception | None = None
+            failed: list[Exception] = []
             for one in events:
                 try:
                     alone = await classify_events([one])
                 except Exception as err:
-                    failed = failed or err
+                    failed.append(err)
                     continue
                 if alone.pending:
-                    failed = failed or LlmPending(f"drawers still lacking an LLM label: {alone.why[:200]}")
+                    failed.append(LlmPending(f"drawers still lacking an LLM label: {alone.why[:200]}"))
                 else:
                     await ack_once(one[1])
-            if failed is not None:
-                raise failed from None
+            if failed:
+                raise to_raise(failed) from None
             return
         if settled.pending:
             # Acked: the events whose drawers are all labelled; the rest come back after a backoff.

@@ -29,7 +29,7 @@ from shared.db.forget import lock_for_write, writer_tx
 from shared.db.tenancy import maintenance_tx, workspace_tx
 from shared.db.vector_indexes import recheck_after, vector_index_for
 from shared.events import DrawerClassified, EntityUpserted
-from shared.faults import is_transient
+from shared.faults import is_transient, to_raise
 from shared.kg_dedup import dedup_entities
 from shared.logging import get_logger
 from shared.memory import contradiction
@@ -260,7 +260,7 @@ def register(deps: Deps) -> None:
         by_ws: dict[str, list[tuple[EntityUpserted, Msg]]] = {}
         for ev, raw in events:
             by_ws.setdefault(ev.workspace_id, []).append((ev, raw))
-        failed: Exception | None = None
+        failed: list[Exception] = []
         for ws in sorted(by_ws):
             group = by_ws[ws]
             try:
@@ -274,15 +274,15 @@ def register(deps: Deps) -> None:
                     try:
                         await dedup_events(ws, [ev])
                     except Exception as one:
-                        failed = failed or one
+                        failed.append(one)
                     else:
                         await ack_once(raw)
                 continue
-            if failed is not None or len(by_ws) > 1:
+            if failed or len(by_ws) > 1:
                 for _, raw in group:  # done: not to be redone if a later workspace's events fail
                     await ack_once(raw)
-        if failed is not None:
-            raise failed from None
+        if failed:
+            raise to_raise(failed) from None
 
     async def dedup_events(ws: str, evs: list[EntityUpserted]) -> None:
         # A merge is audited under the first of the events (a replay merges nothing twice).

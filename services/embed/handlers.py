@@ -16,7 +16,7 @@ from shared.bus import publish_event
 from shared.db.drawers import cached_embeddings, drawers_by_id, note_failure, save_embeddings
 from shared.db.tenancy import workspace_tx
 from shared.events import DrawerCreated, DrawerEmbedded
-from shared.faults import is_transient
+from shared.faults import is_transient, to_raise
 from shared.ids import content_hash, event_id_for
 from shared.memory.filing import embedding_text
 from shared.metrics import DRAWERS, EMBED_SECONDS, EMBED_TEXTS
@@ -56,16 +56,16 @@ def register(deps: Deps) -> None:
                 raise  # the endpoint is down for all of them: the loop holds, NAKs or dead-letters them
             # Something in the batch broke the call: each event alone, so one bad text fails only its own
             # event (NAKed, then dead-lettered, by the loop); the others are committed and acked here.
-            failed: Exception | None = None
+            failed: list[Exception] = []
             for ev, raw in events:
                 try:
                     await embed_and_save([(ev, raw)], embedder)
                 except Exception as one:
-                    failed = failed or one
+                    failed.append(one)
                 else:
                     await ack_once(raw)
-            if failed is not None:
-                raise failed from None
+            if failed:
+                raise to_raise(failed) from None
 
     async def embed_and_save(events: list[tuple[DrawerCreated, Msg]], embedder: Embedder) -> None:
         """Embed every drawer of these events still lacking a vector (one model call), commit, announce."""

@@ -32,7 +32,7 @@ from shared.db.forget import forgotten, writer_tx
 from shared.db.kg import ExtractionStored, ensure_extracted_entities, record_extraction, refresh_entities
 from shared.db.tenancy import maintenance_tx, retry_conflicts, workspace_tx, workspace_write, workspaces_tx
 from shared.events import DrawerEmbedded, EntityUpserted, EpisodicCreated, SessionStored
-from shared.faults import is_transient
+from shared.faults import is_transient, to_raise
 from shared.ids import event_id_for, stable_id
 from shared.logging import get_logger
 from shared.memory.episodes import episode_embedding, parse_summary, summarize_session, summary_messages
@@ -249,13 +249,11 @@ def register(deps: Deps) -> None:
 
         outcomes = await asyncio.gather(*(one(ev) for ev, _ in events), return_exceptions=True)
         failed = [o for o in outcomes if isinstance(o, BaseException)]
-        if failed and (len(events) == 1 or any(is_transient(f) for f in failed)):
-            raise failed[0]
         for (_, raw), outcome in zip(events, outcomes, strict=True):
             if not isinstance(outcome, BaseException):
-                await ack_once(raw)
+                await ack_once(raw)  # done: a retry of the batch in place leaves it out
         if failed:
-            raise failed[0]
+            raise to_raise(failed)
 
 
 async def _read_graph(

@@ -169,6 +169,89 @@ async def test_a_message_past_its_delivery_limit_is_dead_lettered_unprocessed(st
     await nc.close()
 
 
+class _SecondFetchFails:
+    """A pull subscription whose short second fetch (the rest of a window, after the first message came)
+    fails as it does while NATS restarts: JetStream answers 503."""
+
+    def __init__(self, sub: Any) -> None:
+        self._inner, self._sub = sub, sub._sub
+
+    async def fetch(self, batch: int = 1, timeout: float | None = 5) -> list[Any]:  # noqa: ASYNC109 - nats-py's API
+        if batch > 1:
+            from nats.js.errors import ServiceUnavailableError
+
+            raise ServiceUnavailableError
+        return list(await self._inner.fetch(batch=batch, timeout=timeout))
+
+    async def unsubscribe(self) -> None:
+        await self._inner.unsubscribe()
+
+
+async def test_a_failed_second_fetch_keeps_the_message_the_first_brought(stack: Stack) -> None:
+    """The first message is delivered to this subscription already: dropped with the second fetch's
+    error, it would wait out ack_wait (60 s here) behind a consumer that shows no lag."""
+    nc, js, settings, c = await _setup(stack, consumer_concurrency=4, fetch_wait_s=0.5)
+    seen: dict[bytes, float] = {}
+
+    async def handler(body: bytes, raw: Any) -> None:
+        seen.setdefault(body, time.monotonic())
+
+    pc = PullConsumer(js=js, broker=[], settings=settings, c=c, handler=handler, dead_letter=_dead_letter)
+    pc._sub = _SecondFetchFails(await js.pull_subscribe_bind(durable=c.durable, stream=settings.stream_name))
+    stop = asyncio.Event()
+    task = asyncio.create_task(pc.run(stop))
+    try:
+        sent = time.monotonic()
+        await js.publish(c.subject, b"one")
+        await _until(lambda: b"one" in seen, 10)
+    finally:
+        stop.set()
+        await task
+    assert b"one" in seen and seen[b"one"] - sent < 5
+    await nc.close()
+
+
+async def test_a_dead_letter_nats_cannot_take_yet_is_held_then_stored_before_the_ack(stack: Stack) -> None:
+    """A dead letter published while NATS is reconnecting is published again in place, the message kept
+    alive meanwhile; it is acked only once its dead letter is stored. One whose dead letter fails for
+    another reason is not acked: JetStream delivers it again, and it is dead-lettered then."""
+    from nats.errors import ConnectionReconnectingError
+
+    nc, js, settings, c = await _setup(stack, fetch_wait_s=0.5, ack_wait_s=1.0, dependency_retry_max_s=0.2)
+    calls: dict[bytes, int] = {}
+
+    async def flaky_dead_letter(broker: Any, settings: Settings, *, raw: Any, reason: str, error_type: str,
+                                service: str) -> None:
+        calls[raw.data] = calls.get(raw.data, 0) + 1
+        if raw.data == b"reconnecting" and calls[raw.data] <= 2:
+            raise ConnectionReconnectingError
+        if raw.data == b"refused" and calls[raw.data] == 1:
+            raise RuntimeError("the dead-letter stream refused it")
+        broker.append((raw.data, raw.metadata.num_delivered))
+
+    async def handler(body: bytes, raw: Any) -> None:
+        raise Poison("not an event")
+
+    dead: list[Any] = []
+    pc = PullConsumer(js=js, broker=dead, settings=settings, c=c, handler=handler, dead_letter=flaky_dead_letter)
+    stop = asyncio.Event()
+    task = asyncio.create_task(pc.run(stop))
+    try:
+        await js.publish(c.subject, b"reconnecting")
+        await js.publish(c.subject, b"refused")
+        await _until(lambda: len(dead) == 2, 15)
+        await asyncio.sleep(1.5)  # past ack_wait: anything left un-acked would come back
+    finally:
+        stop.set()
+        await task
+    # Held in place on its first delivery; the other one came back once and was dead-lettered then.
+    assert sorted(dead) == [(b"reconnecting", 1), (b"refused", 2)]
+    assert calls == {b"reconnecting": 3, b"refused": 2}
+    info = await js.consumer_info(settings.stream_name, c.durable)
+    assert info.num_ack_pending == 0 and info.num_pending == 0
+    await nc.close()
+
+
 async def test_oldest_unacked_age_sees_a_message_held_without_ack(stack: Stack) -> None:
     nc, js, settings, c = await _setup(stack)
     assert await oldest_unacked_age_s(js, settings.stream_name, c.durable) == 0.0

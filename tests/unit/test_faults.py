@@ -7,7 +7,7 @@ import nats.errors
 import psycopg
 import psycopg_pool
 
-from shared.faults import is_transient
+from shared.faults import is_transient, to_raise
 from shared.ports import EmbeddingError
 
 
@@ -49,3 +49,45 @@ def test_a_service_starts_without_importing_the_openai_client() -> None:
     code = "import sys, services.ingest.app, services.classify.app; print('openai' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() \
         == "False"
+
+
+def test_a_batch_raises_its_transient_failure_over_one_of_its_own() -> None:
+    """The loop holds a batch that raises an outage and NAKs one that raises anything else: an item that
+    failed on its own must not make a batch-mate that only met an outage spend an attempt."""
+    own, outage = ValueError("bad text"), psycopg.OperationalError("server closed the connection")
+    assert to_raise([own, outage]) is outage
+    assert to_raise([outage, own]) is outage
+    second = KeyError("x")
+    assert to_raise([own, second]) is own
+
+
+def test_a_batch_retried_in_place_leaves_out_what_a_former_run_settled() -> None:
+    """The loop runs a batch again while a dependency is down. A message the first run settled (its
+    dead letter published and acked, or its work done and acked) is not decoded, dead-lettered or acked
+    again: nats-py refuses a second ack with an error that is not an outage, which used to fail the retry
+    and NAK the good messages."""
+    import asyncio
+
+    from nats.errors import MsgAlreadyAckdError
+
+    from services._runtime import Deps, decode_batch
+    from shared.config import Settings
+    from shared.events import SessionStored
+
+    class Raw:
+        def __init__(self, data: bytes, acked: bool) -> None:
+            self.data, self._ackd, self.acks = data, acked, 0
+
+        async def ack(self) -> None:
+            if self._ackd:
+                raise MsgAlreadyAckdError(self)
+            self._ackd, self.acks = True, self.acks + 1
+
+    good = SessionStored(event_id="e1", workspace_id="w", session_id="s", message_count=1, drawer_ids=["d"])
+    bodies = [b"{not json", good.model_dump_json().encode(), good.model_dump_json().encode()]
+    raws = [Raw(bodies[0], acked=True), Raw(bodies[1], acked=True), Raw(bodies[2], acked=False)]
+    # broker None: a dead letter attempted here would fail the call.
+    deps = Deps(settings=Settings(), service="enrich", pool=None, broker=None)  # type: ignore[arg-type]
+    events = asyncio.run(decode_batch(deps, SessionStored, bodies, raws))  # type: ignore[arg-type]
+    assert [raw for _, raw in events] == [raws[2]]
+    assert [r.acks for r in raws] == [0, 0, 0]
