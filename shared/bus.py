@@ -33,6 +33,7 @@ from shared.events import DeadLetterInfo, Event, payload_ids
 from shared.logging import get_logger
 
 __all__ = [
+    "EventTooLarge",
     "Poison",
     "build_broker",
     "dead_letter",
@@ -40,11 +41,27 @@ __all__ = [
     "decode_event",
     "ensure_streams",
     "publish_event",
+    "session_limit_problem",
     "stream_configs",
     "stream_usage",
 ]
 
 log = get_logger("palace.bus")
+
+
+class EventTooLarge(ValueError):
+    """An event whose JSON is over ``max_event_bytes``: its consumers would dead-letter it, so it is not
+    published (the caller splits it, or answers 413)."""
+
+
+def session_limit_problem(event: Event, settings: Settings) -> str | None:
+    """What makes a ``session.completed`` one that ingest refuses beyond its schema (more messages than
+    ``max_messages_per_session``), in words; None when it is within. Ingest dead-letters such an event; the
+    API refuses it before publishing, with the same words."""
+    messages = getattr(event, "messages", None)
+    if messages is not None and len(messages) > settings.max_messages_per_session:
+        return f"session has {len(messages)} messages; the limit is {settings.max_messages_per_session}"
+    return None
 
 
 def decode_event(model: type[Event], data: bytes, settings: Settings) -> Any:
@@ -164,11 +181,16 @@ async def publish_event(
 
     The current trace context goes along in the headers (``traceparent``). A batch handler names the
     event each publish derives from (``caused_by``), so it continues that event's trace."""
+    data = event.model_dump_json().encode()
+    if len(data) > settings.max_event_bytes:
+        # decode_event would dead-letter it at every consumer: refused here, where the caller can still split it.
+        raise EventTooLarge(f"the {event.subject} event is {len(data):,} bytes of JSON; the limit is "
+                            f"{settings.max_event_bytes:,} (PALACE_MAX_EVENT_BYTES): split it")
     headers = event.dedup_headers()
     with tracing.publishing(event.subject, headers, event_id=event.event_id,
                             cause=caused_by.event_id if caused_by is not None else None):
         await broker.publish(
-            event.model_dump_json().encode(),
+            data,
             subject=event.subject,
             headers=headers,
             stream=settings.stream_name,

@@ -15,13 +15,15 @@ the same content for programs. Budgets count characters of the rendered text (``
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass
 from datetime import datetime
 
 from psycopg_pool import AsyncConnectionPool
 
 from shared.access import access_log
-from shared.db.layers import LayerRow, drawers_by_importance, get_identity, put_identity
+from shared.db.identity import set_identity
+from shared.db.layers import LayerRow, drawers_by_importance, get_identity
 from shared.db.search import SearchHit
 from shared.db.tenancy import workspace_tx
 from shared.memory.citations import cite, short_id, snippet
@@ -153,15 +155,18 @@ async def get_workspace_identity(pool: AsyncConnectionPool, workspace_id: str) -
     return Identity(workspace_id, row[0], row[1]) if row else None
 
 
-async def set_workspace_identity(pool: AsyncConnectionPool, workspace_id: str, text: str) -> Identity:
-    """Set L0. Raises IdentityTooLong over IDENTITY_MAX characters and ValueError when blank."""
+async def set_workspace_identity(pool: AsyncConnectionPool, workspace_id: str, text: str, *,
+                                 actor: str = "api") -> Identity:
+    """Set L0, audited like every identity change (the previous text in memory_history). Raises
+    IdentityTooLong over IDENTITY_MAX characters and ValueError when blank."""
     text = text.strip()
     if not text:
         raise ValueError("identity is empty")
     if len(text) > IDENTITY_MAX:
         raise IdentityTooLong(len(text))
     async with workspace_tx(pool, workspace_id) as conn:
-        at = await put_identity(conn, workspace_id, text)
+        _, at = await set_identity(conn, workspace_id, text, actor=actor,
+                                   event_id=f"{actor}-identity:{uuid.uuid4().hex}")
     return Identity(workspace_id, text, at)
 
 

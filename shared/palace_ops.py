@@ -18,7 +18,7 @@ from typing import Any
 
 from faststream.nats import NatsBroker
 from psycopg_pool import AsyncConnectionPool
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, ValidationError
 
 from shared.bus import publish_event
 from shared.config import Settings
@@ -250,6 +250,11 @@ class PalaceOps:
                                      + "; give the whole drawer id")
         return found[0]
 
+    async def drawer_id(self, ws: str, ref: str) -> str:
+        """The drawer id a reference names: a whole id as it is (a deleted drawer can still be named by it),
+        a citation or short id resolved among the live drawers (``resolve``)."""
+        return (await self.resolve(ws, ref)).id if len(ref) != ID_LEN or "/" in ref else ref
+
     async def get_drawer(self, ws: str, ref: str) -> DrawerOut:
         """One live drawer by id or citation, whole (see ``resolve``)."""
         return DrawerOut.of(await self.resolve(ws, ref))
@@ -273,11 +278,15 @@ class PalaceOps:
         digest = stable_id(kind, content_hash(content), wing or "", room or "", hall or "")
         session_id = f"{self.actor}:{kind}:{digest}"
         now = datetime.now(UTC)
-        event = SessionCompleted(
-            workspace_id=ws, session_id=session_id, agent_id=agent,
-            messages=[Message(role="user", content=content, created_at=now)],
-            started_at=now, completed_at=now, metadata=metadata,
-        )
+        try:
+            event = SessionCompleted(
+                workspace_id=ws, session_id=session_id, agent_id=agent,
+                messages=[Message(role="user", content=content, created_at=now)],
+                started_at=now, completed_at=now, metadata=metadata,
+            )
+        except ValidationError as e:  # what ingest would dead-letter after a 202
+            raise OperationError("; ".join(str(err["msg"]).removeprefix("Value error, ")
+                                           for err in e.errors(include_url=False))) from None
         s = self.settings
         plan = plan_session(event, chunk_chars=s.chunk_chars, chunk_overlap=s.chunk_overlap, min_chars=s.min_chars)
         if not plan.drawers:
@@ -291,8 +300,7 @@ class PalaceOps:
     async def delete_drawer(self, ws: str, drawer_id_: str, reason: str | None = None) -> Deleted:
         """Soft-delete by drawer id or citation. A whole id is taken as it is (deleting it again, or an
         unknown one, answers ``deleted=False``); a citation or prefix is resolved first (``resolve``)."""
-        if len(drawer_id_) != ID_LEN or "/" in drawer_id_:
-            drawer_id_ = (await self.resolve(ws, drawer_id_)).id
+        drawer_id_ = await self.drawer_id(ws, drawer_id_)
         event_id = f"{self.actor}-delete:{uuid.uuid4().hex}"
         async with workspace_tx(self.pool, ws) as conn:
             done = await soft_delete_drawer(conn, ws, drawer_id_, actor=self.actor, event_id=event_id, reason=reason)
@@ -308,7 +316,7 @@ class PalaceOps:
         'workspace', value '*') everywhere it lives (shared/forget.py): irreversible, audited with
         ``actor`` as who asked, idempotent."""
         if kind == "drawer":
-            value = (await self.resolve(ws, value)).id if len(value) != ID_LEN or "/" in value else value
+            value = await self.drawer_id(ws, value)
         try:
             scope = Scope(ws, kind, value)
         except ValueError as e:
@@ -328,7 +336,7 @@ class PalaceOps:
             raise OperationError(f"identity is {len(text)} characters; L0 holds at most {IDENTITY_MAX_CHARS} and "
                                  "is never truncated: shorten it")
         async with workspace_tx(self.pool, ws) as conn:
-            previous = await set_identity(conn, ws, text, actor=self.actor,
+            previous, _ = await set_identity(conn, ws, text, actor=self.actor,
                                           event_id=f"{self.actor}-identity:{uuid.uuid4().hex}")
         return IdentityOut(identity=text, previous=previous)
 

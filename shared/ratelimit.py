@@ -63,6 +63,14 @@ class TokenBuckets:
             return 0.0
         return (1.0 - b.tokens) / self.rate
 
+    def wait(self, caller: str) -> float:
+        """What ``take`` would answer, without spending: 0.0 when ``caller`` has a token."""
+        b = self._buckets.get(caller)
+        if b is None:
+            return 0.0
+        tokens = min(self.burst, b.tokens + (self._clock() - b.at) * self.rate)
+        return 0.0 if tokens >= 1.0 else (1.0 - tokens) / self.rate
+
     @staticmethod
     def retry_after_header(wait_s: float) -> str:
         """Retry-After takes whole seconds; rounding down would invite a retry that fails again."""

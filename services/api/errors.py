@@ -88,12 +88,40 @@ async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
     return error_response(422, [{k: v for k, v in e.items() if k not in ("input", "url")} for e in errors])
 
 
+async def _too_large(request: Request, exc: Exception) -> JSONResponse:
+    return error_response(413, str(exc))
+
+
+async def _operation_refused(request: Request, exc: Exception) -> JSONResponse:
+    """What ``shared.palace_ops`` refuses, wherever a route lets it through: the same status everywhere."""
+    from shared.palace_ops import AmbiguousReference, DrawerNotFound
+
+    status = 404 if isinstance(exc, DrawerNotFound) else 409 if isinstance(exc, AmbiguousReference) else 422
+    return error_response(status, str(exc))
+
+
+async def _data_error(request: Request, exc: Exception) -> JSONResponse:
+    """A value PostgreSQL cannot hold reached a statement: text with U+0000 (psycopg refuses to send it) is
+    the caller's input, whichever field carried it; any other data error is ours."""
+    if "NUL" in str(exc):
+        return error_response(422, "a text field contains NUL (U+0000), which PostgreSQL cannot store")
+    return await _unhandled(request, exc)
+
+
 async def _unhandled(request: Request, exc: Exception) -> JSONResponse:
     log.error("api_unhandled_error", method=request.method, path=request.url.path, exc_info=exc)
     return error_response(500, f"internal error ({type(exc).__name__}); the server log has the details")
 
 
 def install_error_handlers(app: FastAPI) -> None:
+    import psycopg
+
+    from shared.bus import EventTooLarge
+    from shared.palace_ops import OperationError
+
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(EventTooLarge, _too_large)
+    app.add_exception_handler(OperationError, _operation_refused)
+    app.add_exception_handler(psycopg.DataError, _data_error)
     app.add_exception_handler(Exception, _unhandled)

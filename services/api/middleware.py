@@ -7,6 +7,7 @@ streams in (a chunked upload has no Content-Length to check up front) and add no
 from __future__ import annotations
 
 import time
+from collections import OrderedDict
 from collections.abc import Iterable
 
 from starlette.datastructures import Headers
@@ -74,8 +75,12 @@ class RateLimit:
 
     Under authentication a request without a well-formed key is not counted: it gets its 401 without
     any database work, and counting it per address would let one keyless client behind a shared
-    address (an ingress, a NAT) use up the allowance of every keyed client behind it. Health and
-    metrics endpoints are never limited: a probe must not fail because a client is busy."""
+    address (an ingress, a NAT) use up the allowance of every keyed client behind it. A well-formed key
+    that turns out unknown or revoked costs a key lookup, and each new one would get a fresh bucket: so
+    such 401s are counted per client address as well, in a bucket of their own, and an address that has
+    used it up gets 429 for any key not seen to authenticate before, without a lookup (rotating made-up
+    keys no longer escape the limit; a client whose key worked goes on). Health and metrics endpoints
+    are never limited: a probe must not fail because a client is busy."""
 
     def __init__(self, app: ASGIApp, settings: Settings, exempt: Iterable[str] = ()) -> None:
         self.app = app
@@ -84,6 +89,11 @@ class RateLimit:
         self.exempt = frozenset(exempt)
         self.buckets = (TokenBuckets(self.rate, self.burst, settings.api_rate_buckets_max)
                         if self.rate > 0 else None)
+        self.failures = (TokenBuckets(self.rate, self.burst, settings.api_rate_buckets_max)
+                         if self.rate > 0 else None)
+        # Keys (their buckets' names) seen to authenticate lately; bounded like the buckets.
+        self.known: OrderedDict[str, None] = OrderedDict()
+        self.known_max = settings.api_rate_buckets_max
 
     def caller(self, scope: Scope) -> str | None:
         """The bucket of this request, or None when it is not limited."""
@@ -100,16 +110,41 @@ class RateLimit:
         if caller is None:
             await self.app(scope, receive, send)
             return
-        assert self.buckets is not None
+        assert self.buckets is not None and self.failures is not None
+        client = scope.get("client")
+        address = "failed:" + (str(client[0]) if client else "unknown")
+        if self.auth and caller not in self.known and (wait := self.failures.wait(address)) > 0:
+            await self._refuse(scope, receive, send, wait, "unrecognised API keys from this client address")
+            return
         wait = self.buckets.take(caller)
         if wait > 0:
-            per = "API key" if self.auth else "client address"
-            response = error_response(
-                429, f"rate limit exceeded: {self.rate:g} requests/s per {per}, bursts of {self.burst}; "
-                f"retry in {wait:.2f} s", headers={"Retry-After": TokenBuckets.retry_after_header(wait)})
-            await response(scope, receive, send)
+            await self._refuse(scope, receive, send, wait, "API key" if self.auth else "client address")
             return
-        await self.app(scope, receive, send)
+        if not self.auth:
+            await self.app(scope, receive, send)
+            return
+        status = 0
+
+        async def send_status(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        await self.app(scope, receive, send_status)
+        if status == 401:
+            self.failures.take(address)
+        elif status:
+            self.known[caller] = None
+            self.known.move_to_end(caller)
+            if len(self.known) > self.known_max:
+                self.known.popitem(last=False)
+
+    async def _refuse(self, scope: Scope, receive: Receive, send: Send, wait: float, per: str) -> None:
+        response = error_response(
+            429, f"rate limit exceeded: {self.rate:g} requests/s per {per}, bursts of {self.burst:g}; "
+            f"retry in {wait:.2f} s", headers={"Retry-After": TokenBuckets.retry_after_header(wait)})
+        await response(scope, receive, send)
 
 
 class BodyTooLarge(HTTPException):

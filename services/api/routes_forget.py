@@ -12,6 +12,7 @@ from fastapi import APIRouter, HTTPException, Request
 from pydantic import BaseModel, Field, model_validator
 
 from services.api.deps import CallerDep, PoolDep, SettingsDep
+from services.api.routes_drawers import OpsDep
 from shared.endpoints import resolve_urls
 from shared.events.models import WorkspaceId
 from shared.forget import Scope, forget, verify
@@ -26,7 +27,8 @@ class ForgetRequest(BaseModel):
     user_id: str | None = Field(None, min_length=1, max_length=256, description="Forget everything of this user.")
     agent_id: str | None = Field(None, min_length=1, max_length=256, description="... of this agent.")
     session_id: str | None = Field(None, min_length=1, max_length=256, description="... of one session.")
-    drawer_id: str | None = Field(None, min_length=1, max_length=256, description="... of one drawer.")
+    drawer_id: str | None = Field(None, min_length=1, max_length=256, description="... of one drawer: its id, or "
+                                  "the citation a hit carries (wing/room/short id).")
     all: bool = Field(False, description="Forget the whole workspace.")
     verify: bool = Field(False, description="Then search every store and stream for what was forgotten.")
 
@@ -55,13 +57,17 @@ class ForgetResponse(BaseModel):
 
 @router.post("/v1/forget", response_model=ForgetResponse)
 async def post_forget(req: ForgetRequest, request: Request, caller: CallerDep, pool: PoolDep,
-                      settings: SettingsDep) -> ForgetResponse:
+                      settings: SettingsDep, ops: OpsDep) -> ForgetResponse:
     """Forget everywhere (idempotent; safe while the pipeline runs)."""
     caller.authorize(req.workspace_id)
     requested_by = (f"api-key:{caller.key_id}" if caller.key_id
                     else f"api:{request.client.host if request.client else 'unknown'}")
     _, nats_url = resolve_urls(settings)
     scope = req.scope()
+    if scope.kind == "drawer":
+        # As MCP's memory_forget: a citation or short id names the drawer; taken literally, it would
+        # tombstone a string no drawer has and prove the erasure of nothing.
+        scope = Scope(scope.workspace_id, "drawer", await ops.drawer_id(scope.workspace_id, scope.value))
     try:
         result = await forget(pool, settings, nats_url, scope, requested_by=requested_by)
     except ValueError as e:

@@ -5,12 +5,12 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, HTTPException, Query
 from pydantic import BaseModel, Field
 
 from services.api.deps import WORKSPACE_PATTERN, BrokerDep, CallerDep, PoolDep, RecallerDep, SettingsDep, WorkspacePath
 from services.api.errors import ERROR_RESPONSES
-from shared.bus import publish_event
+from shared.bus import publish_event, session_limit_problem
 from shared.db.quality import store_counts
 from shared.db.search import SearchHit
 from shared.db.tenancy import workspace_tx
@@ -101,9 +101,13 @@ async def search_get(
 @router.post("/sessions", response_model=Accepted, status_code=202, tags=["write"])
 async def post_session(caller: CallerDep, event: SessionCompleted, broker: BrokerDep,
                        settings: SettingsDep) -> Accepted:
-    """Publish a completed session to the bus (JetStream acks it durably before we answer)."""
+    """Publish a completed session to the bus (JetStream acks it durably before we answer). A session
+    ingest would refuse (too many messages, or an event over the size limit once published) is refused
+    here instead of accepted and dead-lettered."""
     caller.authorize(event.workspace_id)
-    await publish_event(broker, settings, event)
+    if problem := session_limit_problem(event, settings):
+        raise HTTPException(422, problem)
+    await publish_event(broker, settings, event)  # EventTooLarge: 413 (services.api.errors)
     return Accepted(event_id=event.event_id or "", subject=event.subject)
 
 

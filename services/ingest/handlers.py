@@ -5,7 +5,7 @@ from __future__ import annotations
 from nats.aio.msg import Msg
 
 from services._runtime import Deps
-from shared.bus import decode_event, publish_event
+from shared.bus import Poison, decode_event, publish_event, session_limit_problem
 from shared.db.forget import forgotten, forgotten_session_drawers, writer_tx
 from shared.db.kg import link_drawers
 from shared.db.sessions import store_session
@@ -29,10 +29,8 @@ def register(deps: Deps) -> None:
     async def on_session_completed(body: bytes, raw: Msg) -> None:
         """session.completed → (commit raw rows) → drawer.created, session.stored."""
         event: SessionCompleted = decode_event(SessionCompleted, body, s)
-        if len(event.messages) > s.max_messages_per_session:
-            from shared.bus import Poison
-
-            raise Poison(f"session has {len(event.messages)} messages; the limit is {s.max_messages_per_session}")
+        if problem := session_limit_problem(event, s):
+            raise Poison(problem)
         # No per-message length limit: a long message is chunked like any other (decode_event already
         # bounded the whole event by max_event_bytes).
         plan = plan_session(event, chunk_chars=s.chunk_chars, chunk_overlap=s.chunk_overlap, min_chars=s.min_chars)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 from psycopg import AsyncConnection
@@ -19,15 +20,17 @@ async def get_identity(conn: AsyncConnection[Any], workspace_id: str) -> str | N
 
 async def set_identity(
     conn: AsyncConnection[Any], workspace_id: str, text: str, *, actor: str, event_id: str
-) -> str | None:
-    """Replace the workspace's identity; the previous text goes to memory_history (revertible).
-    Returns the previous text."""
+) -> tuple[str | None, datetime]:
+    """Replace the workspace's identity; the previous text goes to memory_history (revertible). The one
+    writer of identities, for every interface. Returns the previous text and when this one was set."""
     old = await get_identity(conn, workspace_id)
-    await conn.execute(
+    cur = await conn.execute(
         "INSERT INTO identities (workspace_id, text) VALUES (%s, %s) ON CONFLICT (workspace_id)"
-        " DO UPDATE SET text = EXCLUDED.text, updated_at = now()",
+        " DO UPDATE SET text = EXCLUDED.text, updated_at = now() RETURNING updated_at",
         (workspace_id, text),
     )
+    row = await cur.fetchone()
+    assert row is not None
     await record_history(conn, workspace_id, drawer_id=None, action="SET_IDENTITY", actor=actor,
                          event_id=event_id, old_value={"text": old}, new_value={"text": text})
-    return old
+    return old, row[0]

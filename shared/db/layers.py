@@ -8,7 +8,7 @@ from typing import Any
 
 from psycopg import AsyncConnection, sql
 
-__all__ = ["LayerRow", "drawers_by_importance", "essential_query", "get_identity", "put_identity"]
+__all__ = ["LayerRow", "drawers_by_importance", "essential_query", "get_identity"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,17 +28,6 @@ async def get_identity(conn: AsyncConnection[Any], workspace_id: str) -> tuple[s
     cur = await conn.execute("SELECT text, updated_at FROM identities WHERE workspace_id = %s", (workspace_id,))
     row = await cur.fetchone()
     return (row[0], row[1]) if row else None
-
-
-async def put_identity(conn: AsyncConnection[Any], workspace_id: str, text: str) -> datetime:
-    """Set (or replace) the workspace's one identity; returns its ``updated_at``."""
-    cur = await conn.execute(
-        "INSERT INTO identities (workspace_id, text) VALUES (%s, %s)"
-        " ON CONFLICT (workspace_id) DO UPDATE SET text = EXCLUDED.text, updated_at = now()"
-        " RETURNING updated_at", (workspace_id, text))
-    row = await cur.fetchone()
-    assert row is not None
-    return row[0]  # type: ignore[no-any-return]
 
 
 # Keys are read in the order of the index ``drawers_essential`` (migration 0034): by importance_peak,

@@ -73,8 +73,10 @@ def _unstorable(value: Any, path: str = "") -> str | None:
             if isinstance(k, str) and "\x00" in k:
                 return f"{path or '<root>'}: a key contains NUL (U+0000), which PostgreSQL cannot store"
             items.append((str(k), v))
-    elif isinstance(value, list):
+    elif isinstance(value, list | tuple):
         items = [(str(i), v) for i, v in enumerate(value)]
+    elif isinstance(value, BaseModel):  # an event built from models (Message), not parsed from JSON
+        items = [(k, getattr(value, k)) for k in type(value).model_fields]
     for k, v in items:
         found = _unstorable(v, f"{path}.{k}" if path else k)
         if found:

@@ -213,8 +213,11 @@ def as_of_window(value: datetime | date | str | None) -> tuple[datetime, datetim
         isinstance(value, str) and len(value.strip()) == 10)
     lo = parse_when(value, "as_of")
     assert lo is not None
-    hi = lo + timedelta(days=1) - timedelta(microseconds=1) if whole_day else lo
-    return lo, hi
+    if not whole_day:
+        return lo, lo
+    if lo.date() == date.max:  # the day after the last one datetime can hold does not exist
+        return lo, datetime.max.replace(tzinfo=lo.tzinfo)
+    return lo, lo + timedelta(days=1) - timedelta(microseconds=1)
 
 
 def parse_direction(direction: str) -> Direction:
