@@ -25,7 +25,8 @@ import json
 import uuid
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from itertools import pairwise
 from typing import Any
 
 import nats
@@ -95,14 +96,24 @@ class ForgetResult:
 
 
 def drop_forgotten_drawers(plan: SessionPlan, forgotten_ids: set[str]) -> SessionPlan:
-    """The plan without drawers forgotten one by one, their sightings, and the messages that held only
-    them (a redelivered session must not bring a forgotten drawer's text back)."""
+    """The plan without the messages that held a drawer forgotten one by one, whole (as forget deleted
+    them: a long message's other chunks overlap the forgotten one), their drawers and sightings, and
+    without the context the next turn would take from such a message. A redelivered or republished
+    session must not bring a forgotten drawer's text back, into any column."""
     if not forgotten_ids:
         return plan
-    sources = [s for s in plan.sources if s.drawer_id not in forgotten_ids]
-    dropped_seqs = {s.seq for s in plan.sources if s.drawer_id in forgotten_ids} - {s.seq for s in sources}
-    return SessionPlan(plan.event, plan.session_hash, [m for m in plan.messages if m.seq not in dropped_seqs],
-                       [d for d in plan.drawers if d.id not in forgotten_ids], sources)
+    dropped = {s.seq for s in plan.sources if s.drawer_id in forgotten_ids}
+    if not dropped:
+        return plan
+    sources = [s for s in plan.sources if s.seq not in dropped]
+    kept = {s.drawer_id for s in sources}
+    # The context of a message's first chunk is the last message before it that is not noise.
+    spoken = sorted(m.seq for m in plan.messages if not m.is_noise)
+    after = {nxt for prev, nxt in pairwise(spoken) if prev in dropped}
+    drawers = [replace(d, context=None) if d.seq in after and d.context is not None else d
+               for d in plan.drawers if d.id in kept]
+    return SessionPlan(plan.event, plan.session_hash, [m for m in plan.messages if m.seq not in dropped],
+                       drawers, sources)
 
 
 # --- streams -----------------------------------------------------------------------------------
@@ -211,8 +222,12 @@ async def _forget_batch(pool: AsyncConnectionPool, scope: Scope, session_ids: li
             # The raw messages the drawer was cut from go with it (the rest of the session stays).
             rows = await sql.delete_drawer_messages(conn, ws, [f["id"] for f in gone])
             counts["messages"] += len(rows)
-            t.content_hashes |= {h for h, _ in rows}
-            cut = sorted({s for _, s in rows})
+            t.content_hashes |= {h for h, _, _ in rows}
+            # The next turn was embedded with the forgotten one as its context: that goes, with its cache entry.
+            after = await sql.clear_context_after(conn, ws, [(s, q) for _, s, q in rows])
+            counts["contexts_cleared"] += len(after)
+            stale |= {_ehash(content, speaker, context) for _, content, speaker, context in after}
+            cut = sorted({s for _, s, _ in rows})
             # Their episodes quote the drawer, and so may what dreaming made of those episodes: those
             # sessions are forgotten next, by the caller.
             derived = [d for d in await sql.dreamt_from(conn, ws, cut, _episode_ids(ws, cut)) if d not in cut]

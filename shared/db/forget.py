@@ -24,6 +24,7 @@ from shared.db.drawers import history_id_for, record_history
 from shared.db.kg import recount_entities
 from shared.db.tenancy import holds_lock, workspace_tx
 from shared.memory.decisions import content_hash as decision_hash
+from shared.memory.filing import placement
 
 __all__ = [
     "KINDS",
@@ -338,12 +339,40 @@ async def revert_updates_from(conn: AsyncConnection[Any], workspace_id: str, ids
     return {"targets": sorted(first), "derived": derived, "history_scrubbed": scrubbed}
 
 
+# A drawer first seen in a forgotten session takes everything that session gave it from its earliest surviving
+# sighting instead: provenance, who said it and when (the message's speaker, role and time), the message's
+# metadata, and where it is filed (returned, for ``placement``). Its context and the embedding made with it
+# go (back to 'raw': maintain re-drives it through embed and classify, which files it by type again).
+_REPOINT_SQL = """
+    UPDATE drawers d
+       SET session_id = s.session_id, seq = s.seq, user_id = ss.user_id, agent_id = ss.agent_id,
+           role = coalesce(m.role, d.role), speaker = m.name,
+           occurred_at = coalesce(m.created_at, ss.completed_at, ss.started_at),
+           metadata = jsonb_build_object('seq', s.seq, 'chunk', s.chunk_index)
+                      || CASE WHEN m.metadata <> '{}' THEN jsonb_build_object('message', m.metadata)
+                              ELSE '{}' END,
+           context = NULL, embedding = NULL, embedding_model = NULL, state = 'raw', retry_count = 0,
+           updated_at = now()
+      FROM (SELECT DISTINCT ON (drawer_id) drawer_id, session_id, seq, chunk_index FROM drawer_sources
+             WHERE workspace_id = %(ws)s AND drawer_id = ANY(%(ids)s)
+             ORDER BY drawer_id, session_id, seq, chunk_index) s
+      JOIN sessions ss ON ss.workspace_id = %(ws)s AND ss.session_id = s.session_id
+      LEFT JOIN messages m ON m.workspace_id = %(ws)s AND m.session_id = s.session_id AND m.seq = s.seq
+     WHERE d.workspace_id = %(ws)s AND d.id = s.drawer_id
+    RETURNING d.id, ss.metadata, ss.agent_id"""
+
+_REFILE_SQL = """
+    UPDATE drawers d SET wing = p.wing, room = p.room, hall = p.hall
+      FROM unnest(%(ids)s::text[], %(wings)s::text[], %(rooms)s::text[], %(halls)s::text[]) AS p(id, wing, room, hall)
+     WHERE d.workspace_id = %(ws)s AND d.id = p.id"""
+
+
 async def detach_drawers(conn: AsyncConnection[Any], workspace_id: str, ids: list[str], session_ids: list[str],
                          repoint: list[str]) -> int:
     """Drawers whose text was also said in a surviving session: drop the forgotten sightings; those
-    first seen in a forgotten session take their provenance from the earliest surviving sighting and
-    lose the forgotten context (and the embedding made with it: they go back to 'raw', so maintain
-    re-drives them through embed and classify)."""
+    first seen in a forgotten session take what it gave them from the earliest surviving sighting
+    (``_REPOINT_SQL``): a forgotten user's name, agent wing, time or message metadata must not stay on
+    a drawer someone else's words keep."""
     if not ids:
         return 0
     cur = await conn.execute(
@@ -351,17 +380,13 @@ async def detach_drawers(conn: AsyncConnection[Any], workspace_id: str, ids: lis
         (workspace_id, ids, session_ids))
     n = cur.rowcount
     if repoint:
-        await conn.execute(
-            """UPDATE drawers d
-                  SET session_id = s.session_id, seq = s.seq, user_id = ss.user_id, agent_id = ss.agent_id,
-                      context = NULL, embedding = NULL, embedding_model = NULL, state = 'raw', retry_count = 0,
-                      updated_at = now()
-                 FROM (SELECT DISTINCT ON (drawer_id) drawer_id, session_id, seq FROM drawer_sources
-                        WHERE workspace_id = %(ws)s AND drawer_id = ANY(%(ids)s)
-                        ORDER BY drawer_id, session_id, seq) s
-                 JOIN sessions ss ON ss.workspace_id = %(ws)s AND ss.session_id = s.session_id
-                WHERE d.workspace_id = %(ws)s AND d.id = s.drawer_id""",
-            {"ws": workspace_id, "ids": repoint})
+        cur = await conn.execute(_REPOINT_SQL, {"ws": workspace_id, "ids": repoint})
+        rows = await cur.fetchall()
+        places = [(r[0], *placement(r[1] or {}, r[2])) for r in rows]
+        if places:
+            await conn.execute(_REFILE_SQL, {
+                "ws": workspace_id, "ids": [p[0] for p in places], "wings": [p[1] for p in places],
+                "rooms": [p[2] or "general" for p in places], "halls": [p[3] for p in places]})
     return n
 
 
@@ -462,15 +487,49 @@ async def scrub_history_batch(conn: AsyncConnection[Any], workspace_id: str, lim
 # --- what a forget removes by drawer, and its proof -------------------------------------------------
 
 async def delete_drawer_messages(conn: AsyncConnection[Any], workspace_id: str,
-                                 drawer_ids: list[str]) -> list[tuple[str, str]]:
+                                 drawer_ids: list[str]) -> list[tuple[str, str, int]]:
     """The raw messages forgotten drawers were cut from (the rest of their sessions stays); returns
-    each deleted message's (content_hash, session_id)."""
+    each deleted message's (content_hash, session_id, seq)."""
     cur = await conn.execute(
         """DELETE FROM messages m USING drawer_sources s
             WHERE s.workspace_id = %(ws)s AND s.drawer_id = ANY(%(ids)s)
               AND m.workspace_id = s.workspace_id AND m.session_id = s.session_id AND m.seq = s.seq
-           RETURNING m.content_hash, m.session_id""", {"ws": workspace_id, "ids": drawer_ids})
-    return [(r[0], r[1]) for r in await cur.fetchall()]
+           RETURNING m.content_hash, m.session_id, m.seq""", {"ws": workspace_id, "ids": drawer_ids})
+    return [(r[0], r[1], r[2]) for r in await cur.fetchall()]
+
+
+# The turn after a deleted message was embedded with that message as its context (``filing.plan_session``):
+# the first chunk of the next message that is not noise, where this session is where its drawer was first
+# seen. Its context and the embedding made with it go (back to 'raw': maintain re-drives it through embed and
+# classify). Returns each such drawer's id, content, speaker and the context it had (for its cache entry).
+_CONTEXT_AFTER_SQL = """
+    WITH cut(session_id, seq) AS (SELECT * FROM unnest(%(s)s::text[], %(q)s::int[])),
+    nxt AS (
+        SELECT c.session_id,
+               (SELECT min(m.seq) FROM messages m
+                 WHERE m.workspace_id = %(ws)s AND m.session_id = c.session_id AND m.seq > c.seq
+                   AND NOT m.is_noise) AS seq
+          FROM cut c),
+    old AS (
+        SELECT d.id, d.content, d.speaker, d.context FROM drawers d JOIN nxt
+            ON d.workspace_id = %(ws)s AND d.session_id = nxt.session_id AND d.seq = nxt.seq
+         WHERE d.context IS NOT NULL
+           FOR UPDATE OF d)
+    UPDATE drawers d SET context = NULL, embedding = NULL, embedding_model = NULL, state = 'raw', retry_count = 0,
+                         updated_at = now()
+      FROM old
+     WHERE d.workspace_id = %(ws)s AND d.id = old.id
+    RETURNING old.id, old.content, old.speaker, old.context"""
+
+
+async def clear_context_after(conn: AsyncConnection[Any], workspace_id: str,
+                              cut: list[tuple[str, int]]) -> list[tuple[str, str, str | None, str]]:
+    """``_CONTEXT_AFTER_SQL`` for these deleted messages, (session_id, seq) each."""
+    if not cut:
+        return []
+    cur = await conn.execute(_CONTEXT_AFTER_SQL, {"ws": workspace_id, "s": [c[0] for c in cut],
+                                                  "q": [c[1] for c in cut]})
+    return [(r[0], r[1], r[2], r[3]) for r in await cur.fetchall()]
 
 
 async def delete_session_episodes(conn: AsyncConnection[Any], workspace_id: str,

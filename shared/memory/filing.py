@@ -7,15 +7,17 @@ provenance rows, and a redelivered event plans exactly the same keys.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 
 from shared.events import SessionCompleted
 from shared.ids import content_hash, drawer_id
 from shared.memory.chunking import chunk_text
 from shared.memory.noise import is_noise
 
-__all__ = ["DrawerPlan", "MessageRow", "SessionPlan", "SourceRow", "embedding_text", "plan_session"]
+__all__ = ["DrawerPlan", "MessageRow", "SessionPlan", "SourceRow", "embedding_text", "placement", "plan_session"]
 
 
 CONTEXT_CHARS = 400
@@ -89,6 +91,13 @@ def _label(value: object, default: str) -> str:
     return default
 
 
+def placement(metadata: Mapping[str, Any], agent_id: str | None) -> tuple[str, str, str | None]:
+    """Where a session's drawers are filed: (wing, room, hall) from the session's metadata, else the
+    agent's wing, else 'general'; an empty room is left to classify (by memory type)."""
+    return (_label(metadata.get("wing"), _label(agent_id, "general")), _label(metadata.get("room"), ""),
+            _label(metadata.get("hall"), "") or None)
+
+
 def plan_session(
     event: SessionCompleted, *, chunk_chars: int = 800, chunk_overlap: int = 100, min_chars: int = 4
 ) -> SessionPlan:
@@ -101,9 +110,7 @@ def plan_session(
         min_chars: the noise filter's minimum length.
     """
     ws = event.workspace_id
-    wing = _label(event.metadata.get("wing"), _label(event.agent_id, "general"))
-    room = _label(event.metadata.get("room"), "")  # empty: classify files it by memory type
-    hall = _label(event.metadata.get("hall"), "") or None
+    wing, room, hall = placement(event.metadata, event.agent_id)
     messages: list[MessageRow] = []
     drawers: dict[str, DrawerPlan] = {}
     sources: list[SourceRow] = []

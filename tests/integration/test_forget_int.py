@@ -22,6 +22,7 @@ from shared.dlq import redrive
 from shared.events import DeadLetterInfo
 from shared.forget import ForgetResult, Scope, Targets, forget, verify
 from shared.ids import content_hash
+from shared.memory.filing import embedding_text
 from tests.integration.helpers import Stack, session, wait_for, ws
 
 SHARED_LINE = "the quarterly offsite moves to the lighthouse in Brest next spring"
@@ -346,3 +347,53 @@ def test_what_forget_reaches_through_migration_0040_it_finds_by_index(stack: Sta
         ]:
             plan = "\n".join(r[0] for r in conn.execute("EXPLAIN " + q, (w, ["x"])).fetchall())
             assert index in plan, plan
+
+
+def test_a_drawer_someone_else_said_too_keeps_nothing_of_the_forgotten_sighting(stack: Stack) -> None:
+    """The line both said stays, as the survivor's: speaker, role, time, wing and the message's metadata
+    all come from the surviving sighting, not only the session and user ids."""
+    w = ws()
+    line = "the new office opens on the third floor of the old tram depot in March"
+    stack.publish({"workspace_id": w, "session_id": "erin-1", "agent_id": "erins-agent", "user_id": "erin",
+                   "messages": [{"role": "user", "name": "Erin", "content": line, "created_at": "2026-10-01T09:00:00Z",
+                                 "metadata": {"client": "erins-phone"}}],
+                   "started_at": "2026-10-01T09:00:00Z", "completed_at": "2026-10-01T09:05:00Z"})
+    stack.wait_processed(w, 1)
+    stack.publish({"workspace_id": w, "session_id": "finn-1", "agent_id": "finns-agent", "user_id": "finn",
+                   "messages": [{"role": "assistant", "name": "Finn", "content": line,
+                                 "created_at": "2026-10-05T15:00:00Z"}],
+                   "started_at": "2026-10-05T15:00:00Z", "completed_at": "2026-10-05T15:05:00Z"})
+    wait_for(lambda: stack.sql("SELECT count(*) FROM drawer_sources WHERE workspace_id = %s", (w,)) == [(2,)],
+             30, "the second sighting")
+    before = stack.sql("SELECT speaker, wing, user_id FROM drawers WHERE workspace_id = %s", (w,))
+    assert before == [("Erin", "erins-agent", "erin")]
+    _run_forget(stack, Scope(w, "user", "erin"))
+    wait_for(lambda: stack.sql("SELECT state FROM drawers WHERE workspace_id = %s", (w,)) == [("processed",)],
+             60, "the kept drawer re-embedded and classified")
+    (row,) = stack.sql("SELECT speaker, role, wing, user_id, agent_id, occurred_at, metadata::text, context"
+                       " FROM drawers WHERE workspace_id = %s", (w,))
+    speaker, role, wing, user, agent, occurred, metadata, context = row
+    assert (speaker, role, wing, user, agent) == ("Finn", "assistant", "finns-agent", "finn", "finns-agent")
+    assert occurred.isoformat().startswith("2026-10-05T15:00:00")
+    assert "erin" not in metadata.lower() and context is None
+
+
+def test_forgetting_a_drawer_takes_it_out_of_the_next_turns_context(stack: Stack) -> None:
+    """The turn after a forgotten one was embedded with it as its context: that context goes, and the turn
+    is embedded again without it."""
+    w = ws()
+    secret = "My bank PIN is 4815, please remember it for the card in the blue wallet."
+    reply = "Understood, I will keep that in mind whenever you ask about the blue wallet card."
+    stack.publish(session(w, "s-pin", ["Can you hold on to something private for me?", secret, reply]))
+    stack.wait_processed(w, 3)
+    (did,) = stack.sql("SELECT id FROM drawers WHERE workspace_id = %s AND content = %s", (w, secret))[0]
+    (ctx,) = stack.sql("SELECT context FROM drawers WHERE workspace_id = %s AND content = %s", (w, reply))[0]
+    assert "4815" in ctx
+    result, remaining = _run_forget(stack, Scope(w, "drawer", did))
+    assert result.counts["contexts_cleared"] == 1 and not any(remaining.values())
+    assert stack.sql("SELECT count(*) FROM drawers WHERE workspace_id = %s AND context LIKE '%%4815%%'",
+                     (w,)) == [(0,)]
+    assert stack.sql("SELECT count(*) FROM embedding_cache WHERE workspace_id = %s AND content_hash = %s",
+                     (w, content_hash(embedding_text(reply, None, ctx)))) == [(0,)]
+    wait_for(lambda: stack.sql("SELECT state FROM drawers WHERE workspace_id = %s AND content = %s",
+                               (w, reply)) == [("processed",)], 60, "the next turn embedded again")

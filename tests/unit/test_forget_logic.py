@@ -37,6 +37,28 @@ def test_forgotten_drawers_leave_the_plan_with_their_messages() -> None:
     assert gone not in {s.drawer_id for s in out.sources}
     assert [m.seq for m in out.messages] == [0, 2]
     assert drop_forgotten_drawers(plan, set()) is plan  # type: ignore[arg-type]
+    # The next turn was embedded with the forgotten one as its context: not on a redelivery.
+    after = next(d for d in plan.drawers if d.seq == 2)  # type: ignore[attr-defined]
+    assert "violin lives" in (after.context or "")
+    assert next(d for d in out.drawers if d.seq == 2).context is None
+
+
+def test_a_forgotten_chunk_takes_its_whole_message_from_a_redelivered_plan() -> None:
+    """Forget deletes the whole message a forgotten chunk was cut from; the message's other chunks overlap
+    the forgotten one, so a redelivered session brings back none of them."""
+    long = " ".join(f"Sentence {i} of the long story about the lighthouse keeper and his logbook." for i in range(30))
+    ev = SessionCompleted.model_validate({"workspace_id": "w", "session_id": "s", "messages": [
+        {"role": "user", "content": "Tell me the story again please"},
+        {"role": "assistant", "content": long},
+        {"role": "user", "content": "Thanks, that was the part I had forgotten"}]})
+    plan = plan_session(ev, chunk_chars=300, chunk_overlap=50)
+    chunks = [d for d in plan.drawers if d.seq == 1]
+    assert len(chunks) > 2
+    out = drop_forgotten_drawers(plan, {chunks[1].id})
+    assert [m.seq for m in out.messages] == [0, 2]
+    assert not {d.id for d in chunks} & {d.id for d in out.drawers}
+    assert {s.seq for s in out.sources} == {0, 2}
+    assert next(d for d in out.drawers if d.seq == 2).context is None
 
 
 def test_matcher_takes_only_the_scope_of_its_own_workspace() -> None:
