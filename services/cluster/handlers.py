@@ -236,8 +236,11 @@ def register(deps: Deps) -> None:
         for did, d in decisions:
             if did in merged:
                 merged.discard(did)  # audited once, under its first twin (the one it was merged into)
+                # Its prior state, exactly (MERGE_SQL merges only a processed drawer, and nothing else sets
+                # cluster_id): `palace revert` brings it back.
                 history.append({"drawer_id": did, "action": "MERGE", "actor": "cluster", "event_id": ev.event_id,
-                                "reason": d.reason, "new_value": {"cluster_id": d.target}})
+                                "reason": d.reason, "old_value": {"state": "processed", "cluster_id": None},
+                                "new_value": {"state": "merged", "cluster_id": d.target}})
                 DRAWERS.labels(deps.service, "merged").inc()
         # Pipelined: an audit-only decision (ADD, NONE) waits for no answer, so the event's decisions
         # travel in one round trip instead of one each; their audit rows are collected, and written with

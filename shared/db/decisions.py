@@ -22,7 +22,7 @@ __all__ = ["RESTORABLE", "RevertError", "apply_proposal", "list_history", "resto
 
 # Columns a decision may change, hence archived before it does and restored by a revert.
 RESTORABLE = ("content", "content_hash", "embedding", "memory_type", "importance", "summary", "state",
-              "superseded_by", "deleted_at", "pinned", "metadata")
+              "superseded_by", "deleted_at", "pinned", "metadata", "cluster_id")
 
 
 async def snapshot(conn: AsyncConnection[Any], workspace_id: str, drawer_id: str) -> dict[str, Any] | None:

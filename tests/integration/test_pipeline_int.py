@@ -137,8 +137,20 @@ def test_near_duplicates_merge_into_the_older_drawer_only(stack: Stack) -> None:
     assert rows["We moved the weekly retro to Fridays at 4pm."] == "processed", "similar but different: kept"
     hits = stack.search(w, "when is the weekly sync", k=10)
     assert sum("weekly sync" in h["content"].lower() for h in hits) == 1
-    merges = stack.sql("SELECT count(*) FROM memory_history WHERE workspace_id = %s AND action = 'MERGE'", (w,))
-    assert merges[0][0] == 1
+    merges = stack.sql("SELECT id, drawer_id FROM memory_history WHERE workspace_id = %s AND action = 'MERGE'", (w,))
+    assert len(merges) == 1
+    # Audited with its prior state, so an operator can undo it: the twin is a live drawer again.
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PALACE_DATABASE_URL": stack.database_url, "PALACE_NATS_URL": stack.nats_url}
+    out = subprocess.run([sys.executable, "-m", "services.cli", "revert", merges[0][0], "-w", w], env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert stack.sql("SELECT state, cluster_id FROM drawers WHERE workspace_id = %s AND id = %s",
+                     (w, merges[0][1])) == [("processed", None)]
+    assert sum("weekly sync" in h["content"].lower() for h in stack.search(w, "when is the weekly sync", k=10)) == 2
 
 
 async def test_large_workspace_path_uses_hnsw_and_lexeme_pairs(stack: Stack) -> None:
