@@ -209,6 +209,23 @@ async def drawer_fates(conn: AsyncConnection[Any], workspace_id: str, drawer_ids
     return [dict(zip(cols, r, strict=True)) for r in await cur.fetchall()]
 
 
+# Facts sourced from these drawers (by index: triples_source_drawer) that other evidence still states take
+# their provenance from the earliest such statement; the start of the fact is when that was said, unless
+# that falls after the fact's recorded end.
+_RESOURCE_TRIPLES_SQL = """
+    UPDATE triples t
+       SET source_drawer = e.drawer_id, source_session = e.session_id, source_seq = e.seq,
+           source_episode = e.episode_id,
+           valid_from = CASE WHEN e.said_at IS NULL THEN t.valid_from
+                             WHEN t.valid_to IS NOT NULL AND e.said_at > t.valid_to THEN t.valid_to
+                             ELSE e.said_at END
+      FROM (SELECT DISTINCT ON (v.triple_id) v.triple_id, v.drawer_id, v.session_id, v.seq, v.episode_id, v.said_at
+              FROM triples x JOIN triple_evidence v ON v.workspace_id = x.workspace_id AND v.triple_id = x.id
+             WHERE x.workspace_id = %(ws)s AND x.source_drawer = ANY(%(ids)s) AND NOT (v.drawer_id = ANY(%(ids)s))
+             ORDER BY v.triple_id, v.said_at NULLS LAST, v.drawer_id) e
+     WHERE t.workspace_id = %(ws)s AND t.id = e.triple_id"""
+
+
 async def delete_drawers(conn: AsyncConnection[Any], workspace_id: str, ids: list[str]) -> dict[str, Any]:
     """Delete drawers with everything derived from them: entity mentions (and entities left with none,
     with their triples), triples sourced from them, their provenance (cascade); scrub the content
@@ -234,6 +251,10 @@ async def delete_drawers(conn: AsyncConnection[Any], workspace_id: str, ids: lis
         "DELETE FROM entity_mentions WHERE workspace_id = %(ws)s AND drawer_id = ANY(%(ids)s) RETURNING entity_id", p)
     touched = sorted({r[0] for r in await cur.fetchall()})
     out["entity_mentions"] = cur.rowcount
+    # A fact another drawer also stated stays, sourced from that statement (its evidence row; the forgotten
+    # drawer's went with it, by cascade); one only these drawers stated goes.
+    cur = await conn.execute(_RESOURCE_TRIPLES_SQL, p)
+    out["triples_resourced"] = cur.rowcount
     cur = await conn.execute("DELETE FROM triples WHERE workspace_id = %(ws)s AND source_drawer = ANY(%(ids)s)", p)
     out["triples"] = cur.rowcount
     if touched:
@@ -361,6 +382,22 @@ _REPOINT_SQL = """
      WHERE d.workspace_id = %(ws)s AND d.id = s.drawer_id
     RETURNING d.id, ss.metadata, ss.agent_id"""
 
+# Evidence (by index: triple_evidence_drawer) and facts (triples_source_drawer) of kept drawers that name a
+# forgotten session take the drawer's surviving sighting and its time instead.
+_REHOME_EVIDENCE_SQL = """
+    UPDATE triple_evidence v SET session_id = d.session_id, seq = d.seq, said_at = d.occurred_at, episode_id = NULL
+      FROM drawers d
+     WHERE v.workspace_id = %(ws)s AND v.drawer_id = ANY(%(ids)s) AND v.session_id = ANY(%(s)s)
+       AND d.workspace_id = %(ws)s AND d.id = v.drawer_id"""
+_REHOME_FACTS_SQL = """
+    UPDATE triples t SET source_session = d.session_id, source_seq = d.seq, source_episode = NULL,
+                         valid_from = CASE WHEN d.occurred_at IS NULL THEN t.valid_from
+                                           WHEN t.valid_to IS NOT NULL AND d.occurred_at > t.valid_to THEN t.valid_to
+                                           ELSE d.occurred_at END
+      FROM drawers d
+     WHERE t.workspace_id = %(ws)s AND t.source_drawer = ANY(%(ids)s) AND t.source_session = ANY(%(s)s)
+       AND d.workspace_id = %(ws)s AND d.id = t.source_drawer"""
+
 _REFILE_SQL = """
     UPDATE drawers d SET wing = p.wing, room = p.room, hall = p.hall
       FROM unnest(%(ids)s::text[], %(wings)s::text[], %(rooms)s::text[], %(halls)s::text[]) AS p(id, wing, room, hall)
@@ -387,6 +424,10 @@ async def detach_drawers(conn: AsyncConnection[Any], workspace_id: str, ids: lis
             await conn.execute(_REFILE_SQL, {
                 "ws": workspace_id, "ids": [p[0] for p in places], "wings": [p[1] for p in places],
                 "rooms": [p[2] or "general" for p in places], "halls": [p[3] for p in places]})
+    # What the graph read in these drawers stays (the words are still said), said where they now come from.
+    p = {"ws": workspace_id, "ids": ids, "s": session_ids}
+    await conn.execute(_REHOME_EVIDENCE_SQL, p)
+    await conn.execute(_REHOME_FACTS_SQL, p)
     return n
 
 

@@ -347,6 +347,27 @@ def test_what_forget_reaches_through_migration_0040_it_finds_by_index(stack: Sta
         ]:
             plan = "\n".join(r[0] for r in conn.execute("EXPLAIN " + q, (w, ["x"])).fetchall())
             assert index in plan, plan
+        # The facts of forgotten drawers, and the evidence of kept ones, by the drawer. (Evidence rows with
+        # no drawers behind them: foreign keys off for the insert, rows removed after.)
+        from shared.db import forget as sql
+
+        conn.execute("""INSERT INTO triples (workspace_id, id, subject_id, predicate, object_id, source_drawer,
+                                             source_session)
+                        SELECT %s, 't' || i, 'a' || i, 'p', 'b' || i, 'd' || i, 's' || i
+                          FROM generate_series(1, 3000) i""", (w,))
+        with conn.transaction():
+            conn.execute("SET LOCAL session_replication_role = replica")
+            conn.execute("""INSERT INTO triple_evidence (workspace_id, triple_id, drawer_id, confidence, session_id)
+                            SELECT %s, 't' || i, 'd' || i, 1, 's' || i FROM generate_series(1, 3000) i""", (w,))
+        conn.execute("ANALYZE triples")
+        conn.execute("ANALYZE triple_evidence")
+        for q, index in [(sql._RESOURCE_TRIPLES_SQL, "triples_source_drawer"),
+                         (sql._REHOME_EVIDENCE_SQL, "triple_evidence_drawer"),
+                         (sql._REHOME_FACTS_SQL, "triples_source_drawer")]:
+            plan = "\n".join(r[0] for r in conn.execute("EXPLAIN " + q, {"ws": w, "ids": ["x"], "s": ["s"]}))
+            assert index in plan, plan
+        conn.execute("DELETE FROM triple_evidence WHERE workspace_id = %s", (w,))
+        conn.execute("DELETE FROM triples WHERE workspace_id = %s", (w,))
 
 
 def test_a_drawer_someone_else_said_too_keeps_nothing_of_the_forgotten_sighting(stack: Stack) -> None:
@@ -367,7 +388,22 @@ def test_a_drawer_someone_else_said_too_keeps_nothing_of_the_forgotten_sighting(
              30, "the second sighting")
     before = stack.sql("SELECT speaker, wing, user_id FROM drawers WHERE workspace_id = %s", (w,))
     assert before == [("Erin", "erins-agent", "erin")]
+    # What the graph read there, as extraction records it: said by erin, in erin's session, at her time.
+    (did,) = stack.sql("SELECT id FROM drawers WHERE workspace_id = %s", (w,))[0]
+    erin_time = datetime(2026, 10, 1, 9, tzinfo=UTC)
+    stack.sql("INSERT INTO entities (workspace_id, id, name) VALUES (%s, 'e-office', 'new office'),"
+              " (%s, 'e-depot', 'tram depot') RETURNING 1", (w, w))
+    stack.sql("INSERT INTO triples (workspace_id, id, subject_id, predicate, object_id, valid_from, source_drawer,"
+              " source_session, source_seq) VALUES (%s, 't-1', 'e-office', 'located in', 'e-depot', %s, %s,"
+              " 'erin-1', 0) RETURNING 1", (w, erin_time, did))
+    stack.sql("INSERT INTO triple_evidence (workspace_id, triple_id, drawer_id, confidence, said_at, session_id, seq)"
+              " VALUES (%s, 't-1', %s, 0.9, %s, 'erin-1', 0) RETURNING 1", (w, did, erin_time))
     _run_forget(stack, Scope(w, "user", "erin"))
+    finn_time = datetime(2026, 10, 5, 15, tzinfo=UTC)
+    assert stack.sql("SELECT session_id, said_at FROM triple_evidence WHERE workspace_id = %s", (w,)) \
+        == [("finn-1", finn_time)]
+    assert stack.sql("SELECT source_session, valid_from FROM triples WHERE workspace_id = %s", (w,)) \
+        == [("finn-1", finn_time)]
     wait_for(lambda: stack.sql("SELECT state FROM drawers WHERE workspace_id = %s", (w,)) == [("processed",)],
              60, "the kept drawer re-embedded and classified")
     (row,) = stack.sql("SELECT speaker, role, wing, user_id, agent_id, occurred_at, metadata::text, context"
@@ -397,3 +433,31 @@ def test_forgetting_a_drawer_takes_it_out_of_the_next_turns_context(stack: Stack
                      (w, content_hash(embedding_text(reply, None, ctx)))) == [(0,)]
     wait_for(lambda: stack.sql("SELECT state FROM drawers WHERE workspace_id = %s AND content = %s",
                                (w, reply)) == [("processed",)], 60, "the next turn embedded again")
+
+
+def test_a_fact_someone_else_also_stated_outlives_a_forgotten_drawer(stack: Stack) -> None:
+    """Forgetting the drawer a fact was first read from keeps the fact when another drawer states it too:
+    it is sourced from that statement, from when that was said. Only a fact no surviving drawer states goes."""
+    w = ws()
+    first, second = ("Priya said the Lisbon office runs on PostgreSQL now.",
+                     "Confirmed again today: the Lisbon office runs on PostgreSQL.")
+    stack.publish(session(w, "s-facts", [first, second]))
+    stack.wait_processed(w, 2)
+    d1 = stack.sql("SELECT id FROM drawers WHERE workspace_id = %s AND content = %s", (w, first))[0][0]
+    d2 = stack.sql("SELECT id FROM drawers WHERE workspace_id = %s AND content = %s", (w, second))[0][0]
+    said1, said2 = datetime(2026, 9, 1, tzinfo=UTC), datetime(2026, 9, 20, tzinfo=UTC)
+    stack.sql("INSERT INTO entities (workspace_id, id, name) VALUES (%s, 'e-lisbon', 'Lisbon office'),"
+              " (%s, 'e-pg', 'PostgreSQL') ON CONFLICT DO NOTHING RETURNING 1", (w, w))
+    stack.sql("INSERT INTO triples (workspace_id, id, subject_id, predicate, object_id, valid_from, source_drawer,"
+              " source_session, source_seq) VALUES (%s, 't-db', 'e-lisbon', 'uses', 'e-pg', %s, %s, 's-facts', 0)"
+              " RETURNING 1", (w, said1, d1))
+    stack.sql("INSERT INTO triple_evidence (workspace_id, triple_id, drawer_id, confidence, said_at, session_id, seq)"
+              " VALUES (%s, 't-db', %s, 0.9, %s, 's-facts', 0), (%s, 't-db', %s, 0.8, %s, 's-facts', 1) RETURNING 1",
+              (w, d1, said1, w, d2, said2))
+    result, _ = _run_forget(stack, Scope(w, "drawer", d1))
+    assert result.counts["triples_resourced"] == 1 and not result.counts.get("triples")
+    assert stack.sql("SELECT source_drawer, source_seq, valid_from FROM triples WHERE workspace_id = %s"
+                     " AND id = 't-db'", (w,)) == [(d2, 1, said2)]
+    result, _ = _run_forget(stack, Scope(w, "drawer", d2))
+    assert result.counts["triples"] == 1
+    assert stack.sql("SELECT count(*) FROM triples WHERE workspace_id = %s", (w,)) == [(0,)]
