@@ -102,7 +102,7 @@ def register(app: typer.Typer, settings: Callable[[], Settings], urls: Callable[
         drawer: Annotated[list[str] | None, typer.Option("--drawer", "-d", help="Drawer id (repeatable); "
                                                          "none: the workspace's whole archive.")] = None,
     ) -> None:
-        """Bring pruned (archived) drawers back into search exactly as they were."""
+        """Bring the drawers prune archived back into search (what was deleted otherwise stays deleted)."""
         s = settings()
         db, _ = urls(s, nats=False)
         n, elapsed = asyncio.run(_restore(s, db, workspace, list(drawer) if drawer else None, console))

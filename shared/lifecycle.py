@@ -300,13 +300,14 @@ async def run_job(job: Job, *, pool: AsyncConnectionPool, settings: Settings, ho
 async def restore(pool: AsyncConnectionPool, settings: Settings, workspace_id: str,
                   drawer_ids: list[str] | None = None, *, actor: str = "operator",
                   progress: Progress | None = None) -> int:
-    """Bring archived drawers back into search exactly as they were (``drawer_ids`` None: the whole
-    workspace's archive), in batches. Returns how many came back."""
+    """Bring drawers prune archived back into search (``drawer_ids`` None: the whole workspace's archive;
+    drawers deleted otherwise stay deleted), importance raised to the prune threshold so that the next
+    prune does not archive them again, in batches. Returns how many came back."""
     done = 0
     while True:
         async with maintenance_tx(pool) as conn:
             n = await sql.restore_batch(conn, workspace_id, drawer_ids=drawer_ids, limit=settings.maintain_batch,
-                                        actor=actor)
+                                        actor=actor, importance_floor=settings.prune_importance_below)
         done += n
         if progress is not None:
             progress(done, len(drawer_ids) if drawer_ids else None)

@@ -91,19 +91,30 @@ ARCHIVE_SQL = """
         SELECT count(*) FROM hist
         """
 
+# Only what prune archived comes back: a drawer whose deletion is an ARCHIVE record of the same moment
+# (prune writes both in one statement; by index memory_history_drawer). A drawer someone deleted (the API, a
+# curation DELETE) is not the archive's, and stays deleted. A restored drawer's importance is raised to the
+# prune threshold (its old value in the RESTORE record), or the next prune would archive it again.
 RESTORE_SQL = """
-        WITH upd AS (
-            UPDATE drawers d SET deleted_at = NULL
-             WHERE d.workspace_id = %(ws)s
-               AND d.id = ANY(ARRAY(
-                   SELECT id FROM drawers
-                    WHERE workspace_id = %(ws)s AND deleted_at IS NOT NULL
-                      AND (%(ids)s::text[] IS NULL OR id = ANY(%(ids)s::text[]))
-                    ORDER BY deleted_at LIMIT %(n)s FOR UPDATE SKIP LOCKED))
-            RETURNING d.workspace_id, d.id),
+        WITH picked AS (
+            SELECT d.id, d.importance FROM drawers d
+             WHERE d.workspace_id = %(ws)s AND d.deleted_at IS NOT NULL
+               AND (%(ids)s::text[] IS NULL OR d.id = ANY(%(ids)s::text[]))
+               AND EXISTS (SELECT 1 FROM memory_history h
+                            WHERE h.workspace_id = %(ws)s AND h.drawer_id = d.id AND h.created_at = d.deleted_at
+                              AND h.action = 'ARCHIVE')
+             ORDER BY d.deleted_at LIMIT %(n)s FOR UPDATE OF d SKIP LOCKED),
+        upd AS (
+            UPDATE drawers d SET deleted_at = NULL, importance = greatest(d.importance, %(floor)s::real)
+              FROM picked p
+             WHERE d.workspace_id = %(ws)s AND d.id = p.id
+            RETURNING d.workspace_id, d.id, p.importance AS was),
         hist AS (
-            INSERT INTO memory_history (workspace_id, id, drawer_id, action, actor)
-            SELECT workspace_id, 'restore:' || md5(id || clock_timestamp()::text), id, 'RESTORE', %(actor)s FROM upd
+            INSERT INTO memory_history (workspace_id, id, drawer_id, action, actor, old_value, new_value)
+            SELECT workspace_id, 'restore:' || md5(id || clock_timestamp()::text), id, 'RESTORE', %(actor)s,
+                   jsonb_build_object('importance', was),
+                   jsonb_build_object('importance', greatest(was, %(floor)s::real))
+              FROM upd
             RETURNING 1)
         SELECT count(*) FROM hist
         """
@@ -246,12 +257,14 @@ async def archive_batch(
 
 async def restore_batch(
     conn: AsyncConnection[Any], workspace_id: str, *, drawer_ids: list[str] | None, limit: int, actor: str,
+    importance_floor: float = 0.0,
 ) -> int:
-    """Bring archived drawers of the workspace back into search, unchanged (all of them when
-    ``drawer_ids`` is None, a batch at a time). Each gets a RESTORE record in memory_history."""
+    """Bring drawers prune archived back into search (all of them when ``drawer_ids`` is None, a batch
+    at a time), importance raised to ``importance_floor`` (``RESTORE_SQL``). Each gets a RESTORE record in
+    memory_history."""
     cur = await conn.execute(
         RESTORE_SQL,
-        {"ws": workspace_id, "ids": drawer_ids, "n": limit, "actor": actor},
+        {"ws": workspace_id, "ids": drawer_ids, "n": limit, "actor": actor, "floor": importance_floor},
     )
     row = await cur.fetchone()
     return int(row[0]) if row else 0

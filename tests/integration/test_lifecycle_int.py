@@ -118,7 +118,7 @@ SNAPSHOT = """SELECT id, content, content_hash, embedding::text, embedding_model
                 FROM drawers d WHERE workspace_id = %s AND id = ANY(%s) ORDER BY id"""
 
 
-def test_prune_archives_keeps_the_minimum_and_restore_is_exact(stack: Stack) -> None:
+def test_prune_archives_keeps_the_minimum_and_restore_brings_back_only_the_archive(stack: Stack) -> None:
     w, small = ws(), ws()
     low = [{"id": f"low-{i:02d}", "content": f"quokka marmalade note {i}", "importance": 0.1 + i / 100}
            for i in range(20)]
@@ -153,6 +153,9 @@ def test_prune_archives_keeps_the_minimum_and_restore_is_exact(stack: Stack) -> 
     _run(stack, "prune", maintain_batch=4, prune_keep_min=100)
     assert stack.sql("SELECT count(*) FROM drawers WHERE workspace_id = %s AND deleted_at IS NULL", (w,))[0][0] == 100
 
+    # A drawer someone deleted is not the archive's: the whole archive's restore leaves it deleted.
+    stack.sql("UPDATE drawers SET deleted_at = now() WHERE workspace_id = %s AND id = 'high-000' RETURNING 1", (w,))
+
     async def go() -> tuple[int, int]:
         pool = await open_pool(stack.database_url, name="test-restore", max_size=1)
         try:
@@ -164,10 +167,22 @@ def test_prune_archives_keeps_the_minimum_and_restore_is_exact(stack: Stack) -> 
             await pool.close()
 
     assert asyncio.run(go()) == (1, 9)
-    assert stack.sql(SNAPSHOT, (w, low_ids[:10])) == before  # embedding, provenance, scores: all as they were
-    assert stack.sql("SELECT count(*) FROM drawers WHERE workspace_id = %s AND deleted_at IS NOT NULL",
-                     (w,))[0][0] == 0
+    after = stack.sql(SNAPSHOT, (w, low_ids[:10]))
+    imp = 7  # the importance column of SNAPSHOT
+    # Embedding, provenance, counts: all as they were; importance raised to the prune threshold (the old
+    # value in each RESTORE record), or the next prune would archive them again.
+    assert [r[:imp] + r[imp + 1:] for r in after] == [r[:imp] + r[imp + 1:] for r in before]
+    floor = stack.settings.prune_importance_below
+    assert [r[imp] for r in after] == [pytest.approx(max(b[imp], floor)) for b in before]
+    olds = stack.sql("SELECT (old_value->>'importance')::real FROM memory_history WHERE workspace_id = %s"
+                     " AND action = 'RESTORE' ORDER BY drawer_id", (w,))
+    assert [o[0] for o in olds] == [pytest.approx(b[imp]) for b in before]
+    assert stack.sql("SELECT id FROM drawers WHERE workspace_id = %s AND deleted_at IS NOT NULL", (w,)) \
+        == [("high-000",)]
     assert set(archived) <= {h["id"] for h in stack.search(w, "quokka marmalade note", k=30)}
+    _run(stack, "prune", maintain_batch=4, prune_keep_min=100)
+    assert not stack.sql("SELECT id FROM drawers WHERE workspace_id = %s AND deleted_at IS NOT NULL"
+                         " AND id = ANY(%s)", (w, archived)), "restored, then archived again at once"
 
 
 def test_expire_ends_episodes_and_the_archive_past_retention(stack: Stack) -> None:
@@ -299,7 +314,7 @@ def test_every_batch_query_uses_an_index(stack: Stack, big_workspace: str, name:
         "prune_span": (sql.PRUNE_SPAN_SQL, {"ws": w, "id": "d010000", "n": 500, "below": 0.5, "acc": 3}),
         "archive": (sql.ARCHIVE_SQL, {"ws": w, "ids": [f"d{i:06d}" for i in range(1, 500)], "below": 0.5,
                                       "acc": 3}),
-        "restore": (sql.RESTORE_SQL, {"ws": w, "ids": None, "n": 500, "actor": "t"}),
+        "restore": (sql.RESTORE_SQL, {"ws": w, "ids": None, "n": 500, "actor": "t", "floor": 0.5}),
         "expire_episodes": (sql.EXPIRE_EPISODES_SQL, {"ws": w, "n": 500}),
         "oldest_expired_episode": (sql.OLDEST_EXPIRED_EPISODE_SQL, ()),
         "purge_archive": (sql.PURGE_ARCHIVE_SQL, {"ws": w, "ret": s.archive_retention_days * 86400.0, "n": 500}),
@@ -340,7 +355,10 @@ def test_operators_run_each_job_restore_and_forget_from_the_cli(stack: Stack, tm
         assert f"maintain {job}" in r.output
     w = ws()
     _insert(stack, w, [{"id": "a", "content": "archived by hand"}, {"id": "b", "content": "kept as is"}])
-    stack.sql("UPDATE drawers SET deleted_at = now() WHERE workspace_id = %s AND id = 'a' RETURNING 1", (w,))
+    # Archived as prune does it: the deletion and its ARCHIVE record at the same moment.
+    stack.sql("""WITH d AS (UPDATE drawers SET deleted_at = now() WHERE workspace_id = %s AND id = 'a' RETURNING id)
+                 INSERT INTO memory_history (workspace_id, id, drawer_id, action, actor)
+                 SELECT %s, 'archive:a', id, 'ARCHIVE', 'test' FROM d RETURNING 1""", (w, w))
     r = runner.invoke(app, ["restore", "--workspace", w, "--drawer", "a"], env=db_only)
     assert r.exit_code == 0, r.output
     assert stack.sql("SELECT count(*) FROM drawers WHERE workspace_id = %s AND deleted_at IS NULL", (w,))[0][0] == 2
