@@ -227,8 +227,8 @@ class Settings(BaseSettings):
     prune_keep_min: int = Field(100, description="Pruning never leaves a workspace with fewer live drawers.")
     expire_every_s: float = Field(3_600.0, description="Seconds between expiry runs (episodes past expires_at, "
                                   "archived drawers past retention).")
-    archive_retention_days: float = Field(180.0, description="Days a pruned drawer stays restorable in the archive "
-                                          "before expiry deletes it.")
+    archive_retention_days: float = Field(180.0, description="Days a deleted drawer stays restorable (archived by "
+                                          "prune, or deleted through the API or curation) before expiry deletes it.")
 
     # --- HTTP ----------------------------------------------------------------------------------
     api_host: str = Field("127.0.0.1", description="API bind address.")

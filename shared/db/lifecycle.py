@@ -143,6 +143,17 @@ PURGE_ARCHIVE_SQL = """
         del AS (
             DELETE FROM drawers d WHERE d.workspace_id = %(ws)s AND d.id = ANY((SELECT ids FROM pick)::text[])
             RETURNING d.workspace_id, d.id),
+        -- Near-duplicates merged into a purged drawer come back as themselves (hidden for good otherwise),
+        -- and what it superseded is no longer superseded by nothing: as a forget does (indexes
+        -- drawers_cluster, drawers_superseded_by).
+        unmerged AS (
+            UPDATE drawers d SET state = 'processed', cluster_id = NULL, updated_at = now()
+             WHERE d.workspace_id = %(ws)s AND d.cluster_id = ANY((SELECT ids FROM pick)::text[])
+               AND d.state = 'merged' AND NOT (d.id = ANY((SELECT ids FROM pick)::text[]))),
+        unsuperseded AS (
+            UPDATE drawers d SET superseded_by = NULL, updated_at = now()
+             WHERE d.workspace_id = %(ws)s AND d.superseded_by = ANY((SELECT ids FROM pick)::text[])
+               AND NOT (d.id = ANY((SELECT ids FROM pick)::text[]))),
         hist AS (
             INSERT INTO memory_history (workspace_id, id, drawer_id, action, actor, reason)
             SELECT workspace_id, 'purge:' || md5(id || clock_timestamp()::text), id, 'PURGE', 'maintain.expire',

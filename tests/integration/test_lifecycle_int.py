@@ -188,16 +188,25 @@ def test_prune_archives_keeps_the_minimum_and_restore_brings_back_only_the_archi
 def test_expire_ends_episodes_and_the_archive_past_retention(stack: Stack) -> None:
     w = ws()
     _insert(stack, w, [{"id": "gone", "content": "archived long ago"}, {"id": "kept", "content": "archived lately"},
-                       {"id": "live", "content": "live"}])
+                       {"id": "live", "content": "live"}, {"id": "twin", "content": "archived long ago!"},
+                       {"id": "older", "content": "what gone contradicted"}])
     stack.sql("""UPDATE drawers SET deleted_at = now() - make_interval(days => CASE id WHEN 'gone' THEN 200 ELSE 10
                  END) WHERE workspace_id = %s AND id IN ('gone', 'kept') RETURNING 1""", (w,))
+    # A near-duplicate merged into the purged drawer, and a drawer it superseded.
+    stack.sql("UPDATE drawers SET state = 'merged', cluster_id = 'gone' WHERE workspace_id = %s AND id = 'twin'"
+              " RETURNING 1", (w,))
+    stack.sql("UPDATE drawers SET superseded_by = 'gone' WHERE workspace_id = %s AND id = 'older' RETURNING 1", (w,))
     stack.sql("""INSERT INTO episodes (workspace_id, id, session_id, summary, abstract, expires_at) VALUES
                  (%s, 'e-old', 's-old', 'x', 'x', now() - interval '1 day'),
                  (%s, 'e-new', 's-new', 'y', 'y', now() + interval '1 day') RETURNING 1""", (w, w))
     out = _run(stack, "expire", maintain_batch=2)
     assert out["episodes_expired"] >= 1 and out["archive_purged"] >= 1
     assert [r[0] for r in stack.sql("SELECT id FROM drawers WHERE workspace_id = %s ORDER BY id", (w,))] == [
-        "kept", "live"]
+        "kept", "live", "older", "twin"]
+    # Not hidden for good behind a drawer that no longer exists.
+    assert stack.sql("SELECT id, state, cluster_id, superseded_by FROM drawers WHERE workspace_id = %s"
+                     " AND id IN ('older', 'twin') ORDER BY id", (w,)) == [("older", "processed", None, None),
+                                                                        ("twin", "processed", None, None)]
     assert stack.sql("SELECT count(*) FROM drawer_sources WHERE workspace_id = %s AND drawer_id = 'gone'",
                      (w,))[0][0] == 0
     assert [r[0] for r in stack.sql("SELECT id FROM episodes WHERE workspace_id = %s", (w,))] == ["e-new"]
