@@ -248,6 +248,9 @@ async def _forget_batch(pool: AsyncConnectionPool, scope: Scope, session_ids: li
             t.content_hashes |= r.pop("hashes")
             t.episode_ids |= r.pop("episode_ids")
             counts.update(r)
+        # What extraction noted on these episodes and drawers quotes what it read there.
+        counts["kg_notes_scrubbed"] += await sql.scrub_kg_notes(
+            conn, ws, sorted(t.episode_ids | set(_episode_ids(ws, session_ids))), [f["id"] for f in gone])
         remaining = await sql.drawers_with_content(conn, ws, sorted({f["content_hash"] for f in fates}))
         keep = {_ehash(c, s, x) for c, s, x in remaining}
         counts["embedding_cache"] += await sql.drop_cache_entries(conn, ws, sorted(stale), keep)

@@ -594,6 +594,8 @@ async def hashes_still_held(conn: AsyncConnection[Any], workspace_id: str, hashe
 # Per place, the rows that still name what was forgotten (``count_remaining``'s parameters: ws, s
 # sessions, d drawers, h content hashes, eh embedding-text hashes, e episodes, en entities, dh hashes of
 # what curation derived from forgotten drawers, dream_wing, u user, a agent, all whole workspace).
+# Extraction's notes on what it read (migration 0052): the episode, or any of the drawers.
+_KG_NOTES = """action = 'KG_EXTRACT' AND (new_value->>'episode_id' = ANY(%(e)s) OR new_value->'drawers' ?| %(d)s)"""
 _REMAINING: dict[str, str] = {
     "sessions": "SELECT count(*) FROM sessions WHERE workspace_id = %(ws)s AND (%(all)s OR session_id = ANY(%(s)s)"
                 " OR user_id = %(u)s OR agent_id = %(a)s)",
@@ -634,9 +636,23 @@ _REMAINING: dict[str, str] = {
                         " AND (%(all)s OR (metadata -> 'message' -> 'episode_ids') ?| %(e)s::text[])",
     "dreaming_history": "SELECT count(*) FROM memory_history WHERE workspace_id = %(ws)s AND action = 'DREAM'"
                         " AND (new_value -> 'episodes') ?| %(e)s::text[]",
+    "kg_extract_notes": f"SELECT count(*) FROM memory_history WHERE workspace_id = %(ws)s AND {_KG_NOTES}",  # noqa: S608 - constants
     "identities": "SELECT count(*) FROM identities WHERE workspace_id = %(ws)s AND %(all)s",
     "proposal_resolutions": "SELECT count(*) FROM proposal_resolutions WHERE workspace_id = %(ws)s AND %(all)s",
 }
+
+
+SCRUB_KG_NOTES_SQL = f"""UPDATE memory_history SET reason = NULL, old_value = NULL, new_value = NULL
+                          WHERE workspace_id = %(ws)s AND {_KG_NOTES}"""  # noqa: S608 - constants, no input
+
+
+async def scrub_kg_notes(conn: AsyncConnection[Any], workspace_id: str, episode_ids: list[str],
+                         drawer_ids: list[str]) -> int:
+    """Empty extraction's notes (KG_EXTRACT rows) on these episodes or drawers; the rows stay."""
+    if not episode_ids and not drawer_ids:
+        return 0
+    cur = await conn.execute(SCRUB_KG_NOTES_SQL, {"ws": workspace_id, "e": episode_ids, "d": drawer_ids})
+    return cur.rowcount
 
 
 async def count_remaining(conn: AsyncConnection[Any], params: dict[str, Any]) -> dict[str, int]:

@@ -363,8 +363,10 @@ def test_what_forget_reaches_through_migration_0040_it_finds_by_index(stack: Sta
         conn.execute("ANALYZE triple_evidence")
         for q, index in [(sql._RESOURCE_TRIPLES_SQL, "triples_source_drawer"),
                          (sql._REHOME_EVIDENCE_SQL, "triple_evidence_drawer"),
-                         (sql._REHOME_FACTS_SQL, "triples_source_drawer")]:
-            plan = "\n".join(r[0] for r in conn.execute("EXPLAIN " + q, {"ws": w, "ids": ["x"], "s": ["s"]}))
+                         (sql._REHOME_FACTS_SQL, "triples_source_drawer"),
+                         (sql.SCRUB_KG_NOTES_SQL, "memory_history_kg_")]:
+            plan = "\n".join(r[0] for r in conn.execute("EXPLAIN " + q, {"ws": w, "ids": ["x"], "s": ["s"],
+                                                                        "e": ["x"], "d": ["x"]}))
             assert index in plan, plan
         conn.execute("DELETE FROM triple_evidence WHERE workspace_id = %s", (w,))
         conn.execute("DELETE FROM triples WHERE workspace_id = %s", (w,))
@@ -461,3 +463,27 @@ def test_a_fact_someone_else_also_stated_outlives_a_forgotten_drawer(stack: Stac
     result, _ = _run_forget(stack, Scope(w, "drawer", d2))
     assert result.counts["triples"] == 1
     assert stack.sql("SELECT count(*) FROM triples WHERE workspace_id = %s", (w,)) == [(0,)]
+
+
+def test_what_extraction_noted_on_a_forgotten_session_is_scrubbed(stack: Stack) -> None:
+    """Extraction's notes (KG_EXTRACT rows, no drawer_id) quote the names and facts it refused: they are
+    emptied with the episode or drawers they were about, and verify would find one left."""
+    from shared.ids import stable_id
+
+    w = ws()
+    stack.publish(session(w, "s-notes", ["Gwen told me her sister Ines moved to Porto last winter."]))
+    stack.wait_processed(w, 1)
+    (did,) = stack.sql("SELECT id FROM drawers WHERE workspace_id = %s", (w,))[0]
+    episode = stable_id("episode", w, "s-notes")
+    stack.sql("""INSERT INTO memory_history (workspace_id, id, drawer_id, action, actor, reason, new_value) VALUES
+                 (%s, 'kg-1', NULL, 'KG_EXTRACT', 'enrich', 'skipped triple (Ines, moved to, Porto)',
+                  jsonb_build_object('episode_id', %s::text, 'tier', 'llm')),
+                 (%s, 'kg-2', NULL, 'KG_EXTRACT', 'enrich', 'skipped entity Gwen',
+                  jsonb_build_object('drawers', jsonb_build_array(%s::text), 'tier', 'llm')),
+                 (%s, 'kg-3', NULL, 'KG_EXTRACT', 'enrich', 'about another session',
+                  jsonb_build_object('episode_id', 'other', 'tier', 'llm')) RETURNING 1""",
+              (w, episode, w, did, w))
+    result, remaining = _run_forget(stack, Scope(w, "session", "s-notes"))
+    assert result.counts["kg_notes_scrubbed"] == 2 and remaining["kg_extract_notes"] == 0
+    assert stack.sql("SELECT id, reason FROM memory_history WHERE workspace_id = %s AND action = 'KG_EXTRACT'"
+                     " ORDER BY id", (w,)) == [("kg-1", None), ("kg-2", None), ("kg-3", "about another session")]
