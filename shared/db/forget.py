@@ -226,6 +226,58 @@ _RESOURCE_TRIPLES_SQL = """
      WHERE t.workspace_id = %(ws)s AND t.id = e.triple_id"""
 
 
+MERGES_NAMING_SQL = """SELECT id, survivor_id, merged_id, snapshot, status FROM entity_merges
+                         WHERE workspace_id = %(ws)s AND snapshot->'mentions' ?| %(ids)s::text[]
+                         ORDER BY id FOR UPDATE"""
+
+
+async def _forget_in_entity_merges(conn: AsyncConnection[Any], workspace_id: str, ids: list[str]) -> dict[str, Any]:
+    """Entity dedup moved a merged entity's mentions and facts to the survivor and kept them in the merge's
+    snapshot for an exact revert (its name, aliases, the drawers that mentioned it, its facts). For each
+    merge whose snapshot names these drawers (by index: migration 0053): the drawers and the facts read in
+    them leave the snapshot; and where nothing that still exists ever mentioned the merged entity, it is
+    forgotten itself: its row, the aliases the merge gave the survivor, the merge and its audit row's
+    content (a revert could otherwise bring the name back)."""
+    cur = await conn.execute(MERGES_NAMING_SQL, {"ws": workspace_id, "ids": ids})
+    rows = await cur.fetchall()
+    out: dict[str, Any] = {"scrubbed": 0, "entities": []}
+    forgotten_ids = set(ids)
+    for merge_id, survivor, loser, snap, status in rows:
+        left = [m for m in snap.get("mentions", []) if m not in forgotten_ids]
+        if left:
+            cur = await conn.execute("SELECT id FROM drawers WHERE workspace_id = %s AND id = ANY(%s)",
+                                     (workspace_id, left))
+            left = [r[0] for r in await cur.fetchall()]
+        # A reverted merge's entity lives on its own again: forget's usual path decides about it.
+        if left or status != "merged":
+            kept = [t for t in snap.get("triples", []) if t.get("source_drawer") not in forgotten_ids]
+            kept_ids = {t["id"] for t in kept}
+            snap = {**snap, "mentions": [m for m in snap["mentions"] if m not in forgotten_ids],
+                    "mentions_added": [m for m in snap.get("mentions_added", []) if m not in forgotten_ids],
+                    "triples": kept,
+                    "absorbed": {k: v for k, v in snap.get("absorbed", {}).items() if k in kept_ids}}
+            await conn.execute("UPDATE entity_merges SET snapshot = %s WHERE workspace_id = %s AND id = %s",
+                               (Jsonb(snap), workspace_id, merge_id))
+            out["scrubbed"] += 1
+            continue
+        added = list(snap.get("aliases_added", []))
+        if added:
+            await conn.execute("DELETE FROM entity_aliases WHERE workspace_id = %s AND entity_id = %s"
+                               " AND alias_key = ANY(%s)", (workspace_id, survivor, added))
+        await conn.execute("DELETE FROM entity_merges WHERE workspace_id = %s AND id = %s", (workspace_id, merge_id))
+        await conn.execute("DELETE FROM entity_flags WHERE workspace_id = %s AND (entity_a = %s OR entity_b = %s)",
+                           (workspace_id, loser, loser))
+        await conn.execute(
+            "UPDATE memory_history SET reason = NULL, old_value = NULL, new_value = NULL"
+            " WHERE workspace_id = %s AND id = %s",
+            (workspace_id, history_id_for(workspace_id, f"entity-merge:{merge_id}", None, "ENTITY_MERGE")))
+        cur = await conn.execute("DELETE FROM entities WHERE workspace_id = %s AND id = %s AND merged_into IS NOT NULL"
+                                 " RETURNING id", (workspace_id, loser))
+        out["entities"] += [r[0] for r in await cur.fetchall()]
+        out["scrubbed"] += 1
+    return out
+
+
 async def delete_drawers(conn: AsyncConnection[Any], workspace_id: str, ids: list[str]) -> dict[str, Any]:
     """Delete drawers with everything derived from them: entity mentions (and entities left with none,
     with their triples), triples sourced from them, their provenance (cascade); scrub the content
@@ -251,6 +303,8 @@ async def delete_drawers(conn: AsyncConnection[Any], workspace_id: str, ids: lis
         "DELETE FROM entity_mentions WHERE workspace_id = %(ws)s AND drawer_id = ANY(%(ids)s) RETURNING entity_id", p)
     touched = sorted({r[0] for r in await cur.fetchall()})
     out["entity_mentions"] = cur.rowcount
+    merged_gone = await _forget_in_entity_merges(conn, workspace_id, ids)
+    out["entity_merges_scrubbed"] = merged_gone.pop("scrubbed")
     # A fact another drawer also stated stays, sourced from that statement (its evidence row; the forgotten
     # drawer's went with it, by cascade); one only these drawers stated goes.
     cur = await conn.execute(_RESOURCE_TRIPLES_SQL, p)
@@ -280,6 +334,9 @@ async def delete_drawers(conn: AsyncConnection[Any], workspace_id: str, ids: lis
             out["entity_flags"] = cur.rowcount
         out["entities"] = len(gone)
         out["entity_ids"] = set(gone)
+    if merged_gone["entities"]:
+        out["entities"] = out.get("entities", 0) + len(merged_gone["entities"])
+        out["entity_ids"] = set(out.get("entity_ids", set())) | set(merged_gone["entities"])
         if gone:
             cur = await conn.execute(
                 """DELETE FROM triples WHERE workspace_id = %(ws)s

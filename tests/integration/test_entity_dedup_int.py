@@ -341,3 +341,44 @@ async def test_a_chain_of_merges_resolves_to_its_end_on_write(pool: AsyncConnect
                      (w,)) == [(e["Bobby"],)]
     assert stack.sql("SELECT count(*) FROM entities WHERE workspace_id = %s AND merged_into IS NOT NULL",
                      (w,)) == [(0,)]
+
+
+async def test_forgetting_what_named_a_merged_entity_reaches_the_merge(pool: AsyncConnectionPool, stack: Stack) -> None:
+    """Dedup moved the merged entity's mentions to the survivor and kept them, with its name and aliases, in
+    the merge for a revert. Forgetting the only drawer that named it forgets it there too (no revert can
+    bring the name back); forgetting one of several leaves the merge, without that drawer."""
+    from shared.forget import Scope, forget
+    from shared.kg_dedup import operator_merge
+
+    w = ws()
+    e = {n: entity_id(w, n) for n in ("Robert", "Bobby", "Rob")}
+    async with workspace_tx(pool, w) as c:
+        await ensure_entities(c, w, [(n, "person") for n in e])
+    stack.sql("INSERT INTO drawers (workspace_id, id, content, content_hash) SELECT %s, d, 'text of ' || d, d"
+              " FROM unnest('{d-1,d-2,d-3,d-4}'::text[]) d RETURNING 1", (w,))
+    stack.sql("INSERT INTO entity_mentions (workspace_id, entity_id, drawer_id) VALUES (%s, %s, 'd-1'),"
+              " (%s, %s, 'd-2'), (%s, %s, 'd-3'), (%s, %s, 'd-4') RETURNING 1",
+              (w, e["Robert"], w, e["Bobby"], w, e["Rob"], w, e["Rob"]))
+    only = await operator_merge(pool, w, e["Robert"], e["Bobby"], actor="test")
+    several = await operator_merge(pool, w, e["Robert"], e["Rob"], actor="test")
+    assert {r[0] for r in stack.sql("SELECT alias FROM entity_aliases WHERE workspace_id = %s AND entity_id = %s",
+                                    (w, e["Robert"]))} >= {"Bobby", "Rob"}
+
+    async def drop(drawer: str) -> dict[str, int]:
+        return dict((await forget(pool, stack.settings, stack.nats_url, Scope(w, "drawer", drawer),
+                                  requested_by="test")).counts)
+
+    counts = await drop("d-2")
+    assert counts["entity_merges_scrubbed"] == 1
+    assert stack.sql("SELECT id FROM entities WHERE workspace_id = %s AND id = %s", (w, e["Bobby"])) == []
+    assert stack.sql("SELECT id FROM entity_merges WHERE workspace_id = %s ORDER BY id", (w,)) == [(several,)]
+    aliases = {r[0] for r in stack.sql("SELECT alias FROM entity_aliases WHERE workspace_id = %s", (w,))}
+    assert "Bobby" not in aliases and "Rob" in aliases
+    assert stack.sql("SELECT count(*) FROM memory_history WHERE workspace_id = %s AND action = 'ENTITY_MERGE'"
+                     " AND (old_value::text LIKE '%%Bobby%%' OR new_value::text LIKE %s)", (w, f"%{only}%")) == [(0,)]
+    counts = await drop("d-3")
+    assert counts["entity_merges_scrubbed"] == 1
+    (snap,) = stack.sql("SELECT snapshot FROM entity_merges WHERE workspace_id = %s AND id = %s", (w, several))[0]
+    assert snap["mentions"] == ["d-4"]
+    assert stack.sql("SELECT merged_into FROM entities WHERE workspace_id = %s AND id = %s",
+                     (w, e["Rob"])) == [(e["Robert"],)]

@@ -359,15 +359,23 @@ def test_what_forget_reaches_through_migration_0040_it_finds_by_index(stack: Sta
             conn.execute("SET LOCAL session_replication_role = replica")
             conn.execute("""INSERT INTO triple_evidence (workspace_id, triple_id, drawer_id, confidence, session_id)
                             SELECT %s, 't' || i, 'd' || i, 1, 's' || i FROM generate_series(1, 3000) i""", (w,))
+        conn.execute("""INSERT INTO entity_merges (workspace_id, id, survivor_id, merged_id, rule, reason, snapshot,
+                                                   actor)
+                        SELECT %s, 'm' || i, 'a' || i, 'b' || i, 'operator', 'x',
+                               jsonb_build_object('mentions', jsonb_build_array('d' || i)), 't'
+                          FROM generate_series(1, 3000) i""", (w,))
         conn.execute("ANALYZE triples")
         conn.execute("ANALYZE triple_evidence")
+        conn.execute("ANALYZE entity_merges")
         for q, index in [(sql._RESOURCE_TRIPLES_SQL, "triples_source_drawer"),
                          (sql._REHOME_EVIDENCE_SQL, "triple_evidence_drawer"),
                          (sql._REHOME_FACTS_SQL, "triples_source_drawer"),
-                         (sql.SCRUB_KG_NOTES_SQL, "memory_history_kg_")]:
+                         (sql.SCRUB_KG_NOTES_SQL, "memory_history_kg_"),
+                         (sql.MERGES_NAMING_SQL, "entity_merges_mentions")]:
             plan = "\n".join(r[0] for r in conn.execute("EXPLAIN " + q, {"ws": w, "ids": ["x"], "s": ["s"],
                                                                         "e": ["x"], "d": ["x"]}))
             assert index in plan, plan
+        conn.execute("DELETE FROM entity_merges WHERE workspace_id = %s", (w,))
         conn.execute("DELETE FROM triple_evidence WHERE workspace_id = %s", (w,))
         conn.execute("DELETE FROM triples WHERE workspace_id = %s", (w,))
 
