@@ -25,11 +25,13 @@ import structlog
 from faststream.nats import NatsBroker
 from nats.js.errors import NotFoundError
 from pydantic import ValidationError
+from tenacity import AsyncRetrying, retry_if_exception, stop_after_delay, wait_exponential_jitter
 
 from shared import metrics, tracing
 from shared.config import Settings
 from shared.consumers import CONSUMERS, Poison, consumer_config, pipeline_subjects
 from shared.events import DeadLetterInfo, Event, payload_ids
+from shared.faults import is_transient
 from shared.logging import get_logger
 
 __all__ = [
@@ -41,6 +43,7 @@ __all__ = [
     "decode_event",
     "ensure_streams",
     "publish_event",
+    "publish_held",
     "session_limit_problem",
     "stream_configs",
     "stream_usage",
@@ -196,6 +199,21 @@ async def publish_event(
             stream=settings.stream_name,
             timeout=10.0,
         )
+
+
+async def publish_held(
+    broker: NatsBroker, settings: Settings, event: Event, *, caused_by: Event | None = None
+) -> None:
+    """``publish_event`` after work too costly to repeat (a model's answer, committed): while NATS cannot
+    take the event (reconnecting, a publish timing out) it is published again here, with backoff, for up to
+    ``dependency_wait_s``. Raised to the handler instead, the consumer loop would hold and run the whole
+    handler again, asking the model again each time; the event id makes a repeat harmless."""
+    async for attempt in AsyncRetrying(
+        retry=retry_if_exception(is_transient), stop=stop_after_delay(settings.dependency_wait_s),
+        wait=wait_exponential_jitter(multiplier=0.25, max=settings.dependency_retry_max_s), reraise=True,
+    ):
+        with attempt:
+            await publish_event(broker, settings, event, caused_by=caused_by)
 
 
 def _header_value(value: object) -> str:

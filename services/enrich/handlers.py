@@ -11,7 +11,7 @@ from psycopg import AsyncConnection
 
 from services._runtime import Deps, ack_once, decode_batch, leased_rounds
 from shared.adapters.llm import LlmClient, LlmError, Usage
-from shared.bus import Poison, decode_event, publish_event
+from shared.bus import Poison, decode_event, publish_held
 from shared.consumers import consumer_for
 from shared.db.curation import record_usage
 from shared.db.drawers import record_history
@@ -154,7 +154,7 @@ async def complete_episode(deps: Deps, workspace_id: str, session_id: str, *,
     # Commit, then publish, then record it: a crash in between publishes again (same event id, so
     # JetStream's duplicate window drops it and consumers are idempotent anyway), never loses it.
     episode_id = stable_id("episode", workspace_id, session_id)
-    await publish_event(deps.broker, deps.settings, EpisodicCreated(
+    await publish_held(deps.broker, deps.settings, EpisodicCreated(
         event_id=event_id_for("episodic.created", episode_id, ready["source_hash"] or ""),
         workspace_id=workspace_id, episode_id=episode_id, session_id=session_id, summary=ready["summary"],
         abstract=ready["abstract"], topics=list(ready["topics"]),
@@ -301,7 +301,7 @@ async def extract_episode(deps: Deps, llm: LlmClient | None, ev: EpisodicCreated
     ids = sorted(stored.entities)
     async with workspace_tx(deps.pool, ev.workspace_id) as conn:
         await refresh_entities(conn, ev.workspace_id, ids)
-    await publish_event(deps.broker, s, EntityUpserted(
+    await publish_held(deps.broker, s, EntityUpserted(
         event_id=event_id_for("entity.upserted", ev.event_id), workspace_id=ev.workspace_id,
         entity_ids=ids, names=[stored.entities[i] for i in ids], source_episode_id=ev.episode_id,
     ))
@@ -351,7 +351,7 @@ async def extract_episodes(deps: Deps, events: list[EpisodicCreated]) -> dict[st
         if got is None or not got.entities:
             continue
         ids = sorted(got.entities)
-        await publish_event(deps.broker, deps.settings, EntityUpserted(
+        await publish_held(deps.broker, deps.settings, EntityUpserted(
             event_id=event_id_for("entity.upserted", ev.event_id), workspace_id=ev.workspace_id,
             entity_ids=ids, names=[got.entities[e] for e in ids], source_episode_id=ev.episode_id,
         ), caused_by=ev)
@@ -465,7 +465,7 @@ async def extract_due_drawers(
         ids = sorted(stored.entities)
         async with workspace_tx(deps.pool, workspace_id) as conn:
             await refresh_entities(conn, workspace_id, ids)
-        await publish_event(deps.broker, s, EntityUpserted(
+        await publish_held(deps.broker, s, EntityUpserted(
             event_id=event_id_for("entity.upserted", "drawers", workspace_id, *sorted(wanted)),
             workspace_id=workspace_id, entity_ids=ids, names=[stored.entities[i] for i in ids],
         ))

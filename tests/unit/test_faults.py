@@ -91,3 +91,38 @@ def test_a_batch_retried_in_place_leaves_out_what_a_former_run_settled() -> None
     events = asyncio.run(decode_batch(deps, SessionStored, bodies, raws))  # type: ignore[arg-type]
     assert [raw for _, raw in events] == [raws[2]]
     assert [r.acks for r in raws] == [0, 0, 0]
+
+
+def test_a_publish_after_costly_work_is_held_through_an_outage_not_redone() -> None:
+    """After a model's answer is committed, the event is published again in place while NATS is away
+    (the handler is not run again, so the model is not asked again); an error of the event's own is not
+    retried."""
+    import asyncio
+
+    from nats.errors import ConnectionReconnectingError
+
+    from shared.bus import publish_held
+    from shared.config import Settings
+    from shared.events import SessionStored
+
+    class Broker:
+        def __init__(self, failures: list[BaseException]) -> None:
+            self.failures, self.sent = failures, 0
+
+        async def publish(self, data: bytes, **kw: object) -> None:
+            if self.failures:
+                raise self.failures.pop(0)
+            self.sent += 1
+
+    ev = SessionStored(event_id="e1", workspace_id="w", session_id="s", message_count=1, drawer_ids=["d"])
+    s = Settings(dependency_retry_max_s=0.05)
+    outage = Broker([ConnectionReconnectingError(), ConnectionReconnectingError()])
+    asyncio.run(publish_held(outage, s, ev))  # type: ignore[arg-type]
+    assert outage.sent == 1 and not outage.failures
+    own = Broker([ValueError("bad"), ConnectionReconnectingError()])
+    try:
+        asyncio.run(publish_held(own, s, ev))  # type: ignore[arg-type]
+        raise AssertionError("not raised")
+    except ValueError:
+        pass
+    assert own.sent == 0 and len(own.failures) == 1
