@@ -334,15 +334,15 @@ async def delete_drawers(conn: AsyncConnection[Any], workspace_id: str, ids: lis
             out["entity_flags"] = cur.rowcount
         out["entities"] = len(gone)
         out["entity_ids"] = set(gone)
-    if merged_gone["entities"]:
-        out["entities"] = out.get("entities", 0) + len(merged_gone["entities"])
-        out["entity_ids"] = set(out.get("entity_ids", set())) | set(merged_gone["entities"])
         if gone:
             cur = await conn.execute(
                 """DELETE FROM triples WHERE workspace_id = %(ws)s
                      AND (subject_id = ANY(%(e)s) OR object_id = ANY(%(e)s))""", {"ws": workspace_id, "e": gone})
             out["triples"] += cur.rowcount
         await recount_entities(conn, workspace_id, sorted(set(touched) - set(gone)))
+    if merged_gone["entities"]:
+        out["entities"] = out.get("entities", 0) + len(merged_gone["entities"])
+        out["entity_ids"] = set(out.get("entity_ids", set())) | set(merged_gone["entities"])
     cur = await conn.execute(
         """UPDATE memory_history SET reason = NULL, old_value = NULL, new_value = NULL
             WHERE workspace_id = %(ws)s AND drawer_id = ANY(%(ids)s)
