@@ -64,6 +64,14 @@ class Stack:
             return sum(by.values()) >= n_drawers and not by.get("raw")
         wait_for(done, timeout, f"{n_drawers} processed drawers in {workspace}")
 
+    def processed_drawer(self, workspace: str, content: str, timeout: float = 60) -> tuple[str, str, str]:
+        """(id, wing, room) of the drawer holding ``content`` once the pipeline has processed it."""
+        def ready() -> tuple[str, str, str] | None:
+            rows = self.sql("SELECT id, wing, room, state FROM drawers WHERE workspace_id = %s AND content = %s",
+                            (workspace, content))
+            return (rows[0][0], rows[0][1], rows[0][2]) if rows and rows[0][3] == "processed" else None
+        return wait_for(ready, timeout, f"the drawer of {content[:30]!r} to be processed")
+
 
 def api_key_for(stack: Stack, workspace: str, name: str = "test") -> str:
     """A fresh API key of ``workspace``, created the way `palace apikey create` does (scoped transaction)."""

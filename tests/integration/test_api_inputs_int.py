@@ -12,7 +12,7 @@ from services.api.app import create_app
 from shared.config import Settings
 from shared.memory.citations import cite
 from shared.security import generate_key
-from tests.integration.helpers import Stack, api_key_for, session, wait_for, ws
+from tests.integration.helpers import Stack, api_key_for, session, ws
 
 pytestmark = pytest.mark.integration
 
@@ -21,21 +21,13 @@ def _settings(stack: Stack, **overrides: object) -> Settings:
     return Settings(database_url=stack.database_url, nats_url=stack.nats_url, **overrides)  # type: ignore[arg-type]
 
 
-def _processed(stack: Stack, w: str, content: str) -> tuple[str, str, str]:
-    def ready() -> tuple[str, str, str] | None:
-        rows = stack.sql("SELECT id, wing, room, state FROM drawers WHERE workspace_id = %s AND content = %s",
-                         (w, content))
-        return (rows[0][0], rows[0][1], rows[0][2]) if rows and rows[0][3] == "processed" else None
-    return wait_for(ready, 60, f"the drawer of {content[:30]!r} to be processed")
-
-
 def test_forget_by_citation_erases_the_drawer_it_names(stack: Stack) -> None:
     w = ws()
     keep = "The quarterly report goes to the finance team every first Monday of the month."
     secret = "My home alarm code is the year my grandmother was born, written backwards on a sticky note."
     stack.publish(session(w, "s-cite", [keep, secret]))
-    drawer_id, wing, room = _processed(stack, w, secret)
-    _processed(stack, w, keep)
+    drawer_id, wing, room = stack.processed_drawer(w, secret)
+    stack.processed_drawer(w, keep)
     with TestClient(create_app(_settings(stack))) as c:
         r = c.post("/v1/forget", json={"workspace_id": w, "drawer_id": cite(wing, room, drawer_id), "verify": True})
         assert r.status_code == 200, r.text

@@ -77,15 +77,6 @@ def authed_api(stack: Stack) -> Iterator[str]:
         thread.join(15)
 
 
-def _processed(stack: Stack, w: str, content: str) -> tuple[str, str, str]:
-    """(id, wing, room) of the drawer holding ``content`` once the pipeline has processed it."""
-    def ready() -> tuple[str, str, str] | None:
-        rows = stack.sql("SELECT id, wing, room, state FROM drawers WHERE workspace_id = %s AND content = %s",
-                         (w, content))
-        return (rows[0][0], rows[0][1], rows[0][2]) if rows and rows[0][3] == "processed" else None
-    return wait_for(ready, 60, f"the drawer of {content[:30]!r} to be processed")
-
-
 def test_browse_search_and_delete_in_chromium(stack: Stack, chromium: str, authed_api: str) -> None:
     from playwright.sync_api import expect, sync_playwright
 
@@ -95,9 +86,9 @@ def test_browse_search_and_delete_in_chromium(stack: Stack, chromium: str, authe
     stack.publish(session(w, "s-browser-1", TEXTS))
     stack.publish(session(w, "s-browser-2", ["The weekly planning meeting moved to Tuesday at ten in room four."],
                           agent_id="planner"))
-    drawer_id, wing, room = _processed(stack, w, TARGET)
-    hostile_id, hostile_wing, hostile_room = _processed(stack, w, HOSTILE)
-    _processed(stack, w, "The weekly planning meeting moved to Tuesday at ten in room four.")
+    drawer_id, wing, room = stack.processed_drawer(w, TARGET)
+    hostile_id, hostile_wing, hostile_room = stack.processed_drawer(w, HOSTILE)
+    stack.processed_drawer(w, "The weekly planning meeting moved to Tuesday at ten in room four.")
     # The session's first message is filler-free but short enough to be filed too or not; either way
     # the page must agree with the API's own taxonomy, which is what the browser is checked against.
     tax = httpx.get(f"{authed_api}/v1/workspaces/{w}/palace/taxonomy", headers={"Authorization": f"Bearer {key}"},
@@ -232,7 +223,7 @@ def test_palace_endpoints_scope_and_page(stack: Stack, authed_api: str) -> None:
     texts = [f"Page test memory number {i}: the shelf in the archive holds box {i * 7} of the ledgers." for i in
              range(7)]
     stack.publish(session(w, "s-pages", texts, agent_id="archivist"))
-    ids = {_processed(stack, w, t)[0] for t in texts}
+    ids = {stack.processed_drawer(w, t)[0] for t in texts}
     auth = {"Authorization": f"Bearer {key}"}
     base = f"{authed_api}/v1/workspaces"
     with httpx.Client(timeout=10) as c:
