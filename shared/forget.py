@@ -227,6 +227,18 @@ async def _forget_batch(pool: AsyncConnectionPool, scope: Scope, session_ids: li
             after = await sql.clear_context_after(conn, ws, [(s, q) for _, s, q in rows])
             counts["contexts_cleared"] += len(after)
             stale |= {_ehash(content, speaker, context) for _, content, speaker, context in after}
+            # A long message's other chunks overlap the forgotten one: they go with the message, unless they
+            # were also cut from a message that stays (then only these sightings go).
+            siblings = await sql.message_siblings(conn, ws, [(s, q) for _, s, q in rows], [f["id"] for f in gone])
+            counts["chunks_with_message"] += len(siblings)
+            fates = fates + siblings
+            gone = gone + [f for f in siblings if not f["shared"]]
+            kept_chunks = [f for f in siblings if f["shared"]]
+            stale |= {_ehash(f["content"], f["speaker"], f["context"]) for f in siblings
+                      if not f["shared"] or (f["first_here"] and f["context"])}
+            counts["drawer_sightings_detached"] += await sql.detach_drawers(
+                conn, ws, [f["id"] for f in kept_chunks], [s for _, s, _ in rows],
+                [f["id"] for f in kept_chunks if f["first_here"]], seqs=[q for _, _, q in rows])
             cut = sorted({s for _, s, _ in rows})
             # Their episodes quote the drawer, and so may what dreaming made of those episodes: those
             # sessions are forgotten next, by the caller.

@@ -440,11 +440,13 @@ _REPOINT_SQL = """
     RETURNING d.id, ss.metadata, ss.agent_id"""
 
 # Evidence (by index: triple_evidence_drawer) and facts (triples_source_drawer) of kept drawers that name a
-# forgotten session take the drawer's surviving sighting and its time instead.
+# forgotten session (or, with the messages' seqs in %(q)s, one of these forgotten messages) take the drawer's
+# surviving sighting and its time instead.
 _REHOME_EVIDENCE_SQL = """
     UPDATE triple_evidence v SET session_id = d.session_id, seq = d.seq, said_at = d.occurred_at, episode_id = NULL
       FROM drawers d
      WHERE v.workspace_id = %(ws)s AND v.drawer_id = ANY(%(ids)s) AND v.session_id = ANY(%(s)s)
+       AND (%(q)s::int[] IS NULL OR (v.session_id, v.seq) IN (SELECT * FROM unnest(%(s)s::text[], %(q)s::int[])))
        AND d.workspace_id = %(ws)s AND d.id = v.drawer_id"""
 _REHOME_FACTS_SQL = """
     UPDATE triples t SET source_session = d.session_id, source_seq = d.seq, source_episode = NULL,
@@ -453,6 +455,8 @@ _REHOME_FACTS_SQL = """
                                            ELSE d.occurred_at END
       FROM drawers d
      WHERE t.workspace_id = %(ws)s AND t.source_drawer = ANY(%(ids)s) AND t.source_session = ANY(%(s)s)
+       AND (%(q)s::int[] IS NULL
+            OR (t.source_session, t.source_seq) IN (SELECT * FROM unnest(%(s)s::text[], %(q)s::int[])))
        AND d.workspace_id = %(ws)s AND d.id = t.source_drawer"""
 
 _REFILE_SQL = """
@@ -462,16 +466,20 @@ _REFILE_SQL = """
 
 
 async def detach_drawers(conn: AsyncConnection[Any], workspace_id: str, ids: list[str], session_ids: list[str],
-                         repoint: list[str]) -> int:
+                         repoint: list[str], *, seqs: list[int] | None = None) -> int:
     """Drawers whose text was also said in a surviving session: drop the forgotten sightings; those
     first seen in a forgotten session take what it gave them from the earliest surviving sighting
     (``_REPOINT_SQL``): a forgotten user's name, agent wing, time or message metadata must not stay on
-    a drawer someone else's words keep."""
+    a drawer someone else's words keep. With ``seqs``, what is forgotten is the messages
+    (session_ids[i], seqs[i]), not whole sessions."""
     if not ids:
         return 0
+    p = {"ws": workspace_id, "ids": ids, "s": session_ids, "q": seqs}
     cur = await conn.execute(
-        "DELETE FROM drawer_sources WHERE workspace_id = %s AND drawer_id = ANY(%s) AND session_id = ANY(%s)",
-        (workspace_id, ids, session_ids))
+        """DELETE FROM drawer_sources
+            WHERE workspace_id = %(ws)s AND drawer_id = ANY(%(ids)s) AND session_id = ANY(%(s)s)
+              AND (%(q)s::int[] IS NULL OR (session_id, seq) IN (SELECT * FROM unnest(%(s)s::text[], %(q)s::int[])))""",
+        p)
     n = cur.rowcount
     if repoint:
         cur = await conn.execute(_REPOINT_SQL, {"ws": workspace_id, "ids": repoint})
@@ -482,7 +490,6 @@ async def detach_drawers(conn: AsyncConnection[Any], workspace_id: str, ids: lis
                 "ws": workspace_id, "ids": [p[0] for p in places], "wings": [p[1] for p in places],
                 "rooms": [p[2] or "general" for p in places], "halls": [p[3] for p in places]})
     # What the graph read in these drawers stays (the words are still said), said where they now come from.
-    p = {"ws": workspace_id, "ids": ids, "s": session_ids}
     await conn.execute(_REHOME_EVIDENCE_SQL, p)
     await conn.execute(_REHOME_FACTS_SQL, p)
     return n
@@ -594,6 +601,34 @@ async def delete_drawer_messages(conn: AsyncConnection[Any], workspace_id: str,
               AND m.workspace_id = s.workspace_id AND m.session_id = s.session_id AND m.seq = s.seq
            RETURNING m.content_hash, m.session_id, m.seq""", {"ws": workspace_id, "ids": drawer_ids})
     return [(r[0], r[1], r[2]) for r in await cur.fetchall()]
+
+
+# The other drawers cut from deleted messages: a long message's chunks overlap their neighbours, so each
+# holds some of a forgotten chunk's text. Per drawer, ``drawer_fates``'s fields: "first_here" when the
+# drawer's own sighting is one of these messages, "shared" when it was also cut from a message that stays.
+_SIBLINGS_SQL = """
+    WITH cut(session_id, seq) AS (SELECT * FROM unnest(%(s)s::text[], %(q)s::int[]))
+    SELECT d.id, d.content, d.speaker, d.context, d.content_hash, d.embedding,
+           EXISTS (SELECT 1 FROM cut WHERE cut.session_id = d.session_id AND cut.seq = d.seq),
+           EXISTS (SELECT 1 FROM drawer_sources o
+                    WHERE o.workspace_id = d.workspace_id AND o.drawer_id = d.id
+                      AND NOT EXISTS (SELECT 1 FROM cut WHERE cut.session_id = o.session_id AND cut.seq = o.seq))
+      FROM drawers d
+     WHERE d.workspace_id = %(ws)s AND NOT (d.id = ANY(%(ids)s))
+       AND d.id IN (SELECT s.drawer_id FROM drawer_sources s JOIN cut
+                        ON s.session_id = cut.session_id AND s.seq = cut.seq
+                     WHERE s.workspace_id = %(ws)s)"""
+
+
+async def message_siblings(conn: AsyncConnection[Any], workspace_id: str, cut: list[tuple[str, int]],
+                           forgotten: list[str]) -> list[dict[str, Any]]:
+    """``_SIBLINGS_SQL`` for these deleted messages, (session_id, seq) each, besides ``forgotten``."""
+    if not cut:
+        return []
+    cur = await conn.execute(_SIBLINGS_SQL, {"ws": workspace_id, "s": [c[0] for c in cut],
+                                             "q": [c[1] for c in cut], "ids": forgotten})
+    cols = ("id", "content", "speaker", "context", "content_hash", "embedding", "first_here", "shared")
+    return [dict(zip(cols, r, strict=True)) for r in await cur.fetchall()]
 
 
 # The turn after a deleted message was embedded with that message as its context (``filing.plan_session``):

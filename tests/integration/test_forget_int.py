@@ -371,9 +371,10 @@ def test_what_forget_reaches_through_migration_0040_it_finds_by_index(stack: Sta
                          (sql._REHOME_EVIDENCE_SQL, "triple_evidence_drawer"),
                          (sql._REHOME_FACTS_SQL, "triples_source_drawer"),
                          (sql.SCRUB_KG_NOTES_SQL, "memory_history_kg_"),
-                         (sql.MERGES_NAMING_SQL, "entity_merges_mentions")]:
+                         (sql.MERGES_NAMING_SQL, "entity_merges_mentions"),
+                         (sql._SIBLINGS_SQL, "drawer_sources_session")]:
             plan = "\n".join(r[0] for r in conn.execute("EXPLAIN " + q, {"ws": w, "ids": ["x"], "s": ["s"],
-                                                                        "e": ["x"], "d": ["x"]}))
+                                                                        "q": [0], "e": ["x"], "d": ["x"]}))
             assert index in plan, plan
         conn.execute("DELETE FROM entity_merges WHERE workspace_id = %s", (w,))
         conn.execute("DELETE FROM triple_evidence WHERE workspace_id = %s", (w,))
@@ -495,3 +496,58 @@ def test_what_extraction_noted_on_a_forgotten_session_is_scrubbed(stack: Stack) 
     assert result.counts["kg_notes_scrubbed"] == 2 and remaining["kg_extract_notes"] == 0
     assert stack.sql("SELECT id, reason FROM memory_history WHERE workspace_id = %s AND action = 'KG_EXTRACT'"
                      " ORDER BY id", (w,)) == [("kg-1", None), ("kg-2", None), ("kg-3", "about another session")]
+
+
+def test_forgetting_one_chunk_of_a_long_message_forgets_the_message_whole(stack: Stack) -> None:
+    """A long message is filed as overlapping chunks, so each holds some of its neighbours' text: forgetting
+    one chunk forgets the message with every chunk cut from it. A chunk someone also said on its own stays,
+    as theirs (only its sighting in the forgotten message goes)."""
+    from shared.memory.chunking import chunk_text
+
+    w = ws()
+    sentences = [f"Sentence {i} of the lease notes: the {uuid.uuid4().hex[:8]} clause covers the boiler, "
+                 f"the garden and the shed at number {i}." for i in range(24)]
+    long = " ".join(sentences)
+    chunks = [c.text for c in chunk_text(long, stack.settings.chunk_chars, stack.settings.chunk_overlap)]
+    assert len(chunks) >= 3
+    stack.publish({"workspace_id": w, "session_id": "lease", "user_id": "gwen",
+                   "messages": [{"role": "user", "name": "Gwen", "content": "Here are my lease notes."},
+                                {"role": "user", "name": "Gwen", "content": long},
+                                {"role": "assistant", "content": "Thanks, I have filed the lease notes."}],
+                   "started_at": "2026-10-01T09:00:00Z", "completed_at": "2026-10-01T09:05:00Z"})
+    stack.wait_processed(w, 2 + len(chunks))
+    # Hal quotes the last chunk on its own, later: that drawer is his too.
+    stack.publish({"workspace_id": w, "session_id": "quote", "user_id": "hal",
+                   "messages": [{"role": "user", "name": "Hal", "content": chunks[-1],
+                                 "created_at": "2026-10-09T10:00:00Z"}],
+                   "started_at": "2026-10-09T10:00:00Z", "completed_at": "2026-10-09T10:05:00Z"})
+    wait_for(lambda: stack.sql("SELECT count(*) FROM drawer_sources WHERE workspace_id = %s AND session_id = 'quote'",
+                               (w,)) == [(1,)], 30, "the quote's sighting")
+    (did,) = stack.sql("SELECT id FROM drawers WHERE workspace_id = %s AND content = %s", (w, chunks[1]))[0]
+    result, remaining = _run_forget(stack, Scope(w, "drawer", did))
+    assert not any(remaining.values()), remaining
+    left = None
+    assert result.counts.get("chunks_with_message") == len(chunks) - 1 and result.counts["messages"] == 1
+    left = stack.sql("SELECT content, speaker, session_id FROM drawers WHERE workspace_id = %s ORDER BY content",
+                     (w,))
+    assert [c for c, _, _ in left] == sorted(["Here are my lease notes.", "Thanks, I have filed the lease notes.",
+                                             chunks[-1]])
+    assert ("Hal", "quote") in [(s, x) for c, s, x in left if c == chunks[-1]]
+    assert stack.sql("SELECT count(*) FROM drawer_sources WHERE workspace_id = %s AND session_id = 'lease' AND seq = 1",
+                     (w,)) == [(0,)]
+    # Not a word of the message is left in any drawer or context, but what Hal quoted.
+    tags = [t.split(": the ", 1)[1][:8] for t in sentences]
+    spoken = [t for t in tags if t not in chunks[-1]]
+    assert len(spoken) > len(tags) // 2
+    for tag in spoken:
+        assert stack.sql("SELECT count(*) FROM drawers WHERE workspace_id = %s"
+                         " AND (content LIKE %s OR coalesce(context, '') LIKE %s)",
+                         (w, f"%{tag}%", f"%{tag}%")) == [(0,)], tag
+    # A redelivered session brings none of it back.
+    stack.publish({"workspace_id": w, "session_id": "lease", "user_id": "gwen", "event_id": uuid.uuid4().hex,
+                   "messages": [{"role": "user", "name": "Gwen", "content": "Here are my lease notes."},
+                                {"role": "user", "name": "Gwen", "content": long},
+                                {"role": "assistant", "content": "Thanks, I have filed the lease notes."}],
+                   "started_at": "2026-10-01T09:00:00Z", "completed_at": "2026-10-01T09:05:00Z"})
+    time.sleep(3)
+    assert not any(_verify(stack, Scope(w, "drawer", did), result.targets).values())
