@@ -556,14 +556,99 @@ def enrich_report(convs: list[Conv], sp: dict[str, frozenset[str]], en: dict[str
     print(_line("shipped weights, no graph or episode", ship))
 
 
+def foreign_questions(convs: list[Conv], *, named: bool, every: int = 4) -> list[tuple[Conv, int]]:
+    """Questions nobody in a conversation could answer: every ``every``-th question of each other
+    conversation, asked of this one. With ``named`` its speakers' names stand in for the first's (first
+    speaker for first speaker), so the question names someone who is there ("Where will Maria work from
+    next year?" asked where Maria never spoke of work); without, it names people who are not. The
+    question's vector is the original's: names weigh little in it. Returns (the conversation holding
+    those questions, question index) pairs."""
+    def speakers(c: Conv) -> list[str]:
+        return list(dict.fromkeys(s for s in c.speaker if s))[:2]
+
+    sp = speaker_lexemes(convs)
+    out = []
+    for a in convs:
+        for b in convs:
+            if b is a:
+                continue
+            swap: dict[str, str] = {}
+            if named:
+                for x, y in zip(speakers(a), speakers(b), strict=False):
+                    swap |= dict(zip(sorted(sp[x]), sorted(sp[y]), strict=False))
+            qs = list(range(0, len(a.questions), every))
+            asked = replace(b, questions=[a.questions[i] for i in qs], qvec=a.qvec[qs],
+                            qlex=[[swap.get(x, x) for x in a.qlex[i]] for i in qs], extra={})
+            out += [(asked, qi) for qi in range(len(qs))]
+    return out
+
+
+INJECT_FALSE_BUDGET = 0.10  # what share of questions about what no one there said may get anything injected
+
+
+def inject_report(convs: list[Conv], sp: dict[str, frozenset[str]], rp: RankParams = RankParams()) -> None:
+    """Auto-inject's threshold. Per threshold: how often a question gets a turn of its evidence injected
+    (among the top 10 at or above it), how often it gets anything, and how often a question nobody there
+    could answer (``foreign_questions``) gets anything, naming no one there or someone there. The rule:
+    the lowest threshold at which a question naming no one there gets anything injected at most
+    ``INJECT_FALSE_BUDGET`` of the time, chosen on four conversations and applied to the fifth."""
+    from rich.console import Console
+    from rich.table import Table
+
+    def top_of(asked: Conv, qi: int) -> float:
+        hits = rank(product_candidates(asked, qi, sp), asked.qlex[qi], rp, 10)
+        return hits[0].score if hits else 0.0
+
+    evidence: dict[str, list[float]] = {}
+    top: dict[str, list[float]] = {}
+    for c in convs:
+        pos = {d: i for i, d in enumerate(c.ids)}
+        for qi, (_, ev, _) in enumerate(c.questions):
+            hits = rank(product_candidates(c, qi, sp), c.qlex[qi], rp, 10)
+            found = [h.score for h in hits if set(ev) & set(c.dia[pos[h.id]])]
+            evidence.setdefault(c.sample_id, []).append(max(found, default=0.0))
+            top.setdefault(c.sample_id, []).append(hits[0].score if hits else 0.0)
+    stranger: dict[str, list[float]] = {}
+    known: dict[str, list[float]] = {}
+    for out, named in ((stranger, False), (known, True)):
+        for asked, qi in foreign_questions(convs, named=named):
+            out.setdefault(asked.sample_id, []).append(top_of(asked, qi))
+    ev, tp, fs, fk = ({k: np.array(v) for k, v in d.items()} for d in (evidence, top, stranger, known))
+
+    def rate(d: dict[str, np.ndarray], t: float, skip: str = "") -> float:
+        return float(np.mean(np.concatenate([v for k, v in d.items() if k != skip]) >= t))
+
+    cols = ("evidence injected", "anything injected", "unanswerable, naming no one there: anything",
+            "unanswerable, naming someone there: anything")
+    t = Table(title=f"auto-inject threshold: {sum(map(len, ev.values()))} LoCoMo-dev questions; "
+                    f"{sum(map(len, fs.values()))} asked of a conversation that cannot answer them")
+    for col in ("threshold", *cols):
+        t.add_column(col, justify="right")
+    for th in (0.3, 0.35, 0.4, 0.45, 0.5, 0.55, 0.6, 0.65):
+        t.add_row(f"{th}", *(f"{rate(d, th):.3f}" for d in (ev, tp, fs, fk)))
+    Console(width=160).print(t)
+    grid = np.round(np.arange(0.30, 0.80, 0.01), 2)
+    h = Table(title=f"the rule (naming no one there: anything injected ≤ {INJECT_FALSE_BUDGET}) on the other "
+                    "four conversations, applied to the one left out")
+    for col in ("left out", "chosen", *cols):
+        h.add_column(col, justify="right")
+    for k in ev:
+        best = float(next((g for g in grid if rate(fs, g, k) <= INJECT_FALSE_BUDGET), grid[-1]))
+        h.add_row(k, f"{best:.2f}", *(f"{np.mean(d[k] >= best):.3f}" for d in (ev, tp, fs, fk)))
+    Console(width=160).print(h)
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--data", type=Path, default=Path("../shared/bench/locomo-dev.json"))
     ap.add_argument("--only", default="", help="comma-separated variant name prefixes")
     ap.add_argument("--held-out", action="store_true", help="leave-one-conversation-out check of the weights")
     ap.add_argument("--enrich", action="store_true", help="the graph and episode signals (needs enrich's output)")
+    ap.add_argument("--inject", action="store_true", help="auto-inject's threshold against unanswerable questions")
     args = ap.parse_args()
     convs = load(Settings(), args.data)
+    if args.inject:
+        inject_report(convs, speaker_lexemes(convs), RankParams())
+        return
     if args.enrich:
         enrich_report(convs, speaker_lexemes(convs), load_enrich(Settings(), args.data, convs))
         return

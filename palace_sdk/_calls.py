@@ -78,9 +78,9 @@ def recall(ws: str, wing: str | None, room: str | None) -> Call[Recall]:
     return Call("POST", "/v1/recall", Recall, _clean({"workspace_id": ws, "wing": wing, "room": room}))
 
 
-def inject(ws: str, message: str, token_budget: int, threshold: float) -> Call[Injection]:
-    return Call("POST", "/v1/inject", Injection, {"workspace_id": ws, "message": message,
-                                                  "token_budget": token_budget, "threshold": threshold})
+def inject(ws: str, message: str, token_budget: int, threshold: float | None) -> Call[Injection]:
+    return Call("POST", "/v1/inject", Injection, _clean({"workspace_id": ws, "message": message,
+                                                         "token_budget": token_budget, "threshold": threshold}))
 
 
 def get_identity(ws: str) -> Call[Identity]:

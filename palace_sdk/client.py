@@ -160,7 +160,7 @@ class AsyncPalaceClient:
         """L2: the most important memories of a wing and/or room."""
         return await self._run(calls.recall(self.workspace, wing, room))
 
-    async def inject(self, message: str, *, token_budget: int = 200, threshold: float = 0.3) -> Injection:
+    async def inject(self, message: str, *, token_budget: int = 200, threshold: float | None = None) -> Injection:
         """Auto-inject: a ``<memory_context>`` block for a user message, or an empty one (see ``skipped``)."""
         return await self._run(calls.inject(self.workspace, message, token_budget, threshold))
 
@@ -279,7 +279,7 @@ class PalaceClient:
         """L2: the most important memories of a wing and/or room."""
         return self._run(calls.recall(self.workspace, wing, room))
 
-    def inject(self, message: str, *, token_budget: int = 200, threshold: float = 0.3) -> Injection:
+    def inject(self, message: str, *, token_budget: int = 200, threshold: float | None = None) -> Injection:
         """Auto-inject: a ``<memory_context>`` block for a user message, or an empty one (see ``skipped``)."""
         return self._run(calls.inject(self.workspace, message, token_budget, threshold))
 

@@ -140,6 +140,7 @@ class Injection(_Model):
     top_score: float
     skipped: Literal["trivial", "no_match", "budget"] | None = None
     citations: list[str] = Field(default_factory=list)
+    threshold: float | None = None  # the relevance a memory needed (servers before it was reported: None)
 
 
 class Drawer(_Model):

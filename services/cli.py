@@ -603,7 +603,8 @@ def recall_cmd(workspace: WorkspaceOpt, wing: Annotated[str | None, typer.Option
 @app.command("inject")
 def inject_cmd(message: Annotated[str, typer.Argument(help="The user's message.")], workspace: WorkspaceOpt,
                budget: Annotated[int, typer.Option(help="Most tokens the block may hold.")] = 200,
-               threshold: Annotated[float, typer.Option(help="Least 0–1 relevance injected.")] = 0.3,
+               threshold: Annotated[float | None, typer.Option(
+                   help="Least 0–1 relevance injected (default: the server's PALACE_INJECT_THRESHOLD).")] = None,
                api: ApiOpt = None, key: KeyOpt = None, as_json: JsonOpt = False) -> None:
     """Auto-inject: the <memory_context> block an agent would get before answering this message."""
     with _client(workspace, api, key) as c:
@@ -612,7 +613,7 @@ def inject_cmd(message: Annotated[str, typer.Argument(help="The user's message."
         return _print_json(i)
     if not i.block:
         why = {"trivial": "the message is trivial (fewer than 3 meaningful words)",
-               "no_match": f"nothing reaches the threshold {threshold}",
+               "no_match": f"nothing reaches the threshold {i.threshold}",
                "budget": "not even one memory fits the budget"}
         console.print(f"nothing injected: {why.get(i.skipped or '', i.skipped)} (top score {i.top_score:.3f})")
         return None

@@ -267,6 +267,12 @@ class Settings(BaseSettings):
         "(the default fits multilingual-e5-small; set both ends for another model).",
     )
     recall_cos_ceiling: float = Field(0.90, description="Cosine the vector signal counts as 1 (see recall_cos_floor).")
+    inject_threshold: float = Field(
+        0.45, ge=0.0, le=1.0, description="Least 0–1 relevance a memory needs for auto-inject to put it before "
+        "a turn, when the caller names no threshold: the lowest at which a question about something no one in "
+        "memory said, naming no one there, gets a memory injected at most one time in ten on LoCoMo-dev "
+        "(bench/ranking_lab.py --inject, docs/recall.md).",
+    )
     recall_graph_timeout_ms: int = Field(
         0, ge=0, le=1000, description="Deadline of the knowledge-graph lookup of a search (graph-boosted recall): "
         "past it the search goes on without the graph signal. 0 (the default) turns the lookup off: through the "

@@ -23,11 +23,10 @@ from shared.memory.citations import snippet
 from shared.memory.episodes import STOPWORDS
 from shared.recall import Recaller
 
-__all__ = ["DEFAULT_THRESHOLD", "DEFAULT_TOKEN_BUDGET", "MIN_MEANINGFUL_WORDS", "Injection", "approx_tokens",
+__all__ = ["DEFAULT_TOKEN_BUDGET", "MIN_MEANINGFUL_WORDS", "Injection", "approx_tokens",
            "build_block", "inject", "meaningful_words"]
 
 DEFAULT_TOKEN_BUDGET = 200
-DEFAULT_THRESHOLD = 0.3
 MIN_MEANINGFUL_WORDS = 3
 SEARCH_K = 10
 OPEN, CLOSE = "<memory_context>", "</memory_context>"
@@ -59,7 +58,7 @@ class Injection:
     ``block`` is empty when nothing is injected; ``skipped`` then says why ("trivial": too few
     meaningful words, "no_match": no hit at or above the threshold, "budget": not even one hit fits).
     ``match_count`` counts hits at or above the threshold, ``injected_count`` those in the block,
-    ``top_score`` is the best hit's relevance (0 when there was no hit)."""
+    ``top_score`` is the best hit's relevance (0 when there was no hit), ``threshold`` the one applied."""
 
     block: str
     tokens: int
@@ -68,6 +67,7 @@ class Injection:
     top_score: float
     skipped: str | None = None
     citations: list[str] = field(default_factory=list)
+    threshold: float = 0.0
 
 
 def build_block(hits: list[SearchHit], token_budget: int) -> tuple[str, list[SearchHit]]:
@@ -102,7 +102,7 @@ def build_block(hits: list[SearchHit], token_budget: int) -> tuple[str, list[Sea
 
 async def inject(
     recaller: Recaller, workspace_id: str, message: str, *, token_budget: int = DEFAULT_TOKEN_BUDGET,
-    threshold: float = DEFAULT_THRESHOLD,
+    threshold: float | None = None,
 ) -> Injection:
     """Memories relevant to ``message`` as a block within ``token_budget`` tokens, or nothing.
 
@@ -111,20 +111,25 @@ async def inject(
         workspace_id: the only workspace read.
         message: the user's message, verbatim.
         token_budget: most tokens the block may hold, tags included (``approx_tokens``).
-        threshold: least 0–1 relevance a hit needs to be injected.
+        threshold: least 0–1 relevance a hit needs to be injected (default: the recaller's,
+            PALACE_INJECT_THRESHOLD). The scale orders every hit of a workspace, related or not, so a
+            threshold is what tells a memory worth the agent's context from the best of unrelated ones.
     """
+    if threshold is None:
+        threshold = recaller.inject_threshold
     if token_budget < 1:
         raise ValueError("token_budget must be positive")
     if not 0.0 <= threshold <= 1.0:
         raise ValueError("threshold is on the 0–1 relevance scale")
     if len(meaningful_words(message)) < MIN_MEANINGFUL_WORDS:
-        return Injection("", 0, 0, 0, 0.0, "trivial")
+        return Injection("", 0, 0, 0, 0.0, "trivial", threshold=threshold)
     hits = await recaller.search(workspace_id, message, SEARCH_K)
     top = hits[0].score if hits else 0.0
     relevant = [h for h in hits if h.score >= threshold]
     if not relevant:
-        return Injection("", 0, 0, 0, top, "no_match")
+        return Injection("", 0, 0, 0, top, "no_match", threshold=threshold)
     text, shown = build_block(relevant, token_budget)
     if not shown:
-        return Injection("", 0, len(relevant), 0, top, "budget")
-    return Injection(text, approx_tokens(text), len(relevant), len(shown), top, None, [h.citation for h in shown])
+        return Injection("", 0, len(relevant), 0, top, "budget", threshold=threshold)
+    return Injection(text, approx_tokens(text), len(relevant), len(shown), top, None, [h.citation for h in shown],
+                     threshold)

@@ -113,6 +113,7 @@ class Recaller:
     size_ttl_s: float = 60.0
     index_poll_s: float = 5.0  # PALACE_VECTOR_INDEX_POLL_S: how soon a requested index is looked for again
     vector_index_min: int = 5_000  # PALACE_VECTOR_INDEX_MIN_DRAWERS
+    inject_threshold: float = Settings.model_fields["inject_threshold"].default  # PALACE_INJECT_THRESHOLD
     _cache: OrderedDict[tuple[str, str], np.ndarray] = field(default_factory=OrderedDict)
     _sizes: dict[str, tuple[int, bool, float]] = field(default_factory=dict)
     _searching: int = 0  # searches of this recaller under way (``_search``)
@@ -121,7 +122,8 @@ class Recaller:
     def from_settings(cls, pool: AsyncConnectionPool, embedder: Embedder | None, settings: Settings) -> Recaller:
         """The recaller every interface uses (api, MCP, CLI): search and index settings from PALACE_*."""
         return cls(pool, embedder, SearchParams.from_settings(settings),
-                   vector_index_min=settings.vector_index_min_drawers, index_poll_s=settings.vector_index_poll_s)
+                   vector_index_min=settings.vector_index_min_drawers, index_poll_s=settings.vector_index_poll_s,
+                   inject_threshold=settings.inject_threshold)
 
     async def _embed(self, query: str, *, recheck_space: bool = False) -> np.ndarray | None:
         if self.embedder is None:

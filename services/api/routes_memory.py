@@ -14,7 +14,7 @@ from pydantic import BaseModel, Field
 
 from services.api.deps import PoolDep, RecallerDep, _caller
 from shared.events.models import WorkspaceId
-from shared.inject import DEFAULT_THRESHOLD, DEFAULT_TOKEN_BUDGET, inject
+from shared.inject import DEFAULT_TOKEN_BUDGET, inject
 from shared.layers import (
     IDENTITY_MAX,
     IdentityTooLong,
@@ -102,7 +102,8 @@ class InjectRequest(BaseModel):
     workspace_id: WorkspaceId
     message: str = Field(min_length=1, max_length=4000, description="The user's message, verbatim.")
     token_budget: int = Field(DEFAULT_TOKEN_BUDGET, ge=16, le=8000, description="Most tokens the block may hold.")
-    threshold: float = Field(DEFAULT_THRESHOLD, ge=0.0, le=1.0, description="Least 0–1 relevance injected.")
+    threshold: float | None = Field(None, ge=0.0, le=1.0, description="Least 0–1 relevance injected; default: the "
+                                    "server's (PALACE_INJECT_THRESHOLD).")
 
 
 class InjectResponse(BaseModel):
@@ -113,6 +114,7 @@ class InjectResponse(BaseModel):
     top_score: float = Field(description="The best hit's relevance (0 without hits).")
     skipped: str | None = Field(description="Why nothing was injected: trivial, no_match or budget.")
     citations: list[str]
+    threshold: float = Field(description="The 0–1 relevance a hit needed to be injected.")
 
 
 @router.get("/workspaces/{workspace_id}/identity", response_model=IdentityOut,

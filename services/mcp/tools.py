@@ -29,7 +29,7 @@ from pydantic import BaseModel, Field
 
 from shared.db import kg
 from shared.db.tenancy import workspace_tx
-from shared.inject import DEFAULT_THRESHOLD, DEFAULT_TOKEN_BUDGET, inject
+from shared.inject import DEFAULT_TOKEN_BUDGET, inject
 from shared.layers import L1_BUDGET, LayerDrawer, wake_up
 from shared.memory.kg import Fact, KgError, KgStats, TripleAdded
 from shared.palace_graph import GraphStats, RoomVisit, Tunnel
@@ -196,6 +196,7 @@ class InjectOut(BaseModel):
     skipped: str | None = Field(description="Why nothing was injected: 'trivial' (too few meaningful words), "
                                 "'no_match' (nothing relevant enough) or 'budget' (not even one fits).")
     citations: list[str] = Field(description="wing/room/short id of each injected memory, in block order.")
+    threshold: float = Field(description="The 0–1 relevance a memory needed to be injected.")
 
 
 # ------------------------------------------------------------------------------------- read tools
@@ -335,8 +336,8 @@ async def memory_inject(
                                   "verbatim.")],
     token_budget: Annotated[int, Field(ge=16, le=8000, description="Most tokens the block may take, tags "
                                        "included.")] = DEFAULT_TOKEN_BUDGET,
-    threshold: Annotated[float, Field(ge=0.0, le=1.0, description="Least 0–1 relevance a memory needs to be "
-                                      "injected.")] = DEFAULT_THRESHOLD,
+    threshold: Annotated[float | None, Field(ge=0.0, le=1.0, description="Least 0–1 relevance a memory needs to "
+                                             "be injected; default: the server's (PALACE_INJECT_THRESHOLD).")] = None,
 ) -> InjectOut:
     """Auto-inject before a turn: given the user's message, return the memories relevant to it as a
     <memory_context> block within a token budget, or an empty block when the message is trivial ('ok
@@ -348,7 +349,8 @@ async def memory_inject(
     except ValueError as e:
         raise OperationError(str(e)) from e
     return InjectOut(block=i.block, tokens=i.tokens, match_count=i.match_count, injected_count=i.injected_count,
-                     top_score=round(i.top_score, 4), skipped=i.skipped, citations=list(i.citations))
+                     top_score=round(i.top_score, 4), skipped=i.skipped, citations=list(i.citations),
+                     threshold=i.threshold)
 
 
 # ------------------------------------------------------------------------------------- write tools

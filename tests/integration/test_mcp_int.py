@@ -163,7 +163,12 @@ async def exercise_every_tool(session: ClientSession, stack: Stack, w: str) -> d
     assert asked["skipped"] is None and asked["block"].startswith("<memory_context>")
     assert asked["citations"][0].startswith("alice/music/") and "violin" in asked["block"]
     assert asked["injected_count"] == len(asked["citations"]) <= asked["match_count"]
-    assert 0.3 <= asked["top_score"] <= 1 and asked["tokens"] <= 200
+    assert asked["threshold"] <= asked["top_score"] <= 1 and asked["tokens"] <= 200
+    assert asked["threshold"] == stack.settings.inject_threshold
+    # A question about nothing anyone said here gets nothing, though it names Alice and an evening: it scores
+    # above the 0.3 that used to be the default, below today's.
+    unrelated = await call(session, "memory_inject", message="Which evening does Alice see her dentist?")
+    assert unrelated["skipped"] == "no_match" and 0.3 < unrelated["top_score"] < unrelated["threshold"], unrelated
     small = await call(session, "memory_inject", message="When does Alice take her violin lessons?", token_budget=40)
     assert small["tokens"] <= 40 and small["injected_count"] <= 1
     strict = await call(session, "memory_inject", message="When does Alice take her violin lessons?", threshold=1.0)
