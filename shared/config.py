@@ -67,6 +67,12 @@ class Settings(BaseSettings):
         "embedding endpoint is unreachable, before normal NAK/backoff/dead-letter handling resumes.",
     )
     dependency_retry_max_s: float = Field(5.0, description="Longest pause between those in-place retries.")
+    handler_timeout_s: float = Field(
+        600.0, gt=0, description="Longest one attempt of a handler may run. Until then the consumer tells JetStream "
+        "the message is still being worked on; past it the attempt is cancelled (its open transaction rolls back) "
+        "and the message retried with backoff, then dead-lettered, so a hung or very slow handler (an LLM that "
+        "answers in minutes) never has its message redelivered and run twice at once.",
+    )
     max_ack_pending: int = Field(256, description="Un-acked messages a consumer may hold (backpressure).")
     fetch_batch: int = Field(16, description="Messages per batch of a batch consumer (embed).")
     event_loop: Literal["uvloop", "asyncio"] = Field(

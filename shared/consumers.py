@@ -48,6 +48,7 @@ __all__ = [
     "BatchHandler",
     "Consumer",
     "Handler",
+    "HandlerTimeout",
     "Poison",
     "PullConsumer",
     "consumer",
@@ -66,6 +67,12 @@ BatchHandler = Callable[[list[bytes], list[Msg]], Awaitable[None]]
 
 class Poison(Exception):
     """The message can never be processed (malformed, wrong schema, too large): dead-letter it now."""
+
+
+class HandlerTimeout(Exception):
+    """One attempt of a handler ran past ``PALACE_HANDLER_TIMEOUT_S`` and was cancelled. Not a
+    ``TimeoutError``: that would count as a dependency outage and hold the message in place, where
+    running the same slow work again at once is what the budget is there to stop."""
 
 
 @dataclass(frozen=True)
@@ -298,10 +305,11 @@ class PullConsumer:
 
     async def _heartbeat(self, stop: asyncio.Event) -> None:
         """Tell JetStream that messages in a handler are still being worked on (``+WPI``), so ``ack_wait``
-        expires only for a consumer that died, not for one waiting on a slow dependency. A handler that
-        hangs stops being kept alive after ten ``ack_wait`` periods and is redelivered."""
+        expires only for a consumer that died, not for one waiting on a slow dependency. An attempt is kept
+        alive for ``handler_timeout_s``, the budget ``_call_holding`` cancels it at: JetStream can only
+        redeliver a message after its handler stopped, so one message never runs twice at once."""
         every = max(0.2, self.settings.ack_wait_s / 3)
-        give_up = 10 * self.settings.ack_wait_s
+        give_up = self.settings.handler_timeout_s
         while True:
             await asyncio.sleep(every)
             now = time.monotonic()
@@ -370,18 +378,29 @@ class PullConsumer:
 
     async def _call_holding(self, raws: list[Msg]) -> None:
         """Run the handler; while a dependency is down, keep the message(s) and retry in place: an
-        outage must not use up a good message's attempts and dead-letter it."""
+        outage must not use up a good message's attempts and dead-letter it. Each attempt has
+        ``handler_timeout_s``; past it the attempt is cancelled (an open transaction rolls back) and
+        ``HandlerTimeout`` raised, so the message is retried with backoff like any failure, never
+        redelivered while this attempt still runs (``_heartbeat`` keeps it alive exactly as long)."""
         s = self.settings
         hold_until = time.monotonic() + s.dependency_wait_s
         waits = 0
         while True:
+            now = time.monotonic()
+            for r in raws:
+                self._live[id(r)] = (r, now)
             try:
-                if self.c.batch:
-                    await self.handler([r.data for r in raws], raws)  # type: ignore[call-arg,arg-type]
-                else:
-                    await self.handler(raws[0].data, raws[0])  # type: ignore[call-arg,arg-type]
+                async with asyncio.timeout(s.handler_timeout_s) as budget:
+                    if self.c.batch:
+                        await self.handler([r.data for r in raws], raws)  # type: ignore[call-arg,arg-type]
+                    else:
+                        await self.handler(raws[0].data, raws[0])  # type: ignore[call-arg,arg-type]
                 return
             except Exception as e:
+                if isinstance(e, TimeoutError) and budget.expired():
+                    metrics.HANDLER_TIMEOUTS.labels(self.c.service, self.c.subject).inc()
+                    raise HandlerTimeout(f"the handler ran past PALACE_HANDLER_TIMEOUT_S ({s.handler_timeout_s:g} s) "
+                                         "and was cancelled") from None
                 if isinstance(e, Poison) or not is_transient(e) or time.monotonic() >= hold_until:
                     raise
                 waits += 1

@@ -16,6 +16,7 @@ __all__ = [
     "ENTITIES",
     "FAILED",
     "HANDLER_SECONDS",
+    "HANDLER_TIMEOUTS",
     "HTTP_REQUESTS",
     "HTTP_REQUEST_SECONDS",
     "IN_FLIGHT",
@@ -51,6 +52,10 @@ HANDLER_SECONDS = Histogram(
 DEPENDENCY_WAITS = Counter(
     "palace_dependency_waits_total", "Handler retries held in place because a dependency was unreachable.",
     ["service", "error"],
+)
+HANDLER_TIMEOUTS = Counter(
+    "palace_handler_timeouts_total", "Handler attempts cancelled past PALACE_HANDLER_TIMEOUT_S (then retried with "
+    "backoff, or dead-lettered at the last attempt).", ["service", "subject"],
 )
 IN_FLIGHT = Gauge("palace_in_flight_messages", "Messages being handled now.", ["service"])
 CONSUMER_PENDING = Gauge(

@@ -267,3 +267,47 @@ async def test_oldest_unacked_age_sees_a_message_held_without_ack(stack: Stack) 
     await asyncio.sleep(0.2)
     assert await oldest_unacked_age_s(js, settings.stream_name, c.durable) == 0.0
     await nc.close()
+
+
+async def test_a_handler_past_its_budget_is_cancelled_never_run_twice_at_once(stack: Stack) -> None:
+    """An attempt that outlives PALACE_HANDLER_TIMEOUT_S is cancelled where the heartbeat stops keeping its
+    message alive: JetStream redelivers it only after, so two attempts never overlap. Each timed-out attempt
+    uses one delivery; the last is dead-lettered with the reason. A fast message beside it is unaffected."""
+    nc, js, settings, c = await _setup(stack, fetch_wait_s=0.3, ack_wait_s=0.6, handler_timeout_s=1.5,
+                                       consumer_concurrency=2)
+    running: dict[bytes, int] = {}
+    overlap = 0
+    attempts: dict[bytes, int] = {}
+    cancelled = 0
+
+    async def handler(body: bytes, raw: Any) -> None:
+        nonlocal overlap, cancelled
+        attempts[body] = attempts.get(body, 0) + 1
+        running[body] = running.get(body, 0) + 1
+        overlap = max(overlap, running[body])
+        try:
+            if body == b"slow":
+                await asyncio.sleep(30)  # an LLM that never answers in time
+        except asyncio.CancelledError:
+            cancelled += 1
+            raise
+        finally:
+            running[body] -= 1
+
+    dead: list[Any] = []
+    pc = PullConsumer(js=js, broker=dead, settings=settings, c=c, handler=handler, dead_letter=_dead_letter)
+    stop = asyncio.Event()
+    task = asyncio.create_task(pc.run(stop))
+    try:
+        await js.publish(c.subject, b"slow")
+        await js.publish(c.subject, b"fast")
+        await _until(lambda: len(dead) == 1, 20)
+    finally:
+        stop.set()
+        await task
+    assert overlap == 1, "an attempt ran while the one before it still did"
+    assert attempts == {b"slow": 3, b"fast": 1} and cancelled == 3
+    assert [(d[0], d[1]) for d in dead] == [(b"slow", "HandlerTimeout")] and "PALACE_HANDLER_TIMEOUT_S" in dead[0][2]
+    info = await js.consumer_info(settings.stream_name, c.durable)
+    assert info.num_ack_pending == 0 and info.num_pending == 0
+    await nc.close()
