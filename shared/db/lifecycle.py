@@ -46,7 +46,8 @@ DECAY_SQL = """
                AND d.id = ANY(ARRAY(
                    SELECT c.id FROM drawers c
                     WHERE c.workspace_id = %(ws)s AND c.id = ANY(ARRAY(SELECT id FROM span))
-                      AND c.deleted_at IS NULL AND NOT c.pinned AND c.importance > %(floor)s::real
+                      AND c.deleted_at IS NULL AND c.state = 'processed' AND NOT c.pinned
+                      AND c.importance > %(floor)s::real
                       AND c.filed_at < now() - make_interval(secs => %(older)s)
                       AND coalesce(c.last_accessed_at, c.filed_at) < now() - make_interval(secs => %(idle)s)
                       FOR UPDATE SKIP LOCKED))

@@ -88,6 +88,11 @@ def test_decay_follows_its_rules_and_never_goes_under_the_floor(stack: Stack) ->
         {"id": "at-floor", "content": "at the floor", "importance": 0.3},
         {"id": "pinned", "content": "pinned", "importance": 1.0, "pinned": True},
         {"id": "archived", "content": "archived", "importance": 1.0},
+        # Importance is what classify judged of a processed memory: a drawer not yet classified, one that
+        # failed, and a near-duplicate merged into another (it comes back as itself if that one goes) keep theirs.
+        {"id": "raw", "content": "raw", "importance": 1.0, "state": "raw"},
+        {"id": "failed", "content": "failed", "importance": 1.0, "state": "failed"},
+        {"id": "merged", "content": "merged", "importance": 1.0, "state": "merged"},
     ])
     stack.sql("UPDATE drawers SET deleted_at = now() WHERE workspace_id = %s AND id = 'archived' RETURNING 1", (w,))
     at_floor_written = stack.sql("SELECT updated_at FROM drawers WHERE workspace_id = %s AND id = 'at-floor'", (w,))
@@ -99,7 +104,8 @@ def test_decay_follows_its_rules_and_never_goes_under_the_floor(stack: Stack) ->
     wait_for(lambda: _hot_updates(stack) - hot_before >= out["decayed"] // 2, 15, "HOT updates counted")
     imp = _importance(stack, w)
     assert imp == {"old-idle": 0.98, "old-recalled": 1.0, "old-recalled-long-ago": 0.98, "young": 1.0,
-                   "near-floor": 0.3, "at-floor": 0.3, "pinned": 1.0, "archived": 1.0}
+                   "near-floor": 0.3, "at-floor": 0.3, "pinned": 1.0, "archived": 1.0, "raw": 1.0, "failed": 1.0,
+                   "merged": 1.0}
     for _ in range(3):
         _run(stack, "decay", maintain_batch=50)
     imp = _importance(stack, w)
