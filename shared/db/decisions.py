@@ -26,10 +26,11 @@ RESTORABLE = ("content", "content_hash", "embedding", "memory_type", "importance
 
 
 async def snapshot(conn: AsyncConnection[Any], workspace_id: str, drawer_id: str) -> dict[str, Any] | None:
-    """The drawer's restorable columns, JSON-ready (embedding as a list of floats)."""
+    """The drawer's restorable columns, JSON-ready (embedding as a list of floats), and the model its
+    vector came from (``embedding_model``: a restore writes the vector back only into the same space)."""
     async with conn.cursor(row_factory=dict_row) as cur:
         await cur.execute(
-            sql.SQL("SELECT {} FROM drawers WHERE workspace_id = %s AND id = %s").format(
+            sql.SQL("SELECT {}, embedding_model FROM drawers WHERE workspace_id = %s AND id = %s").format(
                 sql.SQL(", ").join(map(sql.Identifier, RESTORABLE))), (workspace_id, drawer_id))
         row = await cur.fetchone()
     if row is None:
@@ -41,7 +42,37 @@ async def snapshot(conn: AsyncConnection[Any], workspace_id: str, drawer_id: str
     return dict(row)
 
 
+# The drawer's model and the active space's dimension, for a restore that would write an archived vector back.
+_SPACE_SQL = """SELECT d.embedding_model, (SELECT dim FROM embedding_spaces WHERE state = 'active')
+                  FROM drawers d WHERE d.workspace_id = %s AND d.id = %s"""
+
+
+async def _vector_fits(conn: AsyncConnection[Any], workspace_id: str, drawer_id: str, values: dict[str, Any]) -> bool:
+    """Whether an archived vector still belongs in the ``embedding`` column: the active space has its
+    dimension, and it came from the model the drawer's vector comes from now (archives older than the
+    model's name in them are taken at their dimension's word). After ``palace reembed`` it does not."""
+    cur = await conn.execute(_SPACE_SQL, (workspace_id, drawer_id))
+    row = await cur.fetchone()
+    if row is None:
+        return False
+    model, dim = row
+    archived = values.get("embedding_model")
+    return (dim is None or len(values["embedding"]) == dim) and (archived is None or model is None
+                                                                 or archived == model)
+
+
 async def restore_columns(conn: AsyncConnection[Any], workspace_id: str, drawer_id: str, values: dict[str, Any]) -> int:
+    """Write archived columns back. An archived vector from another embedding space (a re-embed since) is
+    not written: the drawer goes back to 'raw' without one, so the pipeline embeds it again in the active
+    space (and classifies it again) instead of the restore failing or mixing spaces."""
+    values = dict(values)
+    extra: dict[str, Any] = {}
+    if values.get("embedding") is not None and not await _vector_fits(conn, workspace_id, drawer_id, values):
+        values["embedding"] = None
+        values["state"] = "raw" if values.get("state", "processed") == "processed" else values["state"]
+        extra = {"embedding_model": None, "retry_count": 0}
+    elif values.get("embedding") is not None and values.get("embedding_model") is not None:
+        extra = {"embedding_model": values["embedding_model"]}
     cols = [c for c in RESTORABLE if c in values]
     if not cols:
         return 0
@@ -56,6 +87,8 @@ async def restore_columns(conn: AsyncConnection[Any], workspace_id: str, drawer_
     if "content" in cols:  # the wording bands follow the words (they are derived, so not archived)
         cols.append("dedup_bands")
         params.append(wording_bands(workspace_id, values["content"] or ""))
+    cols += list(extra)
+    params += list(extra.values())
     q = sql.SQL("UPDATE drawers SET {}, updated_at = now() WHERE workspace_id = %s AND id = %s").format(
         sql.SQL(", ").join(sql.SQL("{} = %s").format(sql.Identifier(c)) for c in cols))
     cur = await conn.execute(q, (*params, workspace_id, drawer_id))

@@ -376,7 +376,7 @@ async def delete_drawers(conn: AsyncConnection[Any], workspace_id: str, ids: lis
 
 
 # What a curation UPDATE may have written into its target from the drawer that prompted it.
-_UPDATED_COLUMNS = ("content", "content_hash", "embedding", "summary")
+_UPDATED_COLUMNS = ("content", "content_hash", "embedding", "embedding_model", "summary")
 
 
 async def revert_updates_from(conn: AsyncConnection[Any], workspace_id: str, ids: list[str]) -> dict[str, Any]:
