@@ -16,7 +16,7 @@ from shared.adapters.llm import LlmClient, Usage
 from shared.bus import decode_event
 from shared.db.clustering import cluster_candidates, merge_many, record_history_many, supersede_many
 from shared.db.curation import record_usage
-from shared.db.decisions import apply_proposal
+from shared.db.decisions import apply_proposal, decided_sources
 from shared.db.drawers import (
     drawers_by_id,
     drawers_missing_bands,
@@ -130,6 +130,9 @@ def register(deps: Deps) -> None:
         ws = ev.workspace_id
         rows = [r for r in await drawers_by_id(conn, ws, ev.drawer_ids, with_embedding=True)
                 if r.state == "processed" and r.embedding is not None]
+        # A redelivery (an ack lost after the commit) skips what its first delivery decided.
+        done = await decided_sources(conn, ws, ev.event_id, [r.id for r in rows])
+        rows = [r for r in rows if r.id not in done]
         # Ingest stored the bands with the row; a drawer filed before they existed has them computed here
         # (and written by the backfill below).
         found = await cluster_candidates(conn, ws, [(r.id, r.embedding, r.dedup_bands or wording_bands(ws, r.content))

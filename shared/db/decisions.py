@@ -18,7 +18,8 @@ from shared.db.drawers import as_array, record_history
 from shared.memory.decisions import Proposal, content_hash, outcome_for
 from shared.memory.dedup import wording_bands
 
-__all__ = ["RESTORABLE", "RevertError", "apply_proposal", "list_history", "restore_columns", "revert", "snapshot"]
+__all__ = ["DECIDED_SQL", "RESTORABLE", "RevertError", "apply_proposal", "decided_sources", "list_history",
+           "restore_columns", "revert", "snapshot"]
 
 # Columns a decision may change, hence archived before it does and restored by a revert.
 RESTORABLE = ("content", "content_hash", "embedding", "memory_type", "importance", "summary", "state",
@@ -93,6 +94,24 @@ async def restore_columns(conn: AsyncConnection[Any], workspace_id: str, drawer_
         sql.SQL(", ").join(sql.SQL("{} = %s").format(sql.Identifier(c)) for c in cols))
     cur = await conn.execute(q, (*params, workspace_id, drawer_id))
     return cur.rowcount
+
+
+# By index (memory_history_source_drawer): the audit rows of the write decisions an event took on its drawers.
+DECIDED_SQL = """SELECT DISTINCT new_value ->> 'source_drawer' FROM memory_history
+                  WHERE workspace_id = %(ws)s AND new_value ? 'source_drawer'
+                    AND (new_value ->> 'source_drawer') = ANY(%(ids)s) AND event_id = ANY(%(events)s)"""
+
+
+async def decided_sources(conn: AsyncConnection[Any], workspace_id: str, event_id: str,
+                          drawer_ids: list[str]) -> set[str]:
+    """The drawers an earlier delivery of this event already took its write decision on (committed with
+    everything else that delivery decided for them): a redelivery must not ask the model again, whose
+    second answer may differ, nor apply a second UPDATE or DELETE."""
+    if not drawer_ids:
+        return set()
+    cur = await conn.execute(DECIDED_SQL, {"ws": workspace_id, "ids": drawer_ids,
+                                           "events": [f"{event_id}:{d}" for d in drawer_ids]})
+    return {r[0] for r in await cur.fetchall()}
 
 
 async def apply_proposal(

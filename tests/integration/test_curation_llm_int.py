@@ -436,6 +436,46 @@ def test_update_in_full_mode_is_archived_and_revert_restores_the_exact_prior_sta
     assert bad.returncode == 1 and "no audit entry" in bad.stderr
 
 
+def test_a_redelivered_decision_event_neither_asks_the_model_again_nor_updates_twice(
+        stack: Stack, llm: ChatStub) -> None:
+    """drawer.classified delivered again after its decisions committed (an ack lost): the drawers it decided
+    on are skipped, so the model is not asked again and the UPDATE is not applied a second time."""
+    import nats
+
+    from shared.consumers import consumer_for
+    from shared.events import DrawerClassified
+
+    w, old_id, _ = _two_sessions(stack, llm, "UPDATE")
+    ((hid, _, _, _, new_value),) = _history(stack, w, "UPDATE")
+    (event_id,) = stack.sql("SELECT event_id FROM memory_history WHERE id = %s", (hid,))[0]
+    source = new_value["source_drawer"]
+    assert event_id.endswith(":" + source)
+    before = stack.sql("SELECT content, content_hash FROM drawers WHERE workspace_id = %s AND id = %s", (w, old_id))
+    calls = llm.decision_calls
+    ev = DrawerClassified(event_id=event_id.rsplit(":", 1)[0], workspace_id=w, drawer_ids=[source])
+
+    async def redeliver() -> None:
+        nc = await nats.connect(stack.nats_url)
+        try:
+            js = nc.jetstream()
+            ack = await js.publish(ev.subject, ev.model_dump_json().encode(), headers={"Nats-Msg-Id": "again-" + hid})
+            c = consumer_for("cluster", ev.subject)
+            for _ in range(300):
+                info = await js.consumer_info(stack.settings.stream_name, c.durable)
+                if info.ack_floor.stream_seq >= ack.seq:
+                    return
+                await asyncio.sleep(0.1)
+            raise AssertionError("cluster did not settle the redelivered event")
+        finally:
+            await nc.close()
+
+    asyncio.run(redeliver())
+    assert llm.decision_calls == calls
+    assert stack.sql("SELECT content, content_hash FROM drawers WHERE workspace_id = %s AND id = %s",
+                     (w, old_id)) == before
+    assert len(_history(stack, w, "UPDATE")) == 1
+
+
 def test_forgetting_the_source_of_an_update_reverts_its_target_and_the_proof_sees_it(
         stack: Stack, llm: ChatStub) -> None:
     """The UPDATE is filed under its target and wrote the forgotten session's fact into it: forgetting

@@ -209,6 +209,31 @@ def test_cluster_reads_what_changed_in_a_workspace_from_its_rev_index(stack: Sta
     assert "drawers_pkey" in contents and '"Seq Scan"' not in contents, contents
 
 
+def test_cluster_finds_what_a_redelivered_event_decided_by_the_source_drawer_index(
+        stack: Stack, big_workspace: str) -> None:
+    """A redelivered drawer.classified looks up the decisions its first delivery committed through the
+    (workspace, source drawer) index of the audit, however long the workspace's history."""
+    from shared.db.decisions import DECIDED_SQL
+
+    with psycopg.connect(stack.database_url, autocommit=True) as conn:
+        conn.execute("""INSERT INTO memory_history (workspace_id, id, drawer_id, action, actor, event_id, new_value)
+                        SELECT %s, 'plan-' || g, md5(g::text), 'ADD', 'cluster', 'e' || g || ':' || md5(g::text),
+                               jsonb_build_object('source_drawer', md5(g::text), 'outcome', 'applied')
+                          FROM generate_series(1, %s) g""", (big_workspace, N))
+        analyze(conn, "memory_history")
+        try:
+            conn.execute("SET ROLE palace_app")
+            conn.execute("SELECT set_config('palace.workspace_id', %s, false)", (big_workspace,))
+            ids = ["c4ca4238a0b923820dcc509a6f75849b", "c81e728d9d4c2f636f067f89cc14862c"]
+            plan = json.dumps(conn.execute("EXPLAIN (FORMAT JSON) " + DECIDED_SQL,
+                                           {"ws": big_workspace, "ids": ids, "events": [f"e1:{ids[0]}"]},
+                                           prepare=False).fetchall()[0][0])
+            conn.execute("RESET ROLE")
+        finally:
+            conn.execute("DELETE FROM memory_history WHERE workspace_id = %s AND id LIKE 'plan-%%'", (big_workspace,))
+    assert "memory_history_source_drawer" in plan and '"Seq Scan"' not in plan, plan
+
+
 def test_full_text_candidates_come_from_the_workspaces_rare_words(stack: Stack, big_workspace: str) -> None:
     """Past exact search, a query's common words (in every drawer of the big workspace: 'drawer',
     'number') no longer decide which drawers the index must evaluate once maintain has counted them:
