@@ -68,13 +68,18 @@ for _fam, _labels in {
 UNSPECIFIC = frozenset({"", "unknown", "concept", "thing", "other", "misc", "entity", "topic"})
 
 
+# Symbols that tell names apart: "C++", "C#" and "C" are three languages, "AT&T" is not "ATT".
+_NAME_SYMBOLS = frozenset("+#&")
+
+
 def canonical_name(name: str) -> str:
     """A name reduced to what identifies it: accents, case, punctuation, spacing, a possessive and a
-    leading "the" removed. Two names with the same canonical form are one name written two ways."""
+    leading "the" removed, but not the symbols some names are made of (``_NAME_SYMBOLS``). Two names
+    with the same canonical form are one name written two ways."""
     s = unicodedata.normalize("NFKD", name).casefold()
     s = "".join(c for c in s if not unicodedata.combining(c))
     s = _ARTICLE.sub("", _POSSESSIVE.sub("", s.strip()))
-    return "".join(c for c in s if c.isalnum())
+    return "".join(c for c in s if c.isalnum() or c in _NAME_SYMBOLS)
 
 
 def name_words(name: str) -> list[str]:

@@ -23,6 +23,14 @@ def test_canonical_names_fold_accents_punctuation_and_possessives() -> None:
     assert canonical_name("!!!") == ""
 
 
+def test_names_made_of_symbols_stay_apart() -> None:
+    """C++, C# and C are three languages: folding punctuation must not fold the symbols that make a name."""
+    assert len({canonical_name(n) for n in ("C++", "C#", "C", "F#", "F")}) == 5
+    assert canonical_name("AT&T") != canonical_name("ATT") and canonical_name("c ++") == canonical_name("C++")
+    for a, b in (("C++", "C#"), ("C++", "C"), ("C#", "C")):
+        assert decide(c("a", a, "technology", 4), c("b", b, "technology", 2))[0] != "merge", (a, b)
+
+
 def test_keys_find_short_names_and_spelling_variants() -> None:
     assert dedup_keys("Caroline Smith") == ["n:carolinesmith", "b:caro", "w:caroline", "w:smith"]
     assert dedup_keys("Carolina") == ["n:carolina", "b:caro"]
