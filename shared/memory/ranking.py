@@ -341,6 +341,8 @@ def rank(cands: Sequence[Candidate], query_lexemes: Sequence[str], p: RankParams
     # What a newer drawer contradicted keeps a share of its relevance and never outranks its successor.
     rel = _below_successors(cands, rel, p.superseded_factor)
     final, order = _diversify(cands, rel, p)
+    # Diversity may have held a successor back below what it contradicted: the rule holds on the scores too.
+    final, order = _after_successors(cands, final, order)
     share = np.divide(rel, fused, out=np.zeros(n), where=fused > 0)
     out = []
     for i in order[:k]:
@@ -353,23 +355,54 @@ def rank(cands: Sequence[Candidate], query_lexemes: Sequence[str], p: RankParams
 
 def _below_successors(cands: Sequence[Candidate], final: np.ndarray, factor: float) -> np.ndarray:
     """A superseded drawer keeps ``factor`` of its score, and, when its successor is a candidate too,
-    scores just below it: what a newer drawer contradicted never outranks the newer drawer."""
-    idx = {c.id: i for i, c in enumerate(cands)}
-    sup = [(i, idx.get(c.superseded_by)) for i, c in enumerate(cands) if c.superseded_by]
+    scores just below it (or as low, at 0): what a newer drawer contradicted never outranks the newer
+    drawer (``_after_successors`` puts it after it)."""
+    sup = _successor_pairs(cands)
     if not sup:
         return final
     final = final.copy()
     for i, _ in sup:
         final[i] *= factor
-    for _ in range(len(sup)):  # chains (a superseded by b superseded by c) settle in as many passes
+    return _cap_at_successors(final, [(i, j) for i, j in sup if j is not None])
+
+
+def _successor_pairs(cands: Sequence[Candidate]) -> list[tuple[int, int | None]]:
+    """(superseded drawer, its successor's index among the candidates or None), per superseded drawer."""
+    idx = {c.id: i for i, c in enumerate(cands)}
+    return [(i, idx.get(c.superseded_by)) for i, c in enumerate(cands) if c.superseded_by]
+
+
+def _cap_at_successors(final: np.ndarray, pairs: list[tuple[int, int]]) -> np.ndarray:
+    """Each superseded drawer's score just under its successor's (equal at 0: scores stay on 0–1);
+    chains (a superseded by b superseded by c) settle in as many passes."""
+    for _ in range(len(pairs)):
         changed = False
-        for i, j in sup:
-            if j is not None and final[i] >= final[j]:
-                final[i] = np.nextafter(final[j], -np.inf) if final[j] > 0 else final[j] - 1e-9
+        for i, j in pairs:
+            if final[i] >= final[j] and (final[j] > 0 or final[i] > 0):
+                final[i] = np.nextafter(final[j], -np.inf) if final[j] > 0 else 0.0
                 changed = True
         if not changed:
             break
     return final
+
+
+def _after_successors(cands: Sequence[Candidate], final: np.ndarray,
+                      order: list[int]) -> tuple[np.ndarray, list[int]]:
+    """Scores and order with every superseded drawer below, and after, its successor among them."""
+    pairs = [(i, j) for i, j in _successor_pairs(cands) if j is not None]
+    if not pairs:
+        return final, order
+    final = _cap_at_successors(final.copy(), pairs)
+    pos = {i: float(n) for n, i in enumerate(order)}
+    for _ in range(len(pairs)):  # a tie (both at 0) keeps the successor first
+        changed = False
+        for i, j in pairs:
+            if final[i] == final[j] and pos[i] < pos[j]:
+                pos[i] = pos[j] + 0.5
+                changed = True
+        if not changed:
+            break
+    return final, sorted(order, key=lambda i: (-final[i], pos[i]))
 
 
 def plain_fusion(cands: Sequence[Candidate], query_lexemes: Sequence[str], k: int, w_dense: float = 0.7,

@@ -165,20 +165,60 @@ def test_session_diversity_never_promotes_a_drawer_below_the_relevance_floor() -
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.tuples(st.floats(0.5, 1.0) | st.none(), st.sampled_from(["x", "y", "z", "x y", ""]),
                           st.sampled_from(["s1", "s2", "s3", None]), st.integers(0, 6), st.booleans(),
-                          st.floats(0, 5), st.floats(0, 1000)), max_size=30),
+                          st.floats(0, 5), st.floats(0, 1000), st.none() | st.integers(0, 29)), max_size=30),
        st.integers(1, 30))
 def test_any_ranking_is_in_score_order_on_0_1_with_explanations_that_add_up(rows: list, k: int) -> None:
-    cs = [cand(f"d{i:02d}", cos=c, words=w, session=s, seq=q, dated=d, importance=imp, age_days=age)
-          for i, (c, w, s, q, d, imp, age) in enumerate(rows)]
+    cs = [replace(cand(f"d{i:02d}", cos=c, words=w, session=s, seq=q, dated=d, importance=imp, age_days=age),
+                  superseded_by=f"d{sup:02d}" if sup is not None and sup != i else None)
+          for i, (c, w, s, q, d, imp, age, sup) in enumerate(rows)]
     for p in (RankParams(), BAND, SCORE_ORDER):
         ranked = rank(cs, ["x", "y"], p, k)
         assert len(ranked) == min(k, len(cs)) and len({r.id for r in ranked}) == len(ranked)
         check_scores(ranked)
+        # what a newer drawer contradicted comes after it, diversity or not (a cycle has no newer drawer)
+        place = {r.id: n for n, r in enumerate(rank(cs, ["x", "y"], p, len(cs)))}
+        by_id = {c.id: c for c in cs}
+        for c in cs:
+            succ = by_id.get(c.superseded_by or "")
+            if succ is not None and by_id.get(succ.superseded_by or "") is not c and not _in_cycle(by_id, c):
+                assert place[c.id] > place[succ.id], (c.id, succ.id)
         floor = p.relevance_floor
         # diversity never lets a drawer below the floor overtake one at or above it
         for i, r in enumerate(ranked):
             if r.relevance < floor:
                 assert all(x.relevance < floor or x.score >= r.score for x in ranked[i:])
+
+
+def _in_cycle(by_id: dict[str, Candidate], c: Candidate) -> bool:
+    seen, x = set(), c
+    while x is not None and x.id not in seen:
+        seen.add(x.id)
+        x = by_id.get(x.superseded_by or "")
+    return x is not None
+
+
+def test_a_successor_held_back_for_diversity_still_outranks_what_it_contradicted() -> None:
+    """The newer drawer shares its session with a better one, so diversity holds it back; the older drawer it
+    contradicted, alone in its session, would have been moved up past it."""
+    q = ["orion"]
+
+    def c(i: str, session: str, cos: float, tf: int = 0, sup: str | None = None) -> Candidate:
+        return Candidate(i, session, 0, cos, {"orion": tf} if tf else {}, 10, frozenset(q), False, 3.0, 0.0, sup)
+
+    cands = [c("h", "S1", 0.90, 2), c("j", "S1", 0.88, 1), c("i", "S2", 0.90, 2, sup="j"),
+             c("k", "S3", 0.86), c("m", "S4", 0.85), c("n", "S5", 0.70)]
+    ranked = rank(cands, q, RankParams(), 10)
+    order = [r.id for r in ranked]
+    assert order.index("j") < order.index("i")
+    check_scores(ranked)
+
+
+def test_a_superseded_drawer_with_no_signal_stays_at_zero_after_its_successor() -> None:
+    cands = [cand("a", cos=0.1, session="s1", seq=1), cand("b", cos=0.1, session="s2", seq=1)]
+    cands[0] = replace(cands[0], superseded_by="b")
+    ranked = rank(cands, ["x"], RankParams(), 2)
+    assert [r.id for r in ranked] == ["b", "a"] and all(r.score == 0.0 for r in ranked)
+    check_scores(ranked)
 
 
 def test_relevance_is_absolute_not_relative_to_the_best_hit() -> None:
