@@ -31,6 +31,7 @@ from shared.db.drawer_admin import (
     soft_delete_drawer,
 )
 from shared.db.drawers import drawers_by_id
+from shared.db.episodes import reopen_episodes_of
 from shared.db.identity import get_identity, set_identity
 from shared.db.tenancy import workspace_tx
 from shared.endpoints import resolve_urls
@@ -304,12 +305,19 @@ class PalaceOps:
         event_id = f"{self.actor}-delete:{uuid.uuid4().hex}"
         async with workspace_tx(self.pool, ws) as conn:
             done = await soft_delete_drawer(conn, ws, drawer_id_, actor=self.actor, event_id=event_id, reason=reason)
+            if done:  # its sessions' episodes quote it: rebuilt without it
+                await reopen_episodes_of(conn, ws, drawer_id_, change=event_id,
+                                         due_after_s=self.settings.episode_wait_s)
         return Deleted(drawer_id=drawer_id_, deleted=done, history_event_id=event_id)
 
     async def restore_drawer(self, ws: str, drawer_id_: str) -> bool:
+        event_id = f"{self.actor}-restore:{uuid.uuid4().hex}"
         async with workspace_tx(self.pool, ws) as conn:
-            return await restore_drawer(conn, ws, drawer_id_, actor=self.actor,
-                                        event_id=f"{self.actor}-restore:{uuid.uuid4().hex}")
+            done = await restore_drawer(conn, ws, drawer_id_, actor=self.actor, event_id=event_id)
+            if done:  # and with it again
+                await reopen_episodes_of(conn, ws, drawer_id_, change=event_id,
+                                         due_after_s=self.settings.episode_wait_s)
+            return done
 
     async def forget(self, ws: str, kind: str, value: str, *, verify: bool = False) -> Forgotten:
         """Forget a drawer (by id or citation), session, user, agent or the whole workspace (kind

@@ -14,6 +14,7 @@ from shared.db.drawers import as_array
 from shared.db.tenancy import scoped_rows, scoped_statement
 
 __all__ = [
+    "REOPEN_EPISODES_SQL",
     "SESSION_DRAWERS_SQL",
     "SESSION_TURNS_SQL",
     "EpisodeHit",
@@ -25,6 +26,7 @@ __all__ = [
     "mark_announced",
     "mark_episode_pending",
     "overdue_episodes",
+    "reopen_episodes_of",
     "save_episode",
     "search_episodes",
     "session_drawers",
@@ -291,6 +293,28 @@ async def mark_announced(
               AND source_hash IS NOT DISTINCT FROM %(hash)s""",
         {"ws": workspace_id, "id": episode_id, "hash": source_hash},
     )
+
+
+# A drawer deleted or restored changes what the episodes of its sessions may say (an extractive summary
+# quotes turns verbatim): they are reopened, which takes them out of search at once (only built ones are
+# searched), and rebuilt from the live drawers by enrich's overdue sweep, due at once. A new source hash
+# gives the rebuilt episode a new episodic.created (its id is derived from it).
+REOPEN_EPISODES_SQL = """
+    UPDATE episodes e
+       SET status = 'pending', announced_at = NULL, source_hash = md5(coalesce(e.source_hash, '') || %(change)s),
+           pending_since = now() - make_interval(secs => %(due)s)
+     WHERE e.workspace_id = %(ws)s
+       AND e.session_id IN (SELECT s.session_id FROM drawer_sources s
+                             WHERE s.workspace_id = %(ws)s AND s.drawer_id = %(id)s)"""
+
+
+async def reopen_episodes_of(conn: AsyncConnection[Any], workspace_id: str, drawer_id: str, *, change: str,
+                             due_after_s: float) -> int:
+    """``REOPEN_EPISODES_SQL`` for this drawer; ``change`` names what changed (once per change), and
+    ``due_after_s`` is the sweep's wait (``episode_wait_s``), so the sweep's next round rebuilds them."""
+    cur = await conn.execute(REOPEN_EPISODES_SQL, {"ws": workspace_id, "id": drawer_id, "change": change,
+                                                   "due": due_after_s + 1})
+    return cur.rowcount
 
 
 async def overdue_episodes(conn: AsyncConnection[Any], older_than_s: float, limit: int = 500) -> list[tuple[str, str]]:

@@ -209,6 +209,32 @@ def test_search_returns_the_sessions_episodes_on_request(stack: Stack) -> None:
     assert [e["session_id"] for e in _search(stack, other, question, include_episodes=True)["episodes"]] == ["s2"]
 
 
+def test_a_deleted_turn_leaves_its_episode_and_comes_back_with_a_restore(stack: Stack) -> None:
+    """The extractive summary quotes turns: deleting one takes the episode out of search at once, and it
+    comes back rebuilt without the turn (a new episodic.created); a restore puts the turn back in it."""
+    w = ws()
+    secret = "The spare key to the Orion office is taped under the third drawer of Maria's desk."
+    stack.publish(session(w, "s1", [TURNS[0], secret, TURNS[3]]))
+    eid = stable_id("episode", w, "s1")
+    summary = "SELECT status, summary FROM episodes WHERE workspace_id = %s AND id = %s"
+
+    def built() -> str | None:
+        rows = stack.sql(summary, (w, eid))
+        return rows[0][1] if rows and rows[0][0] == "ready" else None
+
+    assert "spare key" in wait_for(built, 60, "the episode")
+    (did,) = stack.sql("SELECT id FROM drawers WHERE workspace_id = %s AND content = %s", (w, secret))[0]
+    question = "Where is the spare key to the Orion office?"
+    assert [e["session_id"] for e in _search(stack, w, question, include_episodes=True)["episodes"]] == ["s1"]
+    r = httpx.delete(f"{stack.api_url}/v1/workspaces/{w}/palace/drawers/{did}", timeout=30)
+    assert r.status_code == 200 and r.json()["deleted"]
+    assert all("spare key" not in e["summary"] for e in _search(stack, w, question, include_episodes=True)["episodes"])
+    rebuilt = wait_for(built, 60, "the episode rebuilt without the deleted turn")
+    assert "spare key" not in rebuilt and "Orion launch" in rebuilt
+    assert httpx.post(f"{stack.api_url}/v1/workspaces/{w}/palace/drawers/{did}/restore", timeout=30).json()["restored"]
+    wait_for(lambda: "spare key" in (built() or ""), 60, "the episode rebuilt with the restored turn")
+
+
 async def test_episode_citations_stay_in_their_workspace(stack: Stack) -> None:
     """Under row-level security a transaction of one workspace reads none of another's episodes or
     drawers, even when it names that workspace."""
