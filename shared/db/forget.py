@@ -615,9 +615,10 @@ _SIBLINGS_SQL = """
                       AND NOT EXISTS (SELECT 1 FROM cut WHERE cut.session_id = o.session_id AND cut.seq = o.seq))
       FROM drawers d
      WHERE d.workspace_id = %(ws)s AND NOT (d.id = ANY(%(ids)s))
-       AND d.id IN (SELECT s.drawer_id FROM drawer_sources s JOIN cut
-                        ON s.session_id = cut.session_id AND s.seq = cut.seq
-                     WHERE s.workspace_id = %(ws)s)"""
+       AND d.id = ANY(ARRAY(
+           SELECT x.drawer_id FROM cut CROSS JOIN LATERAL (
+               SELECT s.drawer_id FROM drawer_sources s
+                WHERE s.workspace_id = %(ws)s AND s.session_id = cut.session_id AND s.seq = cut.seq) x))"""
 
 
 async def message_siblings(conn: AsyncConnection[Any], workspace_id: str, cut: list[tuple[str, int]],

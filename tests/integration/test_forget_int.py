@@ -23,7 +23,7 @@ from shared.events import DeadLetterInfo
 from shared.forget import ForgetResult, Scope, Targets, forget, verify
 from shared.ids import content_hash
 from shared.memory.filing import embedding_text
-from tests.integration.helpers import Stack, session, wait_for, ws
+from tests.integration.helpers import Stack, analyze, session, wait_for, ws
 
 SHARED_LINE = "the quarterly offsite moves to the lighthouse in Brest next spring"
 
@@ -371,14 +371,40 @@ def test_what_forget_reaches_through_migration_0040_it_finds_by_index(stack: Sta
                          (sql._REHOME_EVIDENCE_SQL, "triple_evidence_drawer"),
                          (sql._REHOME_FACTS_SQL, "triples_source_drawer"),
                          (sql.SCRUB_KG_NOTES_SQL, "memory_history_kg_"),
-                         (sql.MERGES_NAMING_SQL, "entity_merges_mentions"),
-                         (sql._SIBLINGS_SQL, "drawer_sources_session")]:
+                         (sql.MERGES_NAMING_SQL, "entity_merges_mentions")]:
             plan = "\n".join(r[0] for r in conn.execute("EXPLAIN " + q, {"ws": w, "ids": ["x"], "s": ["s"],
                                                                         "q": [0], "e": ["x"], "d": ["x"]}))
             assert index in plan, plan
         conn.execute("DELETE FROM entity_merges WHERE workspace_id = %s", (w,))
         conn.execute("DELETE FROM triple_evidence WHERE workspace_id = %s", (w,))
         conn.execute("DELETE FROM triples WHERE workspace_id = %s", (w,))
+
+
+def test_the_other_chunks_of_a_forgotten_message_are_found_by_index(stack: Stack) -> None:
+    """The drawers cut from a forgotten message: by the message's key in drawer_sources, then by primary key,
+    in a workspace of 3,000 drawers, never a walk of it."""
+    import psycopg
+
+    from shared.db import forget as sql
+
+    w = ws()
+    with psycopg.connect(stack.database_url, autocommit=True) as conn:
+        conn.execute("""INSERT INTO drawers (workspace_id, id, content, content_hash, state, session_id, seq,
+                                             dedup_bands)
+                        SELECT %s, md5(g::text), 'chunk ' || g, md5(g::text), 'processed', 's' || (g / 10), g %% 10,
+                               '{}'
+                          FROM generate_series(1, 3000) g""", (w,))
+        conn.execute("""INSERT INTO drawer_sources (workspace_id, drawer_id, session_id, seq)
+                        SELECT %s, md5(g::text), 's' || (g / 10), g %% 10 FROM generate_series(1, 3000) g""", (w,))
+        analyze(conn, "drawers")
+        analyze(conn, "drawer_sources")
+        try:
+            plan = "\n".join(r[0] for r in conn.execute("EXPLAIN " + sql._SIBLINGS_SQL,
+                                                        {"ws": w, "ids": ["x"], "s": ["s1"], "q": [3]}))
+        finally:
+            conn.execute("DELETE FROM drawers WHERE workspace_id = %s", (w,))
+    assert "drawer_sources_session" in plan and "drawers_pkey" in plan, plan
+    assert "Seq Scan" not in plan, plan
 
 
 def test_a_drawer_someone_else_said_too_keeps_nothing_of_the_forgotten_sighting(stack: Stack) -> None:
