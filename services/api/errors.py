@@ -24,6 +24,8 @@ __all__ = ["ERROR_CODES", "ERROR_RESPONSES", "ErrorBody", "error_body", "error_r
 
 log = get_logger("palace.api")
 
+RETRY_AFTER_S = 5  # what a 503 asks a client to wait before trying again
+
 ERROR_CODES: dict[int, str] = {
     400: "bad_request",
     401: "unauthorized",
@@ -55,6 +57,8 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     413: {"model": ErrorBody, "description": "The body is over PALACE_MAX_REQUEST_BYTES."},
     422: {"model": ErrorBody, "description": "A field is invalid; `detail` lists each one with its location."},
     429: {"model": ErrorBody, "description": "Over the rate limit; retry after the Retry-After header's seconds."},
+    503: {"model": ErrorBody, "description": "The database or NATS is unreachable or overloaded; retry after the "
+          "Retry-After header's seconds."},
 }
 """For routers' ``responses=``: documents the error shape in OpenAPI."""
 
@@ -109,6 +113,15 @@ async def _data_error(request: Request, exc: Exception) -> JSONResponse:
 
 
 async def _unhandled(request: Request, exc: Exception) -> JSONResponse:
+    from shared.faults import is_transient
+
+    if is_transient(exc):
+        # The database or NATS unreachable, saturated (the pool's wait ran out) or past a statement timeout:
+        # nothing is wrong with the request, and the same request may succeed in a moment.
+        log.warning("api_dependency_unavailable", method=request.method, path=request.url.path,
+                    error=repr(exc)[:300], exc_info=exc)
+        return error_response(503, f"a dependency is unavailable or overloaded ({type(exc).__name__}); retry shortly",
+                              headers={"Retry-After": str(RETRY_AFTER_S)})
     log.error("api_unhandled_error", method=request.method, path=request.url.path, exc_info=exc)
     return error_response(500, f"internal error ({type(exc).__name__}); the server log has the details")
 

@@ -199,3 +199,28 @@ def test_a_router_added_later_gets_the_same_errors_limits_and_metrics() -> None:
                                      {"method": "GET", "route": "/v1/extra/boom", "status": "500"}) == 1.0
     assert REGISTRY.get_sample_value("palace_http_requests_total",
                                      {"method": "POST", "route": "/v1/extra/{name}", "status": "409"}) == 1.0
+
+
+def test_an_unreachable_or_saturated_database_answers_503_with_retry_after() -> None:
+    """The pool's wait running out, a statement timeout or a lost connection is not the caller's fault nor a
+    bug: 503 and when to retry, not 500."""
+    import psycopg
+    from fastapi import APIRouter
+    from psycopg_pool import PoolTimeout
+
+    extra = APIRouter(prefix="/v1/busy")
+    failures: dict[str, Exception] = {"pool": PoolTimeout("couldn't get a connection after 60.00 sec"),
+                                      "cancel": psycopg.errors.QueryCanceled("canceling statement due to timeout"),
+                                      "lost": psycopg.OperationalError("server closed the connection")}
+
+    @extra.get("/{kind}")
+    async def busy(kind: str) -> None:
+        raise failures[kind]
+
+    app = create_app(Settings(api_rate_per_s=0))
+    app.include_router(extra)
+    c = TestClient(app, raise_server_exceptions=False)
+    for kind in failures:
+        r = c.get(f"/v1/busy/{kind}")
+        assert r.status_code == 503 and r.json()["error"] == "unavailable", (kind, r.text)
+        assert int(r.headers["Retry-After"]) > 0
