@@ -25,6 +25,7 @@ from services.cli_quality import quality
 from services.cli_reembed import reembed
 from services.cli_render import DeadLetterTable, EpisodesTable, HitsTable
 from shared.config import Settings
+from shared.limits import EPISODES_K_MAX, SEARCH_K_MAX
 
 app = typer.Typer(help="Palace: long-term memory for AI agents.", no_args_is_help=True, add_completion=False)
 app.command()(quality)
@@ -330,9 +331,9 @@ async def _local_search(s: Settings, workspace: str, query: str, k: int, episode
 def search(
     query: Annotated[str, typer.Argument(help="What to recall.")],
     workspace: Annotated[str, typer.Option("--workspace", "-w", help="Workspace to search.")],
-    k: Annotated[int, typer.Option("-k", help="Results.")] = 10,
+    k: Annotated[int, typer.Option("-k", min=1, max=SEARCH_K_MAX, help="Results.")] = 10,
     episodes: Annotated[bool, typer.Option("--episodes", help="Also show the nearest session episodes.")] = False,
-    episodes_k: Annotated[int, typer.Option("--episodes-k", min=1, max=20, help="Episodes at most.")] = 3,
+    episodes_k: Annotated[int, typer.Option("--episodes-k", min=1, max=EPISODES_K_MAX, help="Episodes at most.")] = 3,
     api: Annotated[str | None, typer.Option(help="Use a running API (e.g. http://127.0.0.1:8080).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
 ) -> None:

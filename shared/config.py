@@ -267,7 +267,6 @@ class Settings(BaseSettings):
     api_rate_buckets_max: int = Field(
         10_000, description="Most callers the rate limiter tracks at once (least recently seen are forgotten)."
     )
-    search_limit_max: int = Field(50, description="Largest k a search may ask for.")
     recall_cos_floor: float = Field(
         0.78, description="Cosine the vector signal counts as 0: the low end of the embedding model's band "
         "(the default fits multilingual-e5-small; set both ends for another model).",

@@ -26,6 +26,7 @@ from shared.db.identity import set_identity
 from shared.db.layers import LayerRow, drawers_by_importance, get_identity
 from shared.db.search import SearchHit
 from shared.db.tenancy import workspace_tx
+from shared.limits import SEARCH_K_MAX
 from shared.memory.citations import cite, short_id, snippet
 from shared.recall import Recaller
 
@@ -39,7 +40,7 @@ __all__ = [
 IDENTITY_MAX = 400
 L1_DRAWERS, L1_SNIPPET, L1_BUDGET = 15, 200, 2_000
 L2_DRAWERS, L2_SNIPPET, L2_BUDGET = 10, 300, 1_200
-L3_BUDGET, L3_DEFAULT_K, L3_MAX_K = 14_000, 5, 50
+L3_BUDGET, L3_DEFAULT_K, L3_MAX_K = 14_000, 5, SEARCH_K_MAX
 MORE_MARKER = "… (more in search)"
 
 

@@ -16,6 +16,7 @@ from shared.db.search import SearchHit
 from shared.db.tenancy import workspace_tx
 from shared.events import SessionCompleted
 from shared.events.models import WorkspaceId
+from shared.limits import EPISODES_K_MAX, SEARCH_K_MAX
 from shared.recall import EPISODE_DRAWERS, RecalledEpisode
 
 __all__ = ["router"]
@@ -26,11 +27,11 @@ router = APIRouter(prefix="/v1", responses=ERROR_RESPONSES)
 class SearchRequest(BaseModel):
     workspace_id: WorkspaceId
     query: str = Field(min_length=1, max_length=4000, description="What to recall.")
-    k: int = Field(10, ge=1, le=50, description="How many drawers to return.")
+    k: int = Field(10, ge=1, le=SEARCH_K_MAX, description="How many drawers to return.")
     include_episodes: bool = Field(False, description="Also return the nearest session episodes (summaries of "
                                    "whole conversations) in `episodes`, ranked on their own; the drawer hits "
                                    "are the same either way.")
-    episodes_k: int = Field(3, ge=1, le=20, description="How many episodes at most, with include_episodes.")
+    episodes_k: int = Field(3, ge=1, le=EPISODES_K_MAX, description="How many episodes at most, with include_episodes.")
 
 
 class EpisodeOut(BaseModel):
@@ -89,9 +90,9 @@ async def search_get(
     r: RecallerDep,
     workspace_id: Annotated[str, Query(pattern=WORKSPACE_PATTERN)],
     q: Annotated[str, Query(min_length=1, max_length=4000)],
-    k: Annotated[int, Query(ge=1, le=50)] = 10,
+    k: Annotated[int, Query(ge=1, le=SEARCH_K_MAX)] = 10,
     include_episodes: bool = False,
-    episodes_k: Annotated[int, Query(ge=1, le=20)] = 3,
+    episodes_k: Annotated[int, Query(ge=1, le=EPISODES_K_MAX)] = 3,
 ) -> SearchResponse:
     """Same as POST /v1/search, for quick checks from a browser or curl."""
     return await search(caller, SearchRequest(workspace_id=workspace_id, query=q, k=k,

@@ -31,6 +31,7 @@ from shared.db import kg
 from shared.db.tenancy import workspace_tx
 from shared.inject import DEFAULT_TOKEN_BUDGET, inject
 from shared.layers import L1_BUDGET, LayerDrawer, wake_up
+from shared.limits import EPISODES_K_MAX, SEARCH_K_MAX
 from shared.memory.kg import Fact, KgError, KgStats, TripleAdded
 from shared.palace_graph import GraphStats, RoomVisit, Tunnel
 from shared.palace_ops import (
@@ -239,12 +240,12 @@ async def memory_search(
     ctx: Context,
     query: Annotated[str, Field(min_length=1, max_length=4000,
                                 description="What to recall, in natural language (a question or keywords).")],
-    limit: Annotated[int, Field(ge=1, le=50, description="How many memories to return.")] = 5,
+    limit: Annotated[int, Field(ge=1, le=SEARCH_K_MAX, description="How many memories to return.")] = 5,
     include_episodes: Annotated[bool, Field(description="Also return the past conversations (episodes: a summary, "
                                             "topics and time span per session) nearest the query, with "
                                             "citations of their drawers. Use it for 'when did we discuss…' "
                                             "or to see a memory's whole conversation.")] = False,
-    episodes_limit: Annotated[int, Field(ge=1, le=20, description="How many episodes at most, with "
+    episodes_limit: Annotated[int, Field(ge=1, le=EPISODES_K_MAX, description="How many episodes at most, with "
                                          "include_episodes.")] = 3,
 ) -> SearchOut:
     """Search memories by meaning and wording (hybrid semantic + full-text recall). Returns the best
