@@ -12,8 +12,10 @@ Rules, general on purpose (nothing here knows a data set):
 * a day ("13 October 2023", "October 13, 2023", "Oct 13th") → that day and the six after it, since
   people report an event in the days after it happened ("last Friday I ...");
 * a month ("June", "July 2023") → that calendar month; a year ("2023", "in 2022") → that year;
+* ISO dates as machines and many people write them: "2023-10-13" is a day (as above), "2023-10" a month;
 * a date without a year → the same window in each of the last ``years_back`` years;
-* relative words, against ``now``: today, yesterday, this/last week, this/last month, this/last year.
+* relative words, against ``now``: today, yesterday, this/last/previous week, month and year (the
+  calendar's), and "the past week / month / year": the 7, 31 or 366 days up to today, included.
 
 "May" counts as a month only when capitalised or next to a day or a year, so "what may help" is not
 a date. Everything is UTC: ``occurred_at`` is stored as timestamptz and a query has no time zone.
@@ -40,6 +42,7 @@ _DATE = re.compile(
     re.IGNORECASE,
 )
 _YEAR = re.compile(r"\b(?:19|20)\d\d\b")
+_ISO = re.compile(r"\b(?P<year>(?:19|20)\d\d)-(?P<month>0[1-9]|1[0-2])(?:-(?P<day>0[1-9]|[12]\d|3[01]))?\b")
 _RELATIVE = re.compile(r"\b(today|yesterday|(?:this|last|past|previous)\s+(?:week|month|year))\b", re.IGNORECASE)
 
 Window = tuple[datetime, datetime]
@@ -67,6 +70,9 @@ def _relative(word: str, now: datetime) -> Window:
     if w == "yesterday":
         return today - timedelta(days=1), today
     unit = w.split()[1]
+    if w.startswith("past"):  # trailing: "in the past month" on the 20th includes the 1st to the 20th
+        span = {"week": 7, "month": 31, "year": 366}[unit]
+        return today - timedelta(days=span - 1), today + timedelta(days=1)
     last = not w.startswith("this")
     if unit == "week":
         return (today - timedelta(days=14), today) if last else (today - timedelta(days=7), today + timedelta(days=1))
@@ -82,6 +88,12 @@ def date_windows(text: str, now: datetime | None = None, years_back: int = 10) -
     now = now or datetime.now(UTC)
     out: list[Window] = []
     taken: list[tuple[int, int]] = []
+    for m in _ISO.finditer(text):
+        y, mo, d = int(m.group("year")), int(m.group("month")), m.group("day")
+        w = _day(y, mo, int(d)) if d else _month(y, mo)
+        if w:
+            out.append(w)
+        taken.append(m.span())
     for m in _DATE.finditer(text):
         mon_word, day_s, year_s = m.group("mon"), m.group("d1") or m.group("d2"), m.group("year")
         if mon_word.lower() == "may" and not (mon_word[0] == "M" or day_s or year_s):

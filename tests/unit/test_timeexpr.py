@@ -53,3 +53,19 @@ def test_relative_words_count_back_from_now() -> None:
     assert date_windows("this year", NOW) == [(d(2026, 1), d(2027, 1))]
     assert date_windows("last year", NOW) == [(d(2025, 1), d(2026, 1))]
     assert date_windows("last week", NOW) == [(d(2026, 11, 9), d(2026, 11, 23))]
+
+
+def test_iso_dates_are_the_day_or_month_they_name_not_their_year() -> None:
+    assert date_windows("what happened on 2023-10-13?", NOW) == [(d(2023, 10, 13), d(2023, 10, 20))]
+    assert date_windows("the 2023-10 release", NOW) == [(d(2023, 10), d(2023, 11))]
+    assert date_windows("on 2023-02-30", NOW) == []  # not a date, and not the whole of 2023 either
+    assert date_windows("from 2023-10-13 to 2023-10-20", NOW) == [(d(2023, 10, 13), d(2023, 10, 20)),
+                                                                  (d(2023, 10, 20), d(2023, 10, 27))]
+
+
+def test_the_past_week_month_and_year_trail_up_to_today() -> None:
+    # "last month" is the calendar's; "the past month" ends today, so the 1st to the 23rd of November count.
+    assert date_windows("in the past month", NOW) == [(d(2026, 10, 24), d(2026, 11, 24))]
+    assert date_windows("over the past week", NOW) == [(d(2026, 11, 17), d(2026, 11, 24))]
+    assert date_windows("in the past year", NOW) == [(d(2025, 11, 23), d(2026, 11, 24))]
+    assert date_windows("previous month", NOW) == [(d(2026, 10), d(2026, 11))]
