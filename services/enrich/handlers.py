@@ -170,10 +170,19 @@ async def episode_sweeper(deps: Deps, stop: asyncio.Event) -> None:
     async def build_overdue() -> None:
         async with maintenance_tx(deps.pool) as conn:
             due = await overdue_episodes(conn, deps.settings.episode_wait_s)
+        failed = 0
         for ws, session_id in due:
-            await complete_episode(deps, ws, session_id)
+            # One episode that keeps failing (it comes first: the oldest) must not hold back the rest.
+            try:
+                await complete_episode(deps, ws, session_id)
+            except Exception as e:
+                if is_transient(e):
+                    raise  # the database or NATS is down: the round is retried whole
+                failed += 1
+                log.error("episode_overdue_failed", workspace=ws, session_id=session_id, error=repr(e)[:300],
+                          exc_info=e)
         if due:
-            log.info("episodes_overdue_built", count=len(due))
+            log.info("episodes_overdue_built", count=len(due) - failed, failed=failed)
 
     await leased_rounds(deps, stop, "episodes", build_overdue, failed_event="episode_sweep_failed")
 

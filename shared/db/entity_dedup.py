@@ -315,12 +315,16 @@ async def _move(conn: AsyncConnection[Any], ws: str, loser: str, survivor: str) 
     aliases_added = sorted(str(r[0]) for r in await cur.fetchall())
     await conn.execute("DELETE FROM entity_aliases WHERE workspace_id = %(ws)s AND entity_id = %(l)s", p)
 
-    cur = await conn.execute("SELECT drawer_id FROM entity_mentions WHERE workspace_id = %(ws)s AND entity_id = %(l)s"
-                             " ORDER BY drawer_id", p)
-    mentions = [str(r[0]) for r in await cur.fetchall()]
+    cur = await conn.execute("SELECT drawer_id, confidence FROM entity_mentions WHERE workspace_id = %(ws)s"
+                             " AND entity_id = %(l)s ORDER BY drawer_id", p)
+    rows = await cur.fetchall()
+    mentions = [str(r[0]) for r in rows]
+    # What extraction judged of each mention, for the revert (the linker's mentions carry none).
+    mention_confidence = {str(d): float(c) for d, c in rows if c is not None}
     cur = await conn.execute(
-        """INSERT INTO entity_mentions (workspace_id, entity_id, drawer_id)
-           SELECT workspace_id, %(s)s, drawer_id FROM entity_mentions WHERE workspace_id = %(ws)s AND entity_id = %(l)s
+        """INSERT INTO entity_mentions (workspace_id, entity_id, drawer_id, confidence)
+           SELECT workspace_id, %(s)s, drawer_id, confidence FROM entity_mentions
+            WHERE workspace_id = %(ws)s AND entity_id = %(l)s
            ON CONFLICT DO NOTHING RETURNING drawer_id""", p)
     mentions_added = sorted(str(r[0]) for r in await cur.fetchall())
     await conn.execute("DELETE FROM entity_mentions WHERE workspace_id = %(ws)s AND entity_id = %(l)s", p)
@@ -338,6 +342,8 @@ async def _move(conn: AsyncConnection[Any], ws: str, loser: str, survivor: str) 
     triples = [r[0] for r in await cur.fetchall()]
     absorbed: dict[str, str] = {}      # loser's fact id -> the survivor's fact it duplicated
     moved_back: dict[str, str | None] = {}  # survivor's fact id -> its valid_from before (said earlier by the loser)
+    evidence: dict[str, list[Any]] = {}  # loser's absorbed fact id -> its evidence rows (the delete cascades)
+    evidence_added: dict[str, list[str]] = {}  # survivor's fact id -> drawers whose evidence the merge gave it
     for t in triples:
         s = survivor if t["subject_id"] == loser else t["subject_id"]
         o = survivor if t["object_id"] == loser else t["object_id"]
@@ -347,6 +353,21 @@ async def _move(conn: AsyncConnection[Any], ws: str, loser: str, survivor: str) 
                      AND object_id = %s AND valid_to IS NULL AND id <> %s""", (ws, s, t["predicate"], o, t["id"]))
             dup = await cur.fetchone()
             if dup is not None:
+                # Its sightings now count for the fact it duplicates (its confidence and the drawers'
+                # triple_count are averaged and counted over evidence rows), and are kept for the revert.
+                cur = await conn.execute("SELECT to_jsonb(v) FROM triple_evidence v WHERE workspace_id = %s"
+                                         " AND triple_id = %s ORDER BY drawer_id", (ws, t["id"]))
+                evidence[t["id"]] = [r[0] for r in await cur.fetchall()]
+                cur = await conn.execute(
+                    """INSERT INTO triple_evidence (workspace_id, triple_id, drawer_id, confidence, said_at, episode_id,
+                                                    session_id, seq, created_at)
+                       SELECT workspace_id, %s, drawer_id, confidence, said_at, episode_id, session_id, seq, created_at
+                         FROM triple_evidence WHERE workspace_id = %s AND triple_id = %s
+                       ON CONFLICT DO NOTHING RETURNING drawer_id""", (dup[0], ws, t["id"]))
+                added = [str(r[0]) for r in await cur.fetchall()]
+                if added:
+                    evidence_added.setdefault(str(dup[0]), []).extend(added)
+                    await _average_evidence(conn, ws, [str(dup[0])])
                 await conn.execute("DELETE FROM triples WHERE workspace_id = %s AND id = %s", (ws, t["id"]))
                 absorbed[t["id"]] = str(dup[0])
                 cur = await conn.execute(
@@ -359,7 +380,18 @@ async def _move(conn: AsyncConnection[Any], ws: str, loser: str, survivor: str) 
         await conn.execute("UPDATE triples SET subject_id = %s, object_id = %s WHERE workspace_id = %s AND id = %s",
                            (s, o, ws, t["id"]))
     return {"aliases": aliases, "aliases_added": aliases_added, "mentions": mentions,
-            "mentions_added": mentions_added, "triples": triples, "absorbed": absorbed, "moved_back": moved_back}
+            "mention_confidence": mention_confidence, "mentions_added": mentions_added, "triples": triples,
+            "absorbed": absorbed, "moved_back": moved_back, "evidence": evidence, "evidence_added": evidence_added}
+
+
+async def _average_evidence(conn: AsyncConnection[Any], ws: str, triple_ids: list[str]) -> None:
+    """A fact's confidence: the mean over its evidence rows (as ``shared.db.kg.record_extraction`` keeps it)."""
+    await conn.execute(
+        """UPDATE triples t SET confidence = e.c
+             FROM (SELECT triple_id, avg(confidence) AS c FROM triple_evidence
+                    WHERE workspace_id = %(ws)s AND triple_id = ANY(%(ids)s) GROUP BY triple_id) e
+            WHERE t.workspace_id = %(ws)s AND t.id = e.triple_id AND t.confidence IS DISTINCT FROM e.c""",
+        {"ws": ws, "ids": triple_ids})
 
 
 async def _lock_pair(conn: AsyncConnection[Any], ws: str, a: str, b: str) -> dict[str, dict[str, Any]]:
@@ -462,8 +494,10 @@ async def _absorb_once(conn: AsyncConnection[Any], workspace_id: str, ids: list[
         moved = await _move(conn, workspace_id, loser, survivor)
         for k in ("aliases", "aliases_added", "mentions", "mentions_added", "triples"):
             snap[k] = snap.get(k, []) + moved[k]
-        for k in ("absorbed", "moved_back"):
+        for k in ("absorbed", "moved_back", "mention_confidence", "evidence"):
             snap[k] = {**moved[k], **snap.get(k, {})}
+        for k, v in moved["evidence_added"].items():
+            snap.setdefault("evidence_added", {}).setdefault(k, []).extend(v)
         await conn.execute("UPDATE entity_merges SET snapshot = %s WHERE workspace_id = %s AND id = %s",
                            (Jsonb(snap), workspace_id, mid))
         await recount_entities(conn, workspace_id, [loser, survivor])
@@ -487,7 +521,16 @@ async def revert_merge(conn: AsyncConnection[Any], workspace_id: str, merge_id: 
     survivor, loser, status, snap = row
     if status != "merged":
         raise MergeError(f"merge {merge_id} was already reverted")
-    await _lock_pair(conn, workspace_id, survivor, loser)
+    rows = await _lock_pair(conn, workspace_id, survivor, loser)
+    later = (rows.get(survivor) or {}).get("merged_into")
+    if later is not None:
+        # What this merge gave the survivor went on with it: reverting here would leave it there, and the
+        # next entity.upserted would merge the entity again through the alias it left behind.
+        cur = await conn.execute("SELECT id FROM entity_merges WHERE workspace_id = %s AND merged_id = %s"
+                                 " AND status = 'merged' ORDER BY created_at DESC LIMIT 1", (workspace_id, survivor))
+        nxt = await cur.fetchone()
+        raise MergeError(f"{survivor} was merged into {later} since" + (f" (merge {nxt[0]})" if nxt else "")
+                         + ": revert that merge first")
     p = {"ws": workspace_id, "l": loser, "s": survivor}
     # Facts: ids rewritten back, duplicates that were folded into the survivor's fact re-inserted
     # exactly, and the survivor's facts whose start moved back get their own start again.
@@ -506,12 +549,29 @@ async def revert_merge(conn: AsyncConnection[Any], workspace_id: str, merge_id: 
     for tid, vf in snap["moved_back"].items():
         await conn.execute("UPDATE triples SET valid_from = %s::timestamptz WHERE workspace_id = %s AND id = %s",
                            (vf, workspace_id, tid))
+    # The absorbed facts' sightings go back to them (those of drawers forget took meanwhile stay gone), and
+    # the facts they were folded into lose what the merge gave them.
+    for tid, drawers_ in snap.get("evidence_added", {}).items():
+        await conn.execute("DELETE FROM triple_evidence WHERE workspace_id = %s AND triple_id = %s"
+                           " AND drawer_id = ANY(%s)", (workspace_id, tid, drawers_))
+    for rows_ in snap.get("evidence", {}).values():
+        for v in rows_:
+            await conn.execute(
+                """INSERT INTO triple_evidence SELECT r.* FROM jsonb_populate_record(NULL::triple_evidence, %s) r
+                    WHERE EXISTS (SELECT 1 FROM triples t WHERE t.workspace_id = r.workspace_id AND t.id = r.triple_id)
+                      AND EXISTS (SELECT 1 FROM drawers d WHERE d.workspace_id = r.workspace_id AND d.id = r.drawer_id)
+                   ON CONFLICT DO NOTHING""", (Jsonb(v),))
+    touched = sorted(set(snap.get("evidence_added", {})) | set(snap.get("evidence", {})))
+    if touched:
+        await _average_evidence(conn, workspace_id, touched)
     await conn.execute("DELETE FROM entity_mentions WHERE workspace_id = %s AND entity_id = %s AND drawer_id = ANY(%s)",
                        (workspace_id, survivor, snap["mentions_added"]))
-    await conn.execute(  # the drawers forget took meanwhile stay forgotten
-        """INSERT INTO entity_mentions (workspace_id, entity_id, drawer_id)
-           SELECT %(ws)s, %(l)s, d.id FROM drawers d WHERE d.workspace_id = %(ws)s AND d.id = ANY(%(m)s)
-           ON CONFLICT DO NOTHING""", {**p, "m": snap["mentions"]})
+    conf = snap.get("mention_confidence", {})
+    await conn.execute(  # the drawers forget took meanwhile stay forgotten; each with the confidence it had
+        """INSERT INTO entity_mentions (workspace_id, entity_id, drawer_id, confidence)
+           SELECT %(ws)s, %(l)s, d.id, (%(c)s::jsonb ->> d.id)::real FROM drawers d
+            WHERE d.workspace_id = %(ws)s AND d.id = ANY(%(m)s)
+           ON CONFLICT DO NOTHING""", {**p, "m": snap["mentions"], "c": Jsonb(conf)})
     await conn.execute("DELETE FROM entity_aliases WHERE workspace_id = %s AND entity_id = %s AND alias_key = ANY(%s)",
                        (workspace_id, survivor, snap["aliases_added"]))
     for a in snap["aliases"]:

@@ -254,8 +254,14 @@ async def _forget_in_entity_merges(conn: AsyncConnection[Any], workspace_id: str
             kept_ids = {t["id"] for t in kept}
             snap = {**snap, "mentions": [m for m in snap["mentions"] if m not in forgotten_ids],
                     "mentions_added": [m for m in snap.get("mentions_added", []) if m not in forgotten_ids],
+                    "mention_confidence": {k: v for k, v in snap.get("mention_confidence", {}).items()
+                                           if k not in forgotten_ids},
                     "triples": kept,
-                    "absorbed": {k: v for k, v in snap.get("absorbed", {}).items() if k in kept_ids}}
+                    "absorbed": {k: v for k, v in snap.get("absorbed", {}).items() if k in kept_ids},
+                    "evidence": {k: [v for v in rows_ if v.get("drawer_id") not in forgotten_ids]
+                                 for k, rows_ in snap.get("evidence", {}).items() if k in kept_ids},
+                    "evidence_added": {k: [d for d in ds if d not in forgotten_ids]
+                                       for k, ds in snap.get("evidence_added", {}).items()}}
             await conn.execute("UPDATE entity_merges SET snapshot = %s WHERE workspace_id = %s AND id = %s",
                                (Jsonb(snap), workspace_id, merge_id))
             out["scrubbed"] += 1

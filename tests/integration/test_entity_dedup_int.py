@@ -68,9 +68,11 @@ def _graph(stack: Stack, w: str) -> dict[str, list[tuple[Any, ...]]]:
                               " FROM entities WHERE workspace_id = %s ORDER BY id", (w,)),
         "aliases": stack.sql("SELECT * FROM entity_aliases WHERE workspace_id = %s ORDER BY alias_key, entity_id",
                              (w,)),
-        "mentions": stack.sql("SELECT entity_id, drawer_id FROM entity_mentions WHERE workspace_id = %s"
+        "mentions": stack.sql("SELECT entity_id, drawer_id, confidence FROM entity_mentions WHERE workspace_id = %s"
                               " ORDER BY 1, 2", (w,)),
         "triples": stack.sql("SELECT * FROM triples WHERE workspace_id = %s ORDER BY id", (w,)),
+        "evidence": stack.sql("SELECT triple_id, drawer_id, confidence, said_at FROM triple_evidence"
+                              " WHERE workspace_id = %s ORDER BY 1, 2", (w,)),
         "drawer_counts": stack.sql("SELECT id, entity_count, triple_count FROM drawers WHERE workspace_id = %s"
                                    " ORDER BY id", (w,)),
     }
@@ -118,6 +120,18 @@ async def test_dedup_merges_the_same_entity_refuses_look_alikes_and_reverts_exac
         pool: AsyncConnectionPool, stack: Stack) -> None:
     w = ws()
     await _seed(pool, stack, w)
+    # What extraction recorded of the sightings: a mention's confidence, and each "works_at Acme" fact's
+    # evidence (the two facts become one in the merge; a revert gives each its own again).
+    tomas_acc, tomas_ = (entity_id(w, "Tomás"), entity_id(w, "Tomas"))
+    acme = {s: stack.sql("SELECT id FROM triples WHERE workspace_id = %s AND subject_id = %s"
+                          " AND predicate = 'works_at'", (w, s))[0][0] for s in (tomas_acc, tomas_)}
+    stack.sql("INSERT INTO triple_evidence (workspace_id, triple_id, drawer_id, confidence, said_at) VALUES"
+              " (%s, %s, 'd-1', 0.6, '2024-11-01'), (%s, %s, 'd-2', 0.9, '2025-01-10') RETURNING 1",
+              (w, acme[tomas_acc], w, acme[tomas_]))
+    stack.sql("UPDATE triples SET confidence = CASE WHEN id = %s THEN 0.6 ELSE 0.9 END WHERE workspace_id = %s"
+              " AND id = ANY(%s) RETURNING 1", (acme[tomas_acc], w, list(acme.values())))
+    stack.sql("UPDATE entity_mentions SET confidence = 0.7 WHERE workspace_id = %s AND entity_id = %s RETURNING 1",
+              (w, tomas_acc))
     before = _graph(stack, w)
     await asyncio.to_thread(stack.publish, _upserted(w, NAMES), "entity.upserted")
     await asyncio.to_thread(wait_for, lambda: len(stack.sql(
@@ -152,9 +166,14 @@ async def test_dedup_merges_the_same_entity_refuses_look_alikes_and_reverts_exac
         # A fact said again under the merged name lands on the survivor, not on a revived duplicate.
         again = await add_triple(c, w, "Tomás", "lives_in", "Lisbon", valid_from="2025-02-03")
         assert not again.created and again.fact.subject_id == e["Tomas"]
-    mentions = stack.sql("SELECT drawer_id FROM entity_mentions WHERE workspace_id = %s AND entity_id = %s"
+    mentions = stack.sql("SELECT drawer_id, confidence FROM entity_mentions WHERE workspace_id = %s AND entity_id = %s"
                          " ORDER BY 1", (w, e["Tomas"]))
-    assert [m[0] for m in mentions] == ["d-1", "d-2", "d-9"]
+    assert [m[0] for m in mentions] == ["d-1", "d-2", "d-9"] and abs(mentions[0][1] - 0.7) < 1e-6
+    # The folded fact's sightings count for the one it joined: both drawers, and their mean confidence.
+    assert stack.sql("SELECT drawer_id FROM triple_evidence WHERE workspace_id = %s AND triple_id = %s ORDER BY 1",
+                     (w, acme[tomas_])) == [("d-1",), ("d-2",)]
+    assert abs(stack.sql("SELECT confidence FROM triples WHERE workspace_id = %s AND id = %s",
+                         (w, acme[tomas_]))[0][0] - 0.75) < 1e-6
     assert stack.sql("SELECT mention_count, entity_type FROM entities WHERE workspace_id = %s AND id = %s",
                      (w, e["Tomas"])) == [(3, "person")]
     hist = stack.sql("SELECT action, new_value->>'survivor' FROM memory_history WHERE workspace_id = %s"
@@ -179,7 +198,7 @@ async def test_dedup_merges_the_same_entity_refuses_look_alikes_and_reverts_exac
     jon = {e["Jon"], e["Jon Snow"]}
     after = _graph(stack, w)
     # The survivor's mention count was refreshed by the first upsert event; everything else is exact.
-    for k in ("aliases", "mentions", "triples"):
+    for k in ("aliases", "mentions", "triples", "evidence"):
         keep = [row for row in after[k] if not jon & set(map(str, row))]
         assert keep == [row for row in before[k] if not jon & set(map(str, row))], k
     ents = {row[0]: row for row in after["entities"]}
@@ -382,3 +401,30 @@ async def test_forgetting_what_named_a_merged_entity_reaches_the_merge(pool: Asy
     assert snap["mentions"] == ["d-4"]
     assert stack.sql("SELECT merged_into FROM entities WHERE workspace_id = %s AND id = %s",
                      (w, e["Rob"])) == [(e["Robert"],)]
+
+
+async def test_a_merge_whose_survivor_was_merged_since_is_reverted_last_first(
+        pool: AsyncConnectionPool, stack: Stack) -> None:
+    """A into B, then B into C: what the first merge gave B went on to C, so reverting it alone would leave A's
+    name on C (and the next upsert would merge A again through it). It is refused until B→C is reverted."""
+    from shared.db.entity_dedup import merge_entities
+    from shared.memory.entity_dedup import Decision
+
+    w = ws()
+    a, b, c = (entity_id(w, n) for n in ("Alpha Centauri Ltd", "Beta Ltd", "Gamma Ltd"))
+    async with workspace_tx(pool, w) as conn:
+        await ensure_entities(conn, w, [("Alpha Centauri Ltd", "organization"), ("Beta Ltd", "organization"),
+                                        ("Gamma Ltd", "organization")])
+        first = await merge_entities(conn, w, Decision("merge", "operator", "test", survivor=b, loser=a),
+                                     actor="test", event_id=None)
+        second = await merge_entities(conn, w, Decision("merge", "operator", "test", survivor=c, loser=b),
+                                      actor="test", event_id=None)
+    assert first and second
+    async with workspace_tx(pool, w) as conn:
+        with pytest.raises(MergeError, match=f"merge {second}.*revert that merge first"):
+            await revert_merge(conn, w, first, actor="test")
+    async with workspace_tx(pool, w) as conn:
+        await revert_merge(conn, w, second, actor="test")
+        await revert_merge(conn, w, first, actor="test")
+    assert stack.sql("SELECT id FROM entities WHERE workspace_id = %s AND merged_into IS NULL ORDER BY id",
+                     (w,)) == sorted([(a,), (b,), (c,)])
