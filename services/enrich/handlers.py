@@ -14,7 +14,7 @@ from shared.adapters.llm import LlmClient, LlmError, Usage
 from shared.bus import Poison, decode_event, publish_held
 from shared.consumers import consumer_for
 from shared.db.curation import record_usage
-from shared.db.drawers import record_history
+from shared.db.drawers import history_id_for, record_history
 from shared.db.episodes import (
     discard_pending_episode,
     episode_progress,
@@ -192,11 +192,12 @@ def register(deps: Deps) -> None:
     llm = LlmClient(s) if s.llm_base_url else None
     deps.extra["llm"] = llm  # complete_episode's summary, from every trigger (handlers and the sweep)
     alone = asyncio.Semaphore(s.consumer_concurrency)  # episodes extracted one by one, at once in this process
-    if llm is None:
-        # Without a model a batch is CPU and statements, and batches side by side only queued on the new
-        # entities they share (an insert waits for the transaction that inserted the same row first): one
-        # at a time, each as large as what waits, costs less and waits on nothing.
-        deps.windows[consumer_for(deps.service, EpisodicCreated.subject).durable] = 1
+    # One batch at a time. Without a model a batch is CPU and statements, and batches side by side only
+    # queued on the new entities they share (an insert waits for the transaction that inserted the same row
+    # first): one at a time, each as large as what waits, costs less and waits on nothing. With one, batches
+    # side by side would queue their episodes on ``alone``, and that wait counts against each batch's
+    # PALACE_HANDLER_TIMEOUT_S: a slow model would see whole batches cancelled and retried.
+    deps.windows[consumer_for(deps.service, EpisodicCreated.subject).durable] = 1
 
     @deps.handle(SessionStored)
     async def on_session_stored(body: bytes, raw: Msg) -> None:
@@ -252,11 +253,12 @@ def register(deps: Deps) -> None:
         # Each episode on its own: with a model (side by side, at most the consumer's window of them in
         # this process, each waiting on its own answer), or after a failed batch, so that one bad episode
         # fails only itself (NAKed, then dead-lettered, by the loop).
-        async def one(ev: EpisodicCreated) -> None:
+        async def one(ev: EpisodicCreated, raw: Msg) -> None:
             async with alone:
                 await extract_episode(deps, llm, ev)
+            await ack_once(raw)  # done: neither a batch-mate's failure nor the batch's budget redoes it
 
-        outcomes = await asyncio.gather(*(one(ev) for ev, _ in events), return_exceptions=True)
+        outcomes = await asyncio.gather(*(one(ev, raw) for ev, raw in events), return_exceptions=True)
         failed = [o for o in outcomes if isinstance(o, BaseException)]
         for (_, raw), outcome in zip(events, outcomes, strict=True):
             if not isinstance(outcome, BaseException):
@@ -299,12 +301,15 @@ async def extract_episode(deps: Deps, llm: LlmClient | None, ev: EpisodicCreated
             stored = await _extract_locked(conn, deps, ev)
     else:
         async with workspace_tx(deps.pool, ev.workspace_id) as conn:
-            turns = _turns(await session_turns(conn, ev.workspace_id, ev.session_id, with_embedding=False))
-        if not turns:
-            return None
-        sightings, tier, warnings, usage = await _read_graph(llm, turns, ev.session_id, what=ev.episode_id)
-        stored = await workspace_write(deps.pool, ev.workspace_id, lambda conn: _store_extraction(
-            conn, deps, ev, turns, sightings, tier, warnings, usage))
+            stored = await _extracted_by_model(conn, ev)
+            turns = [] if stored else _turns(await session_turns(conn, ev.workspace_id, ev.session_id,
+                                                                 with_embedding=False))
+        if stored is None:
+            if not turns:
+                return None
+            sightings, tier, warnings, usage = await _read_graph(llm, turns, ev.session_id, what=ev.episode_id)
+            stored = await workspace_write(deps.pool, ev.workspace_id, lambda conn: _store_extraction(
+                conn, deps, ev, turns, sightings, tier, warnings, usage))
     if stored is None or not stored.entities:
         return stored
     ids = sorted(stored.entities)
@@ -410,13 +415,28 @@ async def _store_extraction(
         return None
     stored = await record_extraction(conn, ev.workspace_id, sightings, episode_id=ev.episode_id,
                                      types=speaker_types(turns), entities_ensured=entities_ensured)
-    if warnings or stored.skipped:
+    if warnings or stored.skipped or tier == "llm":
+        # The model's reading is noted always: a redelivery of this event finds it (``_extracted_by_model``)
+        # instead of asking the model again, whose second answer may differ from what was stored.
         await record_history(
             conn, ev.workspace_id, drawer_id=None, action="KG_EXTRACT", actor="enrich", event_id=ev.event_id,
-            reason="; ".join([*warnings, *stored.skipped])[:2000],
+            reason="; ".join([*warnings, *stored.skipped])[:2000] or None,
             new_value={"episode_id": ev.episode_id, "tier": tier, "entities": len(stored.entities),
-                       "new_facts": stored.new_facts, "warnings": len(warnings) + len(stored.skipped)})
+                       "new_facts": stored.new_facts, "warnings": len(warnings) + len(stored.skipped),
+                       **({"entity_ids": stored.entities} if tier == "llm" else {})})
     return stored
+
+
+async def _extracted_by_model(conn: AsyncConnection[Any], ev: EpisodicCreated) -> ExtractionStored | None:
+    """What the model's reading of this event stored, when an earlier delivery committed it (its
+    KG_EXTRACT note, by primary key): the entities to announce again, nothing to store."""
+    cur = await conn.execute("SELECT new_value FROM memory_history WHERE workspace_id = %s AND id = %s",
+                             (ev.workspace_id, history_id_for(ev.workspace_id, ev.event_id, None, "KG_EXTRACT")))
+    row = await cur.fetchone()
+    note = row[0] if row else None
+    if not isinstance(note, dict) or note.get("tier") != "llm" or not isinstance(note.get("entity_ids"), dict):
+        return None
+    return ExtractionStored({str(k): str(v) for k, v in note["entity_ids"].items()}, 0, 0, [])
 
 
 async def extract_due_drawers(

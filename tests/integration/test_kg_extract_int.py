@@ -159,6 +159,33 @@ def _history(stack: Stack, w: str) -> list[tuple[Any, ...]]:
                      (w,))
 
 
+def _redeliver_episode(stack: Stack, w: str) -> None:
+    """The workspace's episodic.created again, as JetStream redelivers it after an ack lost past the commit."""
+    from shared.consumers import consumer_for
+    from shared.events import EpisodicCreated
+    from shared.ids import event_id_for
+
+    (eid, sid, summary, abstract, topics, source_hash), = stack.sql(
+        "SELECT id, session_id, summary, abstract, topics, source_hash FROM episodes WHERE workspace_id = %s", (w,))
+    ev = EpisodicCreated(event_id=event_id_for("episodic.created", eid, source_hash or ""), workspace_id=w,
+                         episode_id=eid, session_id=sid, summary=summary, abstract=abstract, topics=list(topics))
+
+    async def go() -> None:
+        nc = await nats.connect(stack.nats_url)
+        try:
+            js = nc.jetstream()
+            ack = await js.publish(ev.subject, ev.model_dump_json().encode(), headers={"Nats-Msg-Id": "again-" + eid})
+            durable = consumer_for("enrich", ev.subject).durable
+            for _ in range(300):
+                if (await js.consumer_info(stack.settings.stream_name, durable)).ack_floor.stream_seq >= ack.seq:
+                    return
+                await asyncio.sleep(0.1)
+            raise AssertionError("enrich did not settle the redelivered episode")
+        finally:
+            await nc.close()
+    asyncio.run(go())
+
+
 @pytest.mark.parametrize("mode", ["ok", "partial", "malformed", "fail500"])
 def test_llm_extraction_and_its_failures(stack: Stack, llm: ChatStub, mode: str) -> None:
     llm.extract_mode, llm.extract_calls = mode, 0
@@ -181,7 +208,12 @@ def test_llm_extraction_and_its_failures(stack: Stack, llm: ChatStub, mode: str)
         assert ("Caroline", "from", "Sweden") in facts
     hist = _history(stack, w)
     if mode == "ok":
-        assert hist == []
+        # The model's reading is noted, with what it stored, and a redelivered event does not ask it again.
+        assert len(hist) == 1 and hist[0][0] is None and hist[0][1]["tier"] == "llm"
+        assert set(hist[0][1]["entity_ids"]) == {r[0] for r in snap["entities"]}
+        calls = llm.extract_calls
+        _redeliver_episode(stack, w)
+        assert llm.extract_calls == calls and _snapshot(stack, w) == snap
     else:
         assert len(hist) == 1 and hist[0][1]["tier"] == ("llm" if mode == "partial" else "patterns")
         assert ("more than 50 entities" in hist[0][0]) if mode == "partial" else ("LLM extraction failed" in hist[0][0])
