@@ -363,12 +363,17 @@ async def _write_triple(
         )
         created = await cur.fetchone() is not None
         if not created and vt is None:
-            # The statement is current but was first recorded as starting later: it was said earlier.
+            # The statement is current but was first recorded as starting later: it was said earlier. The
+            # row that starts next after it moves back (the current one, or one that has ended since, when
+            # an invalidation lies between: the current one must not swallow that gap).
             cur = await conn.execute(
                 """UPDATE triples SET valid_from = %(vf)s, source_drawer = %(d)s, source_episode = %(e)s,
                                       source_session = %(sess)s, source_seq = %(seq)s
-                    WHERE workspace_id = %(ws)s AND subject_id = %(s)s AND predicate = %(p)s AND object_id = %(o)s
-                      AND valid_to IS NULL
+                    WHERE workspace_id = %(ws)s AND id = (
+                          SELECT id FROM triples
+                           WHERE workspace_id = %(ws)s AND subject_id = %(s)s AND predicate = %(p)s
+                             AND object_id = %(o)s AND valid_from > %(vf)s
+                           ORDER BY valid_from LIMIT 1)
                 RETURNING id""",
                 {**key, "d": source_drawer, "e": source_episode, "sess": source_session, "seq": source_seq},
             )

@@ -98,6 +98,23 @@ async def test_what_did_we_use_before_postgresql(pool: AsyncConnectionPool, stac
         assert await query_entity(c, ws(), "Crawbl Backend") == []
 
 
+async def test_a_late_statement_never_reopens_a_fact_across_its_invalidation(pool: AsyncConnectionPool) -> None:
+    """Said on Jan 10, ended Mar 1, said again Jun 1 (a second fact, current): a session from Jan 1 imported
+    late moves the first fact's start back, not the current one's, so April still has no such fact."""
+    w = ws()
+    async with workspace_tx(pool, w) as c:
+        await add_triple(c, w, "Ines", "works_at", "Acme", valid_from="2025-01-10")
+        await invalidate_triple(c, w, "Ines", "works_at", "Acme", ended="2025-03-01")
+        await add_triple(c, w, "Ines", "works_at", "Acme", valid_from="2025-06-01")
+        late = await add_triple(c, w, "Ines", "works_at", "Acme", valid_from="2025-01-01")
+        assert not late.created
+        timeline = await entity_timeline(c, w, "Ines")
+        assert [(f.valid_from, f.valid_to) for f in timeline] == [
+            (_d("2025-01-01"), _d("2025-03-01")), (_d("2025-06-01"), None)]
+        assert await query_entity(c, w, "Ines", as_of="2025-04-15") == []
+        assert [f.object for f in await query_entity(c, w, "Ines", as_of="2025-01-05")] == ["Acme"]
+
+
 async def test_a_fact_is_stamped_with_when_it_was_said(pool: AsyncConnectionPool, stack: Stack) -> None:
     w = ws()
     msg = session(w, "s1", ["We are moving the billing service from MySQL to PostgreSQL next month.",
