@@ -15,13 +15,13 @@ from pydantic import BaseModel, Field
 
 from services.api.deps import WorkspacePath, _started
 from services.api.errors import ERROR_RESPONSES
+from shared.events.models import PlaceName
 from shared.palace_ops import Accepted, Deleted, OperationError, PalaceOps
 
 __all__ = ["router"]
 
 router = APIRouter(prefix="/v1", tags=["write"], responses=ERROR_RESPONSES)
 
-_NAME = r"^[^\x00-\x1f]{1,100}$"
 
 
 def _ops(request: Request) -> PalaceOps:
@@ -33,11 +33,11 @@ OpsDep = Annotated[PalaceOps, Depends(_ops)]
 
 class DrawerIn(BaseModel):
     content: str = Field(min_length=1, max_length=10_000, description="The memory, verbatim.")
-    wing: str | None = Field(None, pattern=_NAME, description="Wing to file it under; default: the agent's wing or "
+    wing: PlaceName | None = Field(None, description="Wing to file it under; default: the agent's wing or "
                              "'general'.")
-    room: str | None = Field(None, pattern=_NAME, description="Room; default: the room of its classified memory type.")
-    hall: str | None = Field(None, pattern=_NAME, description="Optional finer grouping inside the room.")
-    agent: str | None = Field(None, pattern=_NAME, description="The agent storing it (provenance).")
+    room: PlaceName | None = Field(None, description="Room; default: the room of its classified memory type.")
+    hall: PlaceName | None = Field(None, description="Optional finer grouping inside the room.")
+    agent: PlaceName | None = Field(None, description="The agent storing it (provenance).")
 
 
 @router.post("/workspaces/{workspace_id}/drawers", response_model=Accepted, status_code=202,

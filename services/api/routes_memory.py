@@ -13,7 +13,7 @@ from fastapi import APIRouter, HTTPException, Path, Request
 from pydantic import BaseModel, Field
 
 from services.api.deps import PoolDep, RecallerDep, _caller
-from shared.events.models import WorkspaceId
+from shared.events.models import PlaceName, WorkspaceId
 from shared.inject import DEFAULT_TOKEN_BUDGET, inject
 from shared.layers import (
     IDENTITY_MAX,
@@ -28,8 +28,6 @@ from shared.layers import (
 __all__ = ["router"]
 
 router = APIRouter(prefix="/v1", tags=["layers"])
-
-_NAME = r"^[^\n\r]{1,200}$"
 
 
 async def _authorize(request: Request, workspace_id: str) -> None:
@@ -70,7 +68,7 @@ class DrawerOut(BaseModel):
 
 class WakeUpRequest(BaseModel):
     workspace_id: WorkspaceId
-    wing: str | None = Field(None, pattern=_NAME, description="Only this wing's drawers in L1.")
+    wing: PlaceName | None = Field(None, description="Only this wing's drawers in L1.")
 
 
 class WakeUpResponse(BaseModel):
@@ -85,8 +83,8 @@ class WakeUpResponse(BaseModel):
 
 class RecallRequest(BaseModel):
     workspace_id: WorkspaceId
-    wing: str | None = Field(None, pattern=_NAME)
-    room: str | None = Field(None, pattern=_NAME)
+    wing: PlaceName | None = None
+    room: PlaceName | None = None
 
 
 class RecallResponse(BaseModel):

@@ -29,6 +29,7 @@ from pydantic import BaseModel, Field
 
 from shared.db import kg
 from shared.db.tenancy import workspace_tx
+from shared.events.models import PlaceName
 from shared.inject import DEFAULT_TOKEN_BUDGET, inject
 from shared.layers import L1_BUDGET, LayerDrawer, wake_up
 from shared.limits import EPISODES_K_MAX, SEARCH_K_MAX
@@ -102,7 +103,7 @@ def tool(annotations: ToolAnnotations) -> Callable[[Callable[P, Awaitable[R]]], 
 
 
 # ------------------------------------------------------------------------------------- argument types
-Name = Annotated[str, Field(min_length=1, max_length=100, pattern=r"^[^\x00-\x1f]+$")]
+Name = PlaceName
 WingArg = Annotated[Name, Field(description="Wing name (a person, project or agent; see memory_list_wings).")]
 RoomArg = Annotated[Name, Field(description="Room name (a topic; see memory_list_rooms).")]
 AgentArg = Annotated[Name, Field(description="The agent whose diary this is (its name or id).")]

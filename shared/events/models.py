@@ -20,6 +20,7 @@ __all__ = [
     "EVENT_MODELS",
     "MAX_EVENT_BYTES",
     "MAX_MESSAGES",
+    "PLACE_NAME_MAX",
     "SCHEMA_VERSION",
     "DeadLetterInfo",
     "DrawerBatchEvent",
@@ -30,6 +31,7 @@ __all__ = [
     "EpisodicCreated",
     "Event",
     "Message",
+    "PlaceName",
     "SessionCompleted",
     "SessionStored",
     "payload_ids",
@@ -48,6 +50,11 @@ WorkspaceId = Annotated[
     Field(description="Tenant key. Every row and query is scoped by it. 1-128 chars of [A-Za-z0-9._:@-]."),
 ]
 Identifier = Annotated[str, StringConstraints(min_length=1, max_length=256, pattern=r"^[^\x00-\x1f]+$")]
+# A wing, room or hall, as drawers are filed under it (shared.memory.filing keeps at most this many characters,
+# trimmed): what a filter or a placement may name, trimmed alike, so a name that passes can also match.
+PLACE_NAME_MAX = 100
+PlaceName = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=PLACE_NAME_MAX,
+                                             pattern=r"^[^\x00-\x1f]+$")]
 DrawerIds = Annotated[
     list[Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{32}$")]],
     Field(min_length=1, max_length=1000, description="Ids of the drawers this event concerns."),

@@ -13,6 +13,7 @@ from datetime import datetime
 from typing import Any
 
 from shared.events import SessionCompleted
+from shared.events.models import PLACE_NAME_MAX
 from shared.ids import content_hash, drawer_id
 from shared.memory.chunking import chunk_text
 from shared.memory.noise import is_noise
@@ -87,7 +88,7 @@ class SessionPlan:
 
 def _label(value: object, default: str) -> str:
     if isinstance(value, str) and value.strip():
-        return value.strip()[:100]
+        return value.strip()[:PLACE_NAME_MAX]
     return default
 
 

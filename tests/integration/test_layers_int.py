@@ -99,6 +99,11 @@ def test_layers_hold_their_budgets_with_much_to_show(stack: Stack) -> None:
     assert rec["truncated"] and rec["text"].endswith(MORE_MARKER)
     assert all(d["room"] == room for d in rec["drawers"])
     assert _post(stack, "/v1/recall", {"workspace_id": w, "wing": "no-such-wing"}).json()["drawers"] == []
+    # A name is read as drawers are filed under it (trimmed); one longer than a filed name can be is refused.
+    padded = _post(stack, "/v1/recall", {"workspace_id": w, "room": f"  {room} "}).json()
+    assert [d["id"] for d in padded["drawers"]] == [d["id"] for d in rec["drawers"]] != []
+    too_long = httpx.post(f"{stack.api_url}/v1/recall", json={"workspace_id": w, "wing": "w" * 101}, timeout=30)
+    assert too_long.status_code == 422
 
 
 def test_search_scores_are_0_1_in_order_cited_and_explained(stack: Stack, seeded: str) -> None:
