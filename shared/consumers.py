@@ -99,7 +99,7 @@ CONSUMERS: tuple[Consumer, ...] = (
     Consumer("cluster-entities", "entity.upserted", "cluster", batch=True, parallel_batches=True),
     Consumer("enrich", "session.stored", "enrich"),
     Consumer("enrich-episode", "drawer.embedded", "enrich"),
-    Consumer("enrich-kg", "episodic.created", "enrich", batch=True, parallel_batches=True),
+    Consumer("enrich-kg", "episodic.created", "enrich", batch=True),
 )
 
 

@@ -12,9 +12,8 @@ from psycopg import AsyncConnection
 from services._runtime import Deps, ack_once, decode_batch, leased_rounds
 from shared.adapters.llm import LlmClient, LlmError, Usage
 from shared.bus import Poison, decode_event, publish_held
-from shared.consumers import consumer_for
 from shared.db.curation import record_usage
-from shared.db.drawers import history_id_for, record_history
+from shared.db.drawers import record_history, recorded_value
 from shared.db.episodes import (
     discard_pending_episode,
     episode_progress,
@@ -191,13 +190,12 @@ def register(deps: Deps) -> None:
     s = deps.settings
     llm = LlmClient(s) if s.llm_base_url else None
     deps.extra["llm"] = llm  # complete_episode's summary, from every trigger (handlers and the sweep)
-    alone = asyncio.Semaphore(s.consumer_concurrency)  # episodes extracted one by one, at once in this process
-    # One batch at a time. Without a model a batch is CPU and statements, and batches side by side only
-    # queued on the new entities they share (an insert waits for the transaction that inserted the same row
-    # first): one at a time, each as large as what waits, costs less and waits on nothing. With one, batches
-    # side by side would queue their episodes on ``alone``, and that wait counts against each batch's
-    # PALACE_HANDLER_TIMEOUT_S: a slow model would see whole batches cancelled and retried.
-    deps.windows[consumer_for(deps.service, EpisodicCreated.subject).durable] = 1
+    # Episodes extracted one by one with a model, at once in this process. Its consumer takes one batch at a
+    # time (shared.consumers.CONSUMERS): without a model a batch is CPU and statements, and batches side by
+    # side only queued on the new entities they share (an insert waits for the transaction that inserted
+    # the same row first); with one, batches side by side would queue their episodes here, and that wait
+    # counts against each batch's PALACE_HANDLER_TIMEOUT_S, so a slow model would see whole batches cancelled.
+    alone = asyncio.Semaphore(s.consumer_concurrency)
 
     @deps.handle(SessionStored)
     async def on_session_stored(body: bytes, raw: Msg) -> None:
@@ -430,10 +428,7 @@ async def _store_extraction(
 async def _extracted_by_model(conn: AsyncConnection[Any], ev: EpisodicCreated) -> ExtractionStored | None:
     """What the model's reading of this event stored, when an earlier delivery committed it (its
     KG_EXTRACT note, by primary key): the entities to announce again, nothing to store."""
-    cur = await conn.execute("SELECT new_value FROM memory_history WHERE workspace_id = %s AND id = %s",
-                             (ev.workspace_id, history_id_for(ev.workspace_id, ev.event_id, None, "KG_EXTRACT")))
-    row = await cur.fetchone()
-    note = row[0] if row else None
+    note = await recorded_value(conn, ev.workspace_id, ev.event_id, None, "KG_EXTRACT")
     if not isinstance(note, dict) or note.get("tier") != "llm" or not isinstance(note.get("entity_ids"), dict):
         return None
     return ExtractionStored({str(k): str(v) for k, v in note["entity_ids"].items()}, 0, 0, [])

@@ -28,6 +28,7 @@ __all__ = [
     "older_neighbours",
     "older_twins",
     "record_history",
+    "recorded_value",
     "save_classifications",
     "save_embeddings",
     "set_dedup_bands",
@@ -229,6 +230,16 @@ async def insert_history(conn: AsyncConnection[Any], workspace_id: str, rows: li
 def history_id_for(workspace_id: str, event_id: str | None, drawer_id: str | None, action: str) -> str:
     """The id ``record_history`` gives the audit row of (event, drawer, action)."""
     return stable_id("history", workspace_id, event_id or "", drawer_id or "", action)
+
+
+async def recorded_value(conn: AsyncConnection[Any], workspace_id: str, event_id: str | None,
+                         drawer_id: str | None, action: str) -> Any:
+    """The ``new_value`` of the audit row ``record_history`` wrote for (event, drawer, action), by primary
+    key; None when there is none."""
+    cur = await conn.execute("SELECT new_value FROM memory_history WHERE workspace_id = %s AND id = %s",
+                             (workspace_id, history_id_for(workspace_id, event_id, drawer_id, action)))
+    row = await cur.fetchone()
+    return row[0] if row else None
 
 
 async def record_history(

@@ -53,20 +53,19 @@ def test_a_short_session_keeps_every_turn_in_order() -> None:
     assert d.summary.count("Bob: ") == 1
 
 
-def test_enrich_kg_runs_its_batches_one_at_a_time_only_without_a_model() -> None:
+def test_enrich_kg_runs_its_batches_one_at_a_time() -> None:
     """Without a model a batch is CPU and statements, and batches side by side only queue on the new
-    entities they share: the process runs one at a time. With a model each batch waits on its answers,
-    so they run side by side (the consumer's window)."""
+    entities they share; with one, batches side by side would queue their episodes on the model's slots, and
+    that wait counts against each batch's handler budget. Either way the process runs one batch at a time."""
     from services._runtime import Deps
     from services.enrich.app import SPEC
     from shared.config import Settings
     from shared.consumers import PullConsumer, consumer
 
     c = consumer("enrich-kg")
-    for settings, window in ((Settings(), 1), (Settings(llm_base_url="http://127.0.0.1:9/v1"), None)):
+    for settings in (Settings(), Settings(llm_base_url="http://127.0.0.1:9/v1")):
         deps = Deps(settings=settings, service="enrich", pool=None, broker=None)  # type: ignore[arg-type]
         SPEC.register(deps)
-        assert deps.windows.get(c.durable) == window
         puller = PullConsumer(js=None, broker=None, settings=settings, c=c, handler=deps.handlers[c.durable],
                               dead_letter=None, window=deps.windows.get(c.durable))  # type: ignore[arg-type]
-        assert puller.window == (1 if window == 1 else settings.consumer_concurrency)
+        assert puller.window == 1
