@@ -166,25 +166,30 @@ _SCAN = """, ws_rows AS MATERIALIZED (
 ), fts AS (
     SELECT id FROM ws_rows WHERE matched IS NOT NULL ORDER BY matched DESC, len, id LIMIT %(n_fts)s
 )"""
-# The window's drawers nearest the query, when the window holds at most ``fts_scan`` of them: counted
-# first from the (workspace, occurred_at) index alone, merged rows included. A window holding more adds
-# no candidates here: the first ``fts_scan`` of it in time order, as this branch took before, were a
-# sample biased to the window's start (a question about late October never saw the drawers of late
-# October), read with their vectors at the cost of the search's slowest questions. Its drawers still
-# come through the other branches, and the window still counts in their ranking (``dated``).
+# The window's drawers nearest the query, when the windows hold at most ``fts_scan`` of them: counted
+# first from the (workspace, occurred_at) index alone, merged rows included, each window on its own (a
+# month without a year is one window in each recent year: counted as one range from the first to the
+# last, the years between were walked too, which at a million drawers is most of the index), each count
+# stopping at ``fts_scan`` + 1. Windows that hold more add no candidates here: the first ``fts_scan`` of
+# them in time order, as this branch took before, were a sample biased to the window's start (a question
+# about late October never saw the drawers of late October), read with their vectors at the cost of the
+# search's slowest questions. Their drawers still come through the other branches, and the window still
+# counts in their ranking (``dated``).
 _DATED = """, dated AS (
     SELECT x.id
-      FROM (SELECT d.id, d.embedding FROM drawers d
-             WHERE %(n_date)s > 0 AND d.workspace_id = %(ws)s AND d.deleted_at IS NULL AND d.state <> 'merged'
-               AND d.occurred_at >= %(lo_min)s AND d.occurred_at < %(hi_max)s
-               AND EXISTS (SELECT 1 FROM w WHERE d.occurred_at >= w.lo AND d.occurred_at < w.hi)
-               AND (SELECT count(*) FROM (
-                        SELECT 1 FROM drawers c
-                         WHERE c.workspace_id = %(ws)s AND c.deleted_at IS NULL
-                           AND c.occurred_at >= %(lo_min)s AND c.occurred_at < %(hi_max)s
-                           AND EXISTS (SELECT 1 FROM w WHERE c.occurred_at >= w.lo AND c.occurred_at < w.hi)
-                         LIMIT %(fts_scan)s + 1) n) <= %(fts_scan)s
-             LIMIT %(fts_scan)s) x
+      FROM (SELECT DISTINCT ON (d.id) d.id, d.embedding
+              FROM w CROSS JOIN LATERAL (
+                   SELECT d.id, d.embedding FROM drawers d
+                    WHERE d.workspace_id = %(ws)s AND d.deleted_at IS NULL AND d.state <> 'merged'
+                      AND d.occurred_at >= w.lo AND d.occurred_at < w.hi
+                    LIMIT %(fts_scan)s) d
+             WHERE %(n_date)s > 0
+               AND (SELECT sum(n.c) FROM w AS v CROSS JOIN LATERAL (
+                        SELECT count(*) AS c FROM (
+                            SELECT 1 FROM drawers c
+                             WHERE c.workspace_id = %(ws)s AND c.deleted_at IS NULL
+                               AND c.occurred_at >= v.lo AND c.occurred_at < v.hi
+                             LIMIT %(fts_scan)s + 1) y) n) <= %(fts_scan)s) x
      ORDER BY CASE WHEN %(use_ann)s THEN x.embedding <=> %(emb)s::vector END, x.id
      LIMIT %(n_date)s
 )"""
@@ -274,7 +279,6 @@ def _candidate_params(workspace_id: str, query: str, embedding: np.ndarray | Non
         "text_rank": params.text_rank_max,
         "n_date": params.date_candidates if windows else 0,
         "lo": [w[0] for w in windows], "hi": [w[1] for w in windows],
-        "lo_min": min((w[0] for w in windows), default=None), "hi_max": max((w[1] for w in windows), default=None),
     }
 
 

@@ -91,3 +91,36 @@ def test_a_window_of_more_drawers_than_are_ranked_brings_none(stack: Stack) -> N
     assert set(with_window) == set(without)
     # What does lie in the window still counts as dated for ranking.
     assert all(with_window[i] == (i in set(october)) for i in with_window)
+
+
+def test_a_month_without_a_year_reads_its_windows_not_the_years_between(stack: Stack) -> None:
+    """"In December" is a window in each of the last eleven years. Counting them as one range from the first
+    to the last walked every drawer in between: in a workspace with none in December, all of them, each
+    search. Each window is counted on its own, so what is read does not grow with the workspace."""
+    import json
+
+    from shared.db.search import _DATED, _W
+
+    w = ws()
+    with psycopg.connect(stack.database_url, autocommit=True) as conn:
+        conn.execute("""INSERT INTO drawers (workspace_id, id, content, content_hash, state, dedup_bands, occurred_at)
+                        SELECT %s, md5(g::text), 'note ' || g, md5(g::text), 'processed', '{}',
+                               make_timestamptz(2015 + g %% 10, 1 + g %% 11, 1 + g %% 28, 12, 0, 0, 'UTC')
+                          FROM generate_series(1, 30000) g""", (w,))
+        analyze(conn, "drawers")
+        windows = date_windows("What did we plan in December?", datetime(2025, 11, 20, tzinfo=UTC))
+        assert len(windows) == 11
+        sql = "WITH q0 AS (SELECT 1)" + _W + _DATED + " SELECT id FROM dated"  # noqa: S608 - constants
+        params = {"ws": w, "lo": [a for a, _ in windows], "hi": [b for _, b in windows], "fts_scan": 2000,
+                  "n_date": 50, "use_ann": False, "emb": None}
+        plan = conn.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + sql, params).fetchone()[0]  # type: ignore[index]
+
+    def read(node: dict) -> float:
+        own = 0.0
+        if node.get("Relation Name") == "drawers":
+            own = (node.get("Actual Rows", 0) + node.get("Rows Removed by Filter", 0)
+                   + node.get("Rows Removed by Index Recheck", 0)) * node.get("Actual Loops", 1)
+        return own + sum(read(child) for child in node.get("Plans", []))
+
+    rows = read(plan[0]["Plan"])
+    assert rows < 1000, f"{rows:.0f} drawer rows read for a search naming December\n" + json.dumps(plan)[:3000]

@@ -97,7 +97,7 @@ def test_a_growing_workspace_gets_its_own_index_and_search_uses_it(stack: Stack)
             "text": query, "emb": np.asarray(q), "use_ann": True, "ws": w, "exact": True,
             "hnsw": True, "max_terms": p.max_terms, "pair_terms": p.pair_terms, "n_ann": p.ann_candidates,
             "n_fts": p.fts_candidates, "fts_scan": p.fts_scan_max, "text_rank": p.text_rank_max,
-            "n_date": 0, "lo": [], "hi": [], "lo_min": None, "hi_max": None,
+            "n_date": 0, "lo": [], "hi": [],
             "graph_ids": [],
         }, prepare=False).fetchall()[0][0]
     assert name in json.dumps(plan)
