@@ -69,7 +69,8 @@ async def dream_pair(run: JobRun, ws: str, agent: str, user: str) -> dict[str, A
             memories = await sql.save_memories(conn, ws, claim.run_id, run.holder, made, source, warnings)
         if memories is None:
             return {"outcome": "busy"}  # taken over meanwhile: the new holder finishes it
-    event = dm.session_event(ws, claim.run_id, agent, user, memories, source, at=claim.claimed_at)
+    event = dm.session_event(ws, claim.run_id, agent, user, memories, source, at=claim.claimed_at,
+                             episode_times={e.id: e.when for e in claim.episodes if e.when})
     plan = plan_session(event, chunk_chars=s.chunk_chars, chunk_overlap=s.chunk_overlap, min_chars=s.min_chars)
     if run.broker is None:
         raise RuntimeError("dreaming publishes its memories: it needs a bus connection")

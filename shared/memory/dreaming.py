@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -150,14 +151,22 @@ def extractive(episodes: list[EpisodeIn]) -> list[Memory]:
 
 
 def session_event(workspace_id: str, run: str, agent_id: str, user_id: str, memories: list[Memory],
-                  source: str, at: datetime | None = None) -> SessionCompleted:
+                  source: str, at: datetime | None = None,
+                  episode_times: Mapping[str, datetime] | None = None) -> SessionCompleted:
     """The run's memories as one session.completed: one message per memory, filed in the dreaming
-    wing, each message naming the episodes it consolidates (kept on its drawer's metadata)."""
+    wing, each message naming the episodes it consolidates (kept on its drawer's metadata). A memory is
+    dated when the latest episode it consolidates happened (``episode_times``), not when the run dreamt
+    it: what is read from it later (a fact's valid_from, a time window in recall) is about then."""
     now = at or datetime.now(UTC)
+    times = episode_times or {}
+
+    def said(m: Memory) -> datetime:
+        return max((times[i] for i in m.episode_ids if i in times), default=now)
+
     return SessionCompleted(
         event_id=event_id_for("dreaming", workspace_id, run), workspace_id=workspace_id,
         session_id=session_id_of(run), agent_id=agent_id or None, user_id=user_id or None,
-        messages=[Message(role="assistant", content=m.content, created_at=now,
+        messages=[Message(role="assistant", content=m.content, created_at=said(m),
                           metadata={"dreaming_run": run, "kind": m.kind, "episode_ids": m.episode_ids})
                   for m in memories],
         started_at=now, completed_at=now,

@@ -47,3 +47,16 @@ def test_a_run_is_one_session_whatever_order_its_episodes_come_in() -> None:
     one, two = (session_event("w", "r1", "a", "", [m], "extractive", at=at) for _ in range(2))
     assert one == two and one.session_id == "dreaming:r1" and one.user_id is None
     assert one.metadata["wing"] == "dreaming" and one.messages[0].metadata["episode_ids"] == ["e1"]
+
+
+def test_a_memory_is_dated_when_its_latest_episode_happened_not_when_it_was_dreamt() -> None:
+    """A fact read from a dreamt memory later starts when it was said, not on the night of the run."""
+    at = datetime(2026, 11, 20, tzinfo=UTC)
+    (m,) = extractive([ep(1, []), ep(3, []), ep(2, [])])
+    times = {"e1": datetime(2026, 10, 1, tzinfo=UTC), "e2": datetime(2026, 10, 2, tzinfo=UTC),
+             "e3": datetime(2026, 10, 3, tzinfo=UTC)}
+    event = session_event("w", "r1", "a", "", [m], "extractive", at=at, episode_times=times)
+    assert event.messages[0].created_at == datetime(2026, 10, 3, tzinfo=UTC)
+    assert event.completed_at == at  # the run itself happened at the claim
+    # An episode whose time is unknown leaves the run's.
+    assert session_event("w", "r1", "a", "", [m], "extractive", at=at).messages[0].created_at == at
