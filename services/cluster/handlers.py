@@ -130,8 +130,9 @@ def register(deps: Deps) -> None:
         ws = ev.workspace_id
         rows = [r for r in await drawers_by_id(conn, ws, ev.drawer_ids, with_embedding=True)
                 if r.state == "processed" and r.embedding is not None]
-        # A redelivery (an ack lost after the commit) skips what its first delivery decided.
-        done = await decided_sources(conn, ws, ev.event_id, [r.id for r in rows])
+        # A drawer is decided once: a redelivery (an ack lost after the commit), or another event naming it
+        # again, skips it.
+        done = await decided_sources(conn, ws, [r.id for r in rows])
         rows = [r for r in rows if r.id not in done]
         # Ingest stored the bands with the row; a drawer filed before they existed has them computed here
         # (and written by the backfill below).

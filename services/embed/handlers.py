@@ -108,8 +108,8 @@ def register(deps: Deps) -> None:
             EMBED_TEXTS.labels(embedder.model_name).inc(len(texts))
             by_text = dict(zip(texts, vecs, strict=True))
         for ws, evs, rows, etext, ehash, cached in plans:
-            out = [(r.id, ehash[r.id], cached.get(ehash[r.id], by_text.get(etext[r.id])), r.content_hash, r.context)
-                   for r in rows]
+            out = [(r.id, ehash[r.id], cached.get(ehash[r.id], by_text.get(etext[r.id])), r.content_hash, r.context,
+                    r.speaker) for r in rows]
             async with workspace_tx(deps.pool, ws) as conn:
                 await save_embeddings(conn, ws, embedder.model_name, [o for o in out if o[2] is not None])
             DRAWERS.labels(deps.service, "embedded").inc(len(out))

@@ -96,21 +96,20 @@ async def restore_columns(conn: AsyncConnection[Any], workspace_id: str, drawer_
     return cur.rowcount
 
 
-# By index (memory_history_source_drawer): the audit rows of the write decisions an event took on its drawers.
+# By index (memory_history_source_drawer): the audit rows of the write decisions taken on these drawers.
 DECIDED_SQL = """SELECT DISTINCT new_value ->> 'source_drawer' FROM memory_history
                   WHERE workspace_id = %(ws)s AND new_value ? 'source_drawer'
-                    AND (new_value ->> 'source_drawer') = ANY(%(ids)s) AND event_id = ANY(%(events)s)"""
+                    AND (new_value ->> 'source_drawer') = ANY(%(ids)s)"""
 
 
-async def decided_sources(conn: AsyncConnection[Any], workspace_id: str, event_id: str,
-                          drawer_ids: list[str]) -> set[str]:
-    """The drawers an earlier delivery of this event already took its write decision on (committed with
-    everything else that delivery decided for them): a redelivery must not ask the model again, whose
-    second answer may differ, nor apply a second UPDATE or DELETE."""
+async def decided_sources(conn: AsyncConnection[Any], workspace_id: str, drawer_ids: list[str]) -> set[str]:
+    """The drawers a write decision was already taken on (committed with everything else decided for them
+    then): by a former delivery of the same event, or another event that named them (ingest announces a
+    drawer again when another session says it, or its session is re-published). Asking the model again,
+    whose second answer may differ, could apply a second UPDATE or DELETE."""
     if not drawer_ids:
         return set()
-    cur = await conn.execute(DECIDED_SQL, {"ws": workspace_id, "ids": drawer_ids,
-                                           "events": [f"{event_id}:{d}" for d in drawer_ids]})
+    cur = await conn.execute(DECIDED_SQL, {"ws": workspace_id, "ids": drawer_ids})
     return {r[0] for r in await cur.fetchall()}
 
 

@@ -92,7 +92,7 @@ async def cached_embeddings(
 
 async def save_embeddings(
     conn: AsyncConnection[Any], workspace_id: str, model: str,
-    rows: list[tuple[str, str, np.ndarray, str, str | None]], *, cache_new: bool = True,
+    rows: list[tuple[str, str, np.ndarray, str, str | None, str | None]], *, cache_new: bool = True,
 ) -> int:
     """Set embeddings on drawers still lacking one; fill the cache.
 
@@ -101,9 +101,10 @@ async def save_embeddings(
     cleared, so re-driving its dead letter once the endpoint is fixed finishes it instead of
     leaving an embedded drawer marked failed.
 
-    rows: (drawer_id, hash of the embedded text, vector, the content hash and context it was made
+    rows: (drawer_id, hash of the embedded text, vector, the content hash, context and speaker it was made
     from). A drawer whose text changed meanwhile keeps no vector of the old one (forget re-points a
-    shared drawer to a surviving sighting without the forgotten context; it is re-embedded later).
+    shared drawer to a surviving sighting, with its speaker and without the forgotten context; it is
+    re-embedded later).
     """
     if not rows:
         return 0
@@ -113,16 +114,18 @@ async def save_embeddings(
     cur = await conn.execute(
         """UPDATE drawers d SET embedding = x.vec, embedding_model = %s, failure_reason = NULL,
                   state = CASE WHEN d.state = 'failed' THEN 'raw' ELSE d.state END, updated_at = now()
-             FROM unnest(%s::text[], %b::vector[], %s::text[], %s::text[]) AS x(id, vec, chash, ctx)
+             FROM unnest(%s::text[], %b::vector[], %s::text[], %s::text[], %s::text[]) AS x(id, vec, chash, ctx, who)
             WHERE d.workspace_id = %s AND d.id = x.id AND d.embedding IS NULL
               AND d.content_hash = x.chash AND d.context IS NOT DISTINCT FROM x.ctx
+              AND d.speaker IS NOT DISTINCT FROM x.who
         RETURNING d.id""",
-        (model, [r[0] for r in rows], [r[2] for r in rows], [r[3] for r in rows], [r[4] for r in rows], workspace_id),
+        (model, [r[0] for r in rows], [r[2] for r in rows], [r[3] for r in rows], [r[4] for r in rows],
+         [r[5] for r in rows], workspace_id),
     )
     updated = {str(r[0]) for r in await cur.fetchall()}
     # Only texts of drawers that still exist are cached: a drawer forgotten while its embedding
     # was computed leaves no cache entry behind.
-    cacheable = [(h, vec) for did, h, vec, _, _ in rows if did in updated]
+    cacheable = [(h, vec) for did, h, vec, _, _, _ in rows if did in updated]
     if cache_new and cacheable:
         await conn.execute(
             """INSERT INTO embedding_cache (workspace_id, model, content_hash, embedding)

@@ -66,14 +66,30 @@ def strip_wrappers(text: str) -> str:
     return (m.group(1) if m else text).strip()
 
 
+# Control characters but tab and line breaks: a model may answer "\u0000" inside a JSON string, and PostgreSQL
+# refuses NUL in text, which failed the write of every label of the event, not only the bad one.
+_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+
+
+def _printable(v: Any) -> Any:
+    """The decoded answer with control characters removed from every string in it (keys included)."""
+    if isinstance(v, str):
+        return _CONTROL.sub("", v)
+    if isinstance(v, list):
+        return [_printable(x) for x in v]
+    if isinstance(v, dict):
+        return {_printable(k): _printable(x) for k, x in v.items()}
+    return v
+
+
 def outer_json_object(body: str) -> Any:
     """The JSON between the first '{' and the last '}' of an answer's body, or None when there is none
-    or it does not parse: models often wrap the object in prose."""
+    or it does not parse: models often wrap the object in prose. Strings come without control characters."""
     start, end = body.find("{"), body.rfind("}")
     if start < 0 or end <= start:
         return None
     try:
-        return json.loads(body[start:end + 1])
+        return _printable(json.loads(body[start:end + 1]))
     except json.JSONDecodeError:
         return None
 
@@ -81,13 +97,13 @@ def outer_json_object(body: str) -> Any:
 def _load(text: str) -> Any:
     body = strip_wrappers(text)
     try:
-        return json.loads(body)
+        return _printable(json.loads(body))
     except json.JSONDecodeError:
         start, end = body.find("{"), body.rfind("}")
         if start < 0 or end <= start:
             raise LlmParseError(f"no JSON object in answer: {body[:120]!r}") from None
         try:
-            return json.loads(body[start:end + 1])
+            return _printable(json.loads(body[start:end + 1]))
         except json.JSONDecodeError as e:
             raise LlmParseError(f"unreadable JSON: {e}") from None
 

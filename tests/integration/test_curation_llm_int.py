@@ -438,8 +438,9 @@ def test_update_in_full_mode_is_archived_and_revert_restores_the_exact_prior_sta
 
 def test_a_redelivered_decision_event_neither_asks_the_model_again_nor_updates_twice(
         stack: Stack, llm: ChatStub) -> None:
-    """drawer.classified delivered again after its decisions committed (an ack lost): the drawers it decided
-    on are skipped, so the model is not asked again and the UPDATE is not applied a second time."""
+    """drawer.classified delivered again after its decisions committed (an ack lost), or another event naming
+    the same drawer: the drawers decided on are skipped, so the model is not asked again and the UPDATE is
+    not applied a second time."""
     import nats
 
     from shared.consumers import consumer_for
@@ -458,7 +459,8 @@ def test_a_redelivered_decision_event_neither_asks_the_model_again_nor_updates_t
         nc = await nats.connect(stack.nats_url)
         try:
             js = nc.jetstream()
-            ack = await js.publish(ev.subject, ev.model_dump_json().encode(), headers={"Nats-Msg-Id": "again-" + hid})
+            ack = await js.publish(ev.subject, ev.model_dump_json().encode(),
+                                   headers={"Nats-Msg-Id": "again-" + ev.event_id})
             c = consumer_for("cluster", ev.subject)
             for _ in range(300):
                 info = await js.consumer_info(stack.settings.stream_name, c.durable)
@@ -469,6 +471,9 @@ def test_a_redelivered_decision_event_neither_asks_the_model_again_nor_updates_t
         finally:
             await nc.close()
 
+    asyncio.run(redeliver())
+    # And another event naming the same drawer (its sentence said again elsewhere): decided once.
+    ev = DrawerClassified(event_id="another-" + hid, workspace_id=w, drawer_ids=[source])
     asyncio.run(redeliver())
     assert llm.decision_calls == calls
     assert stack.sql("SELECT content, content_hash FROM drawers WHERE workspace_id = %s AND id = %s",

@@ -577,3 +577,33 @@ def test_forgetting_one_chunk_of_a_long_message_forgets_the_message_whole(stack:
                    "started_at": "2026-10-01T09:00:00Z", "completed_at": "2026-10-01T09:05:00Z"})
     time.sleep(3)
     assert not any(_verify(stack, Scope(w, "drawer", did), result.targets).values())
+
+
+def test_an_embedding_made_for_another_speaker_is_not_saved(stack: Stack) -> None:
+    """embed reads a drawer, a forget re-points it to a surviving sighting (another speaker, whose name is
+    part of the embedded text), then embed saves: the vector of the forgotten speaker's text must not land,
+    nor its cache entry."""
+    import numpy as np
+
+    from shared.db.drawers import save_embeddings
+    from shared.db.tenancy import workspace_tx
+
+    w = ws()
+    stack.sql("INSERT INTO drawers (workspace_id, id, content, content_hash, state, speaker, dedup_bands)"
+              " VALUES (%s, 'd1', 'the tram depot opens in March', 'h1', 'processed', 'Finn', '{}') RETURNING 1", (w,))
+    vec = np.full(stack.settings.embed_dim, 0.05, dtype=np.float32)
+    # (processed, so that maintain's re-drive of raw drawers leaves it to this test)
+
+    async def save(who: str) -> None:
+        pool = await open_pool(stack.database_url, name="test-embed", max_size=1)
+        try:
+            async with workspace_tx(pool, w) as conn:
+                await save_embeddings(conn, w, "m", [("d1", "eh-" + who, vec, "h1", None, who)])
+        finally:
+            await pool.close()
+
+    asyncio.run(save("Erin"))
+    assert stack.sql("SELECT embedding IS NULL FROM drawers WHERE workspace_id = %s", (w,)) == [(True,)]
+    assert stack.sql("SELECT count(*) FROM embedding_cache WHERE workspace_id = %s", (w,)) == [(0,)]
+    asyncio.run(save("Finn"))
+    assert stack.sql("SELECT embedding IS NULL FROM drawers WHERE workspace_id = %s", (w,)) == [(False,)]

@@ -114,6 +114,23 @@ def test_partial_results_survive_with_warnings() -> None:
     assert any("not asked for" in w for w in parsed.warnings) and any("b: invalid" in w for w in parsed.warnings)
 
 
+def test_control_characters_in_an_answer_never_reach_the_database() -> None:
+    """A model answering "\u0000" in a string: PostgreSQL refuses NUL in text, and the write of every label
+    of the event failed with it. Every parser's strings come without control characters."""
+    from shared.memory.contradiction import parse_verdict
+    from shared.memory.decisions import parse_proposal
+
+    answer = json.dumps({"items": [{"id": "a", "memory_type": "fact", "summary": "bad\u0000x\u0007y",
+                                    "entities": [{"name": "Ac\u0000me", "type": "org"}]}]})
+    a = parse_batch(answer, ["a"]).labels["a"]
+    assert a.summary == "badxy" and a.entities == [("Acme", "org")]
+    verdict = parse_verdict(json.dumps({"contradicts": True, "reason": "flag\u0000 flipped"}))
+    assert verdict.reason == "llm: flag flipped"
+    p = parse_proposal(json.dumps({"action": "UPDATE", "target_id": "t", "content": "new\u0000 text",
+                                   "confidence": 0.9, "reason": "r\u0000"}))
+    assert (p.content, p.reason) == ("new text", "r")
+
+
 def test_unreadable_answer_is_a_parse_error() -> None:
     with pytest.raises(LlmParseError):
         parse_batch("Sure! Here are the labels: decision, fact", ["a"])
