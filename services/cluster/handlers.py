@@ -14,7 +14,7 @@ from threadpoolctl import threadpool_limits
 from services._runtime import Deps, ack_once, decode_batch
 from shared.adapters.llm import LlmClient, Usage
 from shared.bus import decode_event
-from shared.db.clustering import cluster_candidates, merge_many, record_history_many, supersede_many
+from shared.db.clustering import cluster_candidates, merge_many, record_history_many, said_when, supersede_many
 from shared.db.curation import record_usage
 from shared.db.decisions import apply_proposal, decided_sources
 from shared.db.drawers import (
@@ -54,6 +54,17 @@ class _Reading:
 
     rows: list[Any]
     found: dict[str, Any]
+    said: dict[str, tuple[Any, Any, Any]] = field(default_factory=dict)  # drawer id → (occurred_at, session, seq)
+
+
+def _said_later(a: tuple[Any, Any, Any] | None, b: tuple[Any, Any, Any] | None) -> bool:
+    """Whether ``a`` was said after ``b``: a later time, or at the same time a later turn of the same session.
+    Unknown (no time on either): no."""
+    if a is None or b is None or a[0] is None or b[0] is None:
+        return False
+    if a[0] != b[0]:
+        return bool(a[0] > b[0])
+    return a[1] == b[1] and a[2] is not None and b[2] is not None and a[2] > b[2]
 
 
 @dataclass
@@ -139,7 +150,8 @@ def register(deps: Deps) -> None:
         found = await cluster_candidates(conn, ws, [(r.id, r.embedding, r.dedup_bands or wording_bands(ws, r.content))
                                                     for r in rows], indexed=await has_index(conn, ws),
                                          cache=vectors)
-        return _Reading(rows, found)
+        near = sorted({r.id for r in rows} | {t[0] for r in rows for t in found[r.id].near})
+        return _Reading(rows, found, await said_when(conn, ws, near))
 
     async def decide_reading(got: _Reading) -> _Plan:
         """Merges, supersessions and write decisions for what was read: rules only, or the model's
@@ -175,7 +187,12 @@ def register(deps: Deps) -> None:
             for tid, sim, tcontent in band:
                 v = await verdict(tcontent, content, plan.usage)
                 if v.contradicts:
-                    plan.supersede.append((tid, did, sim, v.reason))
+                    # The candidate was filed first, but may have been said after (a later turn of the same
+                    # session, or history imported late): the one said last supersedes.
+                    if _said_later(got.said.get(tid), got.said.get(did)):
+                        plan.supersede.append((did, tid, sim, v.reason))
+                    else:
+                        plan.supersede.append((tid, did, sim, v.reason))
         plan.proposals = [(r, await propose(r.content, cands, plan.usage), cands) for r, cands in proposing]
         return plan
 

@@ -39,9 +39,24 @@ from shared.db.drawers import as_array, insert_history
 from shared.memory.neighbours import Change, VectorCache
 from shared.metrics import NEIGHBOUR_CACHE_BYTES, NEIGHBOUR_CACHE_READS
 
-__all__ = ["CANDIDATES_SQL", "CONTENTS_SQL", "DELTA_SQL", "FULL_SQL", "INDEXED_CANDIDATES_SQL", "LIVE_COUNT_SQL",
-           "MERGE_SQL", "SUPERSEDE_SQL", "TWINS_SQL",
-           "Neighbours", "cluster_candidates", "merge_many", "record_history_many", "supersede_many"]
+__all__ = [
+    "CANDIDATES_SQL",
+    "CONTENTS_SQL",
+    "DELTA_SQL",
+    "FULL_SQL",
+    "INDEXED_CANDIDATES_SQL",
+    "LIVE_COUNT_SQL",
+    "MERGE_SQL",
+    "SAID_SQL",
+    "SUPERSEDE_SQL",
+    "TWINS_SQL",
+    "Neighbours",
+    "cluster_candidates",
+    "merge_many",
+    "record_history_many",
+    "said_when",
+    "supersede_many",
+]
 
 # The twins are fetched by primary key from an array of the wording candidates: joined to the function
 # instead (whose row count the planner cannot know), the lateral subquery hashed every processed drawer
@@ -298,3 +313,17 @@ async def supersede_many(conn: AsyncConnection[Any], workspace_id: str, pairs: l
         return set()
     cur = await conn.execute(SUPERSEDE_SQL, {"ws": workspace_id, "olds": list(first), "news": list(first.values())})
     return {str(r[0]) for r in await cur.fetchall()}
+
+
+# When each drawer was said, by primary key: (occurred_at, session_id, seq).
+SAID_SQL = """SELECT id, occurred_at, session_id, seq FROM drawers WHERE workspace_id = %(ws)s AND id = ANY(%(ids)s)"""
+
+
+async def said_when(conn: AsyncConnection[Any], workspace_id: str, ids: list[str]) -> dict[str, tuple[Any, Any, Any]]:
+    """Per drawer, when it was said: (occurred_at, session_id, seq). The candidates' order is when each was
+    *filed*, which in one session (filed together) falls to the content hash: what a contradiction
+    supersedes is decided by this instead."""
+    if not ids:
+        return {}
+    cur = await conn.execute(SAID_SQL, {"ws": workspace_id, "ids": ids})
+    return {str(r[0]): (r[1], r[2], r[3]) for r in await cur.fetchall()}

@@ -165,3 +165,25 @@ def test_an_events_merges_and_supersessions_are_written_together_with_their_rule
     assert [got[i][:2] for i in ("x2", "x3", "x4")] == [("processed", None), ("processed", None), ("merged", None)]
     assert stack.sql("SELECT count(*) FROM drawers WHERE workspace_id = %s AND (state = 'merged' AND id <> 'x4'"
                      " AND id <> 'merged' OR superseded_by IS NOT NULL AND id <> 'marked')", (other,)) == [(0,)]
+
+
+def test_a_correction_later_in_the_same_session_supersedes_what_it_corrects(stack: Stack) -> None:
+    """Both turns are filed together, so which one cluster finds as the older candidate falls to their ids
+    (content hashes); what is superseded is decided by when each was said: the later turn stands."""
+    from shared.ids import content_hash, drawer_id
+
+    first = "Dark mode is enabled for the billing dashboard"
+    correction = "Dark mode is disabled for the billing dashboard"
+    # A workspace where the correction's drawer sorts first, so it is the candidate found for the other.
+    w = next(x for x in (ws() for _ in range(100))
+             if drawer_id(x, content_hash(correction)) < drawer_id(x, content_hash(first)))
+    msgs = [{"role": "user", "name": "Nora", "content": t, "created_at": "2026-11-01T10:00:00Z"}
+            for t in (first, "Let me check the settings page.", correction)]
+    stack.publish({"workspace_id": w, "session_id": "s1", "messages": msgs,
+                   "started_at": "2026-11-01T10:00:00Z", "completed_at": "2026-11-01T10:30:00Z"})
+    stack.wait_processed(w, 3)
+    old_id, new_id = _id_of(stack, w, first), _id_of(stack, w, correction)
+    wait_for(lambda: stack.sql("SELECT count(*) FROM drawers WHERE workspace_id = %s AND superseded_by IS NOT NULL",
+                               (w,)) == [(1,)], 60, "one drawer superseded")
+    assert stack.sql("SELECT id, superseded_by FROM drawers WHERE workspace_id = %s AND superseded_by IS NOT NULL",
+                     (w,)) == [(old_id, new_id)]
