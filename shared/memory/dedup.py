@@ -8,7 +8,10 @@ it — and a near-verbatim text (the only kind ever merged) shares a band with n
 Embedding neighbours only *propose* twins. An e5-family cosine of 0.97 is not "the same text", and our
 embeddings carry the preceding turn as context, so two different replies in similar exchanges sit close
 together: measured on locomo-dev, a cosine-only rule merged 1,315 of 2,743 distinct turns. A merge
-therefore also needs the normalised contents to be near-verbatim (difflib ratio ≥ ``lexical``).
+therefore also needs the normalised contents to be near-verbatim (difflib ratio ≥ ``lexical``), and the
+words that differ to carry no information of their own (``_filler_only``): "I moved to Berlin in March" and
+"I moved to Munich in March" are near-verbatim by any ratio, but the second is a new fact, which a merge
+would hide behind the first.
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ import re
 from dataclasses import dataclass
 
 import numpy as np
+
+from shared.memory.episodes import STOPWORDS
 
 __all__ = ["BANDS", "ROWS", "Decision", "decide", "lexical_similarity", "wording_bands"]
 
@@ -68,6 +73,19 @@ def lexical_similarity(a: str, b: str) -> float:
     return difflib.SequenceMatcher(None, wa, wb, autojunk=False).ratio()
 
 
+# Words whose presence or absence says nothing new ("the", "just", "so", "really"): a near-verbatim repeat may
+# differ by these only. Negations are never filler (the contradiction check handles "not").
+_FILLER = STOPWORDS - {"no", "nor", "not", "never", "none", "nothing", "nobody", "neither", "without"}
+
+
+def _filler_only(a: str, b: str) -> bool:
+    """Whether the words that differ between ``a`` and ``b`` (case and punctuation ignored) are all filler."""
+    wa, wb = _WORDS.findall(a.lower()), _WORDS.findall(b.lower())
+    ops = difflib.SequenceMatcher(None, wa, wb, autojunk=False).get_opcodes()
+    differ = [w for tag, i1, i2, j1, j2 in ops if tag != "equal" for w in (*wa[i1:i2], *wb[j1:j2])]
+    return all(w in _FILLER for w in differ)
+
+
 def decide(content: str, twins: list[tuple[str, float, str]], threshold: float, lexical: float = 0.9) -> Decision:
     """MERGE into the first proposed twin that is both close in embedding space and near-verbatim.
 
@@ -83,6 +101,6 @@ def decide(content: str, twins: list[tuple[str, float, str]], threshold: float, 
             break
         lex = lexical_similarity(content, other)
         best = max(best, lex)
-        if lex >= lexical:
+        if lex >= lexical and _filler_only(content, other):
             return Decision("MERGE", tid, sim, f"cosine {sim:.3f} >= {threshold}, wording {lex:.2f} >= {lexical}")
     return Decision("NONE", None, best, "no near-verbatim twin")

@@ -18,6 +18,17 @@ def test_dedup_needs_close_embedding_and_near_verbatim_wording() -> None:
     assert (d.action, d.target) == ("MERGE", "b")
 
 
+def test_a_near_verbatim_sentence_with_a_new_name_or_number_is_a_new_fact_not_a_duplicate() -> None:
+    """One word apart is near-verbatim by any ratio; merged, the newer fact would leave recall behind the older."""
+    moved = "I moved to Berlin in March and I work at Acme as a backend engineer now."
+    assert decide(moved.replace("Berlin", "Munich"), [("a", 0.96, moved)], 0.92).action == "NONE"
+    kept = "The retention period for invoices is 30 days in the billing service settings."
+    assert decide(kept.replace("30", "90"), [("a", 0.99, kept)], 0.9).action == "NONE"
+    # Filler words alone do not make a new fact.
+    sync = "We moved the weekly sync to Thursdays at 10am"
+    assert decide("We just moved the weekly sync to Thursdays at 10am.", [("a", 0.99, sync)], 0.9).action == "MERGE"
+
+
 def test_summary_keeps_order_and_speakers() -> None:
     d = summarize_session([("Ann", "We decided to move the launch to March."), ("Bob", "ok then"),
                            ("Ann", "I feel relieved, honestly.")], max_sentences=2)
