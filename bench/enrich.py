@@ -135,32 +135,36 @@ def measure_round(sup: Any, settings: Any, workspace: str, episodes: list[tuple[
         ev = {"event_id": f"bench-{tag}-{eid}", "workspace_id": workspace, "episode_id": eid, "session_id": sid,
               "summary": summary, "abstract": abstract, "topics": list(topics)}
         bodies.append((json.dumps(ev).encode(), EpisodicCreated.model_validate(ev).dedup_headers()))
+    seen = len(_handled())
     t0 = time.perf_counter()
     asyncio.run(_publish(sup.nats_url, settings, "episodic.created", bodies))
     _wait(lambda: asyncio.run(_consumer_idle(sup.nats_url, settings, "enrich-kg")), timeout, "enrich-kg to drain")
     dt = time.perf_counter() - t0
     ents, facts = _sql(sup.database_url, "SELECT (SELECT count(*) FROM entities WHERE workspace_id = %(w)s),"
                        " (SELECT count(*) FROM triples WHERE workspace_id = %(w)s)", {"w": workspace})[0]  # type: ignore[arg-type]
-    ms = _handler_ms(f"bench-{tag}-")
+    batches = _handled()[seen:]
+    ms = [m for m, _ in batches]
     return {"sessions": len(episodes), "seconds": round(dt, 3), "sessions_per_s": round(len(episodes) / dt, 2),
-            "entities": int(ents), "facts": int(facts), "handled": len(ms),
-            "handler_ms_p50": round(statistics.median(ms), 1) if ms else None,
+            "entities": int(ents), "facts": int(facts), "handled": sum(n for _, n in batches),
+            "batches": len(batches), "handler_ms_p50": round(statistics.median(ms), 1) if ms else None,
             "handler_ms_p95": round(sorted(ms)[int(0.95 * (len(ms) - 1))], 1) if ms else None}
 
 
-def _handler_ms(prefix: str) -> list[float]:
-    """Each session's time in the enrich-kg handler, from the service's own "handled" log lines."""
+def _handled() -> list[tuple[float, int]]:
+    """Every enrich-kg batch the service logged as handled so far, in order: (ms in the handler, episodes).
+    A round's are those after the count taken before it (its episodes come in batches of up to
+    PALACE_FETCH_BATCH, one "handled" line each)."""
     out = []
     for path in sorted((BENCH_STACK / "logs").glob("enrich*.log")):
         for line in path.read_text(errors="replace").splitlines():
-            if '"enrich-kg"' not in line or prefix not in line:
+            if '"enrich-kg"' not in line or '"handled"' not in line:
                 continue
             try:
                 rec = json.loads(line)
             except json.JSONDecodeError:
                 continue
-            if rec.get("event") == "handled" and str(rec.get("event_id", "")).startswith(prefix):
-                out.append(float(rec["ms"]))
+            if rec.get("event") == "handled" and rec.get("consumer") == "enrich-kg":
+                out.append((float(rec["ms"]), int(rec.get("messages", 1))))
     return out
 
 
@@ -245,13 +249,13 @@ def _run(args: argparse.Namespace) -> None:
 
     t = Table(title=f"enrich: episodic.created → graph, {len(sessions)} LoCoMo-dev sessions "
                     f"({out['machine']['cpus']} cores, 1 replica, {settings.consumer_concurrency} in flight)")
-    for col in ("configuration", "sessions/s (median)", "rounds (sessions/s)", "handler ms p50 / p95", "entities",
-                "facts"):
+    for col in ("configuration", "sessions/s (median)", "rounds (sessions/s)", "batches",
+                "handler ms a batch p50 / p95", "entities", "facts"):
         t.add_column(col)
     for name, v in summary.items():
         rounds = ", ".join(f"{x['sessions_per_s']:.2f}" for x in v["rounds"])
         last = v["rounds"][-1]
-        t.add_row(name, f"{v['sessions_per_s_median']:.2f}", rounds,
+        t.add_row(name, f"{v['sessions_per_s_median']:.2f}", rounds, str(last["batches"]),
                   f"{last['handler_ms_p50']} / {last['handler_ms_p95']}", str(last["entities"]), str(last["facts"]))
     console.print(t)
     q = Table(title=f"offline extractor vs {quality['turns']} hand-labelled turns "
