@@ -95,7 +95,9 @@ ARCHIVE_SQL = """
 # Only what prune archived comes back: a drawer whose deletion is an ARCHIVE record of the same moment
 # (prune writes both in one statement; by index memory_history_drawer). A drawer someone deleted (the API, a
 # curation DELETE) is not the archive's, and stays deleted. A restored drawer's importance is raised to the
-# prune threshold (its old value in the RESTORE record), or the next prune would archive it again.
+# prune threshold (its old value in the RESTORE record), or the next prune would archive it again, and the
+# restore counts as a recall (last_accessed_at): decay would otherwise take it below that threshold at its
+# next run, and prune archive it again within a day or two.
 RESTORE_SQL = """
         WITH picked AS (
             SELECT d.id, d.importance FROM drawers d
@@ -106,7 +108,8 @@ RESTORE_SQL = """
                               AND h.action = 'ARCHIVE')
              ORDER BY d.deleted_at LIMIT %(n)s FOR UPDATE OF d SKIP LOCKED),
         upd AS (
-            UPDATE drawers d SET deleted_at = NULL, importance = greatest(d.importance, %(floor)s::real)
+            UPDATE drawers d SET deleted_at = NULL, importance = greatest(d.importance, %(floor)s::real),
+                                 last_accessed_at = now()
               FROM picked p
              WHERE d.workspace_id = %(ws)s AND d.id = p.id
             RETURNING d.workspace_id, d.id, p.importance AS was),

@@ -174,10 +174,14 @@ def test_prune_archives_keeps_the_minimum_and_restore_brings_back_only_the_archi
 
     assert asyncio.run(go()) == (1, 9)
     after = stack.sql(SNAPSHOT, (w, low_ids[:10]))
-    imp = 7  # the importance column of SNAPSHOT
+    imp, seen = 7, 9  # the importance and last_accessed_at columns of SNAPSHOT
     # Embedding, provenance, counts: all as they were; importance raised to the prune threshold (the old
-    # value in each RESTORE record), or the next prune would archive them again.
-    assert [r[:imp] + r[imp + 1:] for r in after] == [r[:imp] + r[imp + 1:] for r in before]
+    # value in each RESTORE record), or the next prune would archive them again; the restore counts as a
+    # recall, or decay would take them below that threshold at its next run.
+    assert [r[:imp] + r[imp + 1:seen] + r[seen + 1:] for r in after] \
+        == [r[:imp] + r[imp + 1:seen] + r[seen + 1:] for r in before]
+    assert all(r[seen] is not None and (b[seen] is None or r[seen] > b[seen])
+               for r, b in zip(after, before, strict=True))
     floor = stack.settings.prune_importance_below
     assert [r[imp] for r in after] == [pytest.approx(max(b[imp], floor)) for b in before]
     olds = stack.sql("SELECT (old_value->>'importance')::real FROM memory_history WHERE workspace_id = %s"
@@ -186,9 +190,10 @@ def test_prune_archives_keeps_the_minimum_and_restore_brings_back_only_the_archi
     assert stack.sql("SELECT id FROM drawers WHERE workspace_id = %s AND deleted_at IS NOT NULL", (w,)) \
         == [("high-000",)]
     assert set(archived) <= {h["id"] for h in stack.search(w, "quokka marmalade note", k=30)}
+    _run(stack, "decay", maintain_batch=50)
     _run(stack, "prune", maintain_batch=4, prune_keep_min=100)
     assert not stack.sql("SELECT id FROM drawers WHERE workspace_id = %s AND deleted_at IS NOT NULL"
-                         " AND id = ANY(%s)", (w, archived)), "restored, then archived again at once"
+                         " AND id = ANY(%s)", (w, archived)), "restored, then decayed and archived again at once"
 
 
 def test_expire_ends_episodes_and_the_archive_past_retention(stack: Stack) -> None:
