@@ -289,12 +289,16 @@ async def run_job(job: Job, *, pool: AsyncConnectionPool, settings: Settings, ho
     if not won:
         return None
     run = JobRun(job.name, pool, settings, holder, broker=broker, progress=progress)
+    failed = True
     try:
-        return await job.run(run)
+        out = await job.run(run)
+        failed = False
+        return out
     finally:
+        # A run that failed (a database blip mid-job) is due again at the next round, not a period later.
         with contextlib.suppress(Exception):  # an unreleased lease just expires after its TTL
             async with maintenance_tx(pool) as conn:
-                await sql.release_lease(conn, job.name, holder)
+                await sql.release_lease(conn, job.name, holder, failed=failed)
 
 
 async def restore(pool: AsyncConnectionPool, settings: Settings, workspace_id: str,

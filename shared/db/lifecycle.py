@@ -178,11 +178,13 @@ async def renew_lease(conn: AsyncConnection[Any], job: str, holder: str, ttl_s: 
     return (await cur.fetchone()) is not None
 
 
-async def release_lease(conn: AsyncConnection[Any], job: str, holder: str) -> None:
-    """Let the lease go at once (the schedule still counts from ``last_run_at``)."""
+async def release_lease(conn: AsyncConnection[Any], job: str, holder: str, *, failed: bool = False) -> None:
+    """Let the lease go at once. The schedule still counts from ``last_run_at`` (set when the lease was
+    taken), unless the run ``failed``: then the job is due again at once, not a whole period later."""
     await conn.execute(
-        "UPDATE job_leases SET expires_at = now() WHERE workspace_id = '*' AND job = %s AND holder = %s",
-        (job, holder),
+        "UPDATE job_leases SET expires_at = now(), last_run_at = CASE WHEN %s THEN NULL ELSE last_run_at END"
+        " WHERE workspace_id = '*' AND job = %s AND holder = %s",
+        (failed, job, holder),
     )
 
 

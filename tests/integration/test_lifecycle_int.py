@@ -9,6 +9,7 @@ import json
 import random
 import re
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -244,6 +245,37 @@ def test_a_held_lease_keeps_a_second_runner_out(stack: Stack) -> None:
 
     blocked, freed = asyncio.run(go())
     assert blocked is None and freed is not None
+
+
+def test_a_job_that_failed_is_due_again_at_once(stack: Stack) -> None:
+    """The schedule counts from when a run took its lease; a run that failed (a database blip mid-job) must
+    not wait a whole period (a day, for decay and prune) to be tried again."""
+    from shared.lifecycle import Job
+
+    s = stack.settings
+    attempts = []
+
+    async def flaky(run: Any) -> dict[str, int]:
+        attempts.append(1)
+        if len(attempts) == 1:
+            raise RuntimeError("the database went away mid-job")
+        return {"done": 1}
+
+    job = Job(f"test-flaky-{uuid.uuid4().hex[:6]}", "test", lambda _s: 86_400.0, flaky)
+
+    async def go() -> tuple[Any, Any]:
+        pool = await open_pool(stack.database_url, name="test-flaky", max_size=2)
+        try:
+            with pytest.raises(RuntimeError):
+                await run_job(job, pool=pool, settings=s, holder="test")
+            again = await run_job(job, pool=pool, settings=s, holder="test")  # on schedule, not manual
+            later = await run_job(job, pool=pool, settings=s, holder="test")  # it ran: not due for a day
+            return again, later
+        finally:
+            await pool.close()
+
+    again, later = asyncio.run(go())
+    assert again == {"done": 1} and later is None and len(attempts) == 2
 
 
 def test_a_long_job_never_holds_back_the_others(stack: Stack) -> None:
