@@ -47,7 +47,9 @@ __all__ = [
 ]
 
 TABLES = ("drawers", "episodes", "entities")
-_TODO_INDEX = "drawers_reembed_todo"
+# Per table, the rows still to do: every backfill batch and the switch's final check (under its locks) read
+# an index, not the table (without one, each batch of episodes or entities walked every row already done).
+_TODO_INDEX = {t: f"{t}_reembed_todo" for t in TABLES}
 _TRIGGER = "palace_embedding_next_stale"
 # What makes a row's new-space vector stale while the space builds: its active-space vector, or the
 # text that vector was made from, changed.
@@ -151,15 +153,17 @@ async def start_space(conn: AsyncConnection[Any], target: SpaceTarget) -> Space:
             "CREATE OR REPLACE TRIGGER {trg} BEFORE UPDATE ON {t} FOR EACH ROW WHEN ({when})"
             " EXECUTE FUNCTION palace_embedding_next_stale()").format(
             trg=sql.Identifier(_TRIGGER), t=sql.Identifier(table), when=sql.SQL(_STALE_WHEN[table])))
-    # The drawers still to do, so every batch and the switch's final check read an index, not the table.
-    await conn.execute(sql.SQL(
-        "CREATE INDEX CONCURRENTLY IF NOT EXISTS {} ON drawers (workspace_id, id)"
-        " WHERE embedding IS NOT NULL AND embedding_next IS NULL").format(sql.Identifier(_TODO_INDEX)))
-    cur = await conn.execute("SELECT indisvalid FROM pg_index WHERE indexrelid = to_regclass(%s)", (_TODO_INDEX,))
-    row = await cur.fetchone()
-    if not (row and row[0]):  # an interrupted concurrent build leaves an invalid index: build it again
-        await conn.execute(sql.SQL("DROP INDEX CONCURRENTLY IF EXISTS {}").format(sql.Identifier(_TODO_INDEX)))
-        return await start_space(conn, target)
+    # The rows still to do, so every batch and the switch's final check read an index, not the table.
+    for table, index in _TODO_INDEX.items():
+        await conn.execute(sql.SQL(
+            "CREATE INDEX CONCURRENTLY IF NOT EXISTS {} ON {} (workspace_id, id)"
+            " WHERE embedding IS NOT NULL AND embedding_next IS NULL").format(sql.Identifier(index),
+                                                                            sql.Identifier(table)))
+        cur = await conn.execute("SELECT indisvalid FROM pg_index WHERE indexrelid = to_regclass(%s)", (index,))
+        row = await cur.fetchone()
+        if not (row and row[0]):  # an interrupted concurrent build leaves an invalid index: build it again
+            await conn.execute(sql.SQL("DROP INDEX CONCURRENTLY IF EXISTS {}").format(sql.Identifier(index)))
+            return await start_space(conn, target)
     return space
 
 
@@ -184,7 +188,8 @@ async def _drop_build_objects(conn: AsyncConnection[Any]) -> None:
     for table in TABLES:
         await conn.execute(sql.SQL("DROP TRIGGER IF EXISTS {} ON {}").format(sql.Identifier(_TRIGGER),
                                                                             sql.Identifier(table)))
-    await conn.execute(sql.SQL("DROP INDEX IF EXISTS {}").format(sql.Identifier(_TODO_INDEX)))
+    for index in _TODO_INDEX.values():
+        await conn.execute(sql.SQL("DROP INDEX IF EXISTS {}").format(sql.Identifier(index)))
 
 
 async def todo_counts(conn: AsyncConnection[Any]) -> dict[str, int]:
@@ -425,8 +430,9 @@ async def switch_space(conn: AsyncConnection[Any], lock_timeout_s: float = 0.5,
 
 
 async def drop_todo_index(conn: AsyncConnection[Any]) -> None:
-    """The build's to-do index, after the switch, without blocking writes (autocommit, login role)."""
-    await conn.execute(sql.SQL("DROP INDEX CONCURRENTLY IF EXISTS {}").format(sql.Identifier(_TODO_INDEX)))
+    """The build's to-do indexes, after the switch, without blocking writes (autocommit, login role)."""
+    for index in _TODO_INDEX.values():
+        await conn.execute(sql.SQL("DROP INDEX CONCURRENTLY IF EXISTS {}").format(sql.Identifier(index)))
 
 
 async def drop_old_space(conn: AsyncConnection[Any], keep_model: str | None) -> bool:

@@ -97,10 +97,16 @@ def test_reembed_switches_model_and_dimension_while_searches_run(stack: Stack) -
     assert _column_types(stack)[("drawers", "embedding_next")] == "vector(32)"
     assert "re-embed abandoned" in _reembed("--abort")
     assert stack.sql("SELECT count(*) FROM embedding_spaces WHERE state = 'building'") == [(0,)]
+    assert stack.sql("SELECT count(*) FROM pg_class WHERE relname LIKE '%%_reembed_todo'") == [(0,)]
     assert ("drawers", "embedding_next") not in _column_types(stack)
     crashed_reembed(64)
     building = stack.sql("SELECT id FROM embedding_spaces WHERE state = 'building'")
     assert len(building) == 1
+    # Every table's rows still to do are found by an index (a batch of episodes or entities walked every row
+    # already done, and the switch counted them by scanning, under its exclusive locks).
+    todo = ("SELECT to_regclass(t || '_reembed_todo') IS NOT NULL"
+            " FROM unnest(ARRAY['drawers', 'episodes', 'entities']) t")
+    assert stack.sql(todo) == [(True,)] * 3
     assert 0 < stack.sql("SELECT count(*) FROM drawers WHERE embedding_next IS NOT NULL")[0][0] < 24
     with pytest.raises(ValueError, match="in progress"):  # another target must wait for it (or --abort)
         asyncio.run(reembed(stack.settings, stack.database_url, SpaceTarget("hash", "hash", 32)))
@@ -139,6 +145,7 @@ def test_reembed_switches_model_and_dimension_while_searches_run(stack: Stack) -
             t.join(60)
     assert not failures, failures[:5]
     assert len(searches) >= 5, len(searches)
+    assert stack.sql("SELECT count(*) FROM pg_class WHERE relname LIKE '%%_reembed_todo'") == [(0,)]
     print(f"re-embed {took:.1f} s; {len(searches)} searches meanwhile, p50 {np.median(searches) * 1000:.0f} ms,"
           f" max {max(searches) * 1000:.0f} ms")
     print(out)
