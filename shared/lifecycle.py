@@ -28,7 +28,7 @@ from shared.logging import get_logger
 if TYPE_CHECKING:  # the CLI imports this module for its job names; faststream is most of its import time
     from faststream.nats import NatsBroker
 
-__all__ = ["JOBS", "Job", "JobRun", "LeaseLost", "restore", "run_job"]
+__all__ = ["JOBS", "Job", "JobRun", "LeaseLost", "backlog_defers_redrive", "restore", "run_job"]
 
 log = get_logger("palace.lifecycle")
 
@@ -158,25 +158,37 @@ async def expire(run: JobRun) -> dict[str, int]:
     return out
 
 
-async def pipeline_backlog(broker: NatsBroker, settings: Settings) -> int:
-    """Messages waiting in (or held un-acked by) the consumers a re-drive goes through.
+async def pipeline_backlog(broker: NatsBroker, settings: Settings) -> tuple[int, float]:
+    """Messages waiting in (or held un-acked by) the consumers a re-drive goes through, and the age of
+    the oldest of them (``backlog_defers_redrive``). A consumer that does not exist counts as empty."""
+    from shared.consumers import oldest_unacked_age_s
 
-    While they hold a backlog, a raw drawer is most likely queued rather than lost: re-driving it
-    would put a second copy of its work behind the same queue (feeding the overload), and failing
-    it would give up on work that is merely late. A consumer that does not exist counts as empty.
-    """
     js = broker.config.connection_state.stream
-    total = 0
+    total, oldest = 0, 0.0
     for durable in REDRIVE_PATH:
         with contextlib.suppress(NotFoundError):
             info = await js.consumer_info(settings.stream_name, durable)
-            total += (info.num_pending or 0) + (info.num_ack_pending or 0)
-    return total
+            waiting = (info.num_pending or 0) + (info.num_ack_pending or 0)
+            total += waiting
+            if waiting:
+                oldest = max(oldest, await oldest_unacked_age_s(js, settings.stream_name, durable))
+    return total, oldest
+
+
+def backlog_defers_redrive(backlog: int, oldest_s: float, stuck_after_s: float) -> bool:
+    """Whether a re-drive waits for the pipeline's backlog. A drawer is stuck once it has been raw for
+    ``stuck_after_s`` since its last event; while the backlog still holds a message that old, that event
+    may be queued in it rather than lost: re-driving would put a second copy of the work behind the same
+    queue (feeding the overload), and failing it would give up on work that is merely late. A backlog of
+    only younger messages (a palace ingesting without pause always has one) cannot hold it: the re-drive
+    runs, or a stuck drawer would never be re-driven while ingest goes on."""
+    return backlog > 0 and oldest_s >= stuck_after_s
 
 
 async def redrive(run: JobRun) -> dict[str, int]:
     """Re-announce drawers stuck in 'raw'; fail those still raw after every re-drive (never deleted).
-    Deferred while the pipeline holds a backlog: drawers queued behind it are late, not stuck."""
+    Deferred while the pipeline's backlog holds messages as old as a stuck drawer's last event: drawers
+    queued behind it are late, not stuck (``backlog_defers_redrive``)."""
     from shared.bus import publish_event
     from shared.events import DrawerCreated
     from shared.ids import event_id_for
@@ -185,8 +197,8 @@ async def redrive(run: JobRun) -> dict[str, int]:
     if run.broker is None:
         raise RuntimeError("redrive publishes events: it needs a bus connection")
     s = run.settings
-    backlog = await pipeline_backlog(run.broker, s)
-    if backlog:
+    backlog, oldest = await pipeline_backlog(run.broker, s)
+    if backlog_defers_redrive(backlog, oldest, s.stuck_after_s):
         return {"redrive_deferred_backlog": backlog}
     async with maintenance_tx(run.pool) as conn:
         stuck = await stuck_drawers(conn, s.stuck_after_s, MAX_REDRIVES)
