@@ -46,6 +46,30 @@ class Stack:
 
         asyncio.run(go())
 
+    def redeliver(self, event: Any, service: str, timeout: float = 30) -> None:
+        """Publish ``event`` (a shared.events model) again, as JetStream redelivers it after an ack lost past
+        the commit (a fresh Nats-Msg-Id, so the duplicate window does not drop it), and wait until
+        ``service``'s consumer of its subject has acked it."""
+        from shared.consumers import consumer_for
+
+        durable = consumer_for(service, event.subject).durable
+
+        async def go() -> None:
+            nc = await nats.connect(self.nats_url)
+            try:
+                js = nc.jetstream()
+                ack = await js.publish(event.subject, event.model_dump_json().encode(),
+                                       headers={"Nats-Msg-Id": f"again-{uuid.uuid4().hex}"})
+                deadline = time.monotonic() + timeout
+                while (await js.consumer_info(self.settings.stream_name, durable)).ack_floor.stream_seq < ack.seq:
+                    if time.monotonic() > deadline:
+                        raise AssertionError(f"{durable} did not settle the redelivered {event.subject}")
+                    await asyncio.sleep(0.1)
+            finally:
+                await nc.close()
+
+        asyncio.run(go())
+
     def sql(self, query: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
         with psycopg.connect(self.database_url) as conn:
             return conn.execute(query, params).fetchall()  # type: ignore[arg-type]

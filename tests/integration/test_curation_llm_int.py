@@ -441,9 +441,6 @@ def test_a_redelivered_decision_event_neither_asks_the_model_again_nor_updates_t
     """drawer.classified delivered again after its decisions committed (an ack lost), or another event naming
     the same drawer: the drawers decided on are skipped, so the model is not asked again and the UPDATE is
     not applied a second time."""
-    import nats
-
-    from shared.consumers import consumer_for
     from shared.events import DrawerClassified
 
     w, old_id, _ = _two_sessions(stack, llm, "UPDATE")
@@ -453,28 +450,10 @@ def test_a_redelivered_decision_event_neither_asks_the_model_again_nor_updates_t
     assert event_id.endswith(":" + source)
     before = stack.sql("SELECT content, content_hash FROM drawers WHERE workspace_id = %s AND id = %s", (w, old_id))
     calls = llm.decision_calls
-    ev = DrawerClassified(event_id=event_id.rsplit(":", 1)[0], workspace_id=w, drawer_ids=[source])
-
-    async def redeliver() -> None:
-        nc = await nats.connect(stack.nats_url)
-        try:
-            js = nc.jetstream()
-            ack = await js.publish(ev.subject, ev.model_dump_json().encode(),
-                                   headers={"Nats-Msg-Id": "again-" + ev.event_id})
-            c = consumer_for("cluster", ev.subject)
-            for _ in range(300):
-                info = await js.consumer_info(stack.settings.stream_name, c.durable)
-                if info.ack_floor.stream_seq >= ack.seq:
-                    return
-                await asyncio.sleep(0.1)
-            raise AssertionError("cluster did not settle the redelivered event")
-        finally:
-            await nc.close()
-
-    asyncio.run(redeliver())
+    stack.redeliver(DrawerClassified(event_id=event_id.rsplit(":", 1)[0], workspace_id=w, drawer_ids=[source]),
+                    "cluster")
     # And another event naming the same drawer (its sentence said again elsewhere): decided once.
-    ev = DrawerClassified(event_id="another-" + hid, workspace_id=w, drawer_ids=[source])
-    asyncio.run(redeliver())
+    stack.redeliver(DrawerClassified(event_id="another-" + hid, workspace_id=w, drawer_ids=[source]), "cluster")
     assert llm.decision_calls == calls
     assert stack.sql("SELECT content, content_hash FROM drawers WHERE workspace_id = %s AND id = %s",
                      (w, old_id)) == before

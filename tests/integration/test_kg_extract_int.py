@@ -161,29 +161,14 @@ def _history(stack: Stack, w: str) -> list[tuple[Any, ...]]:
 
 def _redeliver_episode(stack: Stack, w: str) -> None:
     """The workspace's episodic.created again, as JetStream redelivers it after an ack lost past the commit."""
-    from shared.consumers import consumer_for
     from shared.events import EpisodicCreated
     from shared.ids import event_id_for
 
     (eid, sid, summary, abstract, topics, source_hash), = stack.sql(
         "SELECT id, session_id, summary, abstract, topics, source_hash FROM episodes WHERE workspace_id = %s", (w,))
-    ev = EpisodicCreated(event_id=event_id_for("episodic.created", eid, source_hash or ""), workspace_id=w,
-                         episode_id=eid, session_id=sid, summary=summary, abstract=abstract, topics=list(topics))
-
-    async def go() -> None:
-        nc = await nats.connect(stack.nats_url)
-        try:
-            js = nc.jetstream()
-            ack = await js.publish(ev.subject, ev.model_dump_json().encode(), headers={"Nats-Msg-Id": "again-" + eid})
-            durable = consumer_for("enrich", ev.subject).durable
-            for _ in range(300):
-                if (await js.consumer_info(stack.settings.stream_name, durable)).ack_floor.stream_seq >= ack.seq:
-                    return
-                await asyncio.sleep(0.1)
-            raise AssertionError("enrich did not settle the redelivered episode")
-        finally:
-            await nc.close()
-    asyncio.run(go())
+    stack.redeliver(EpisodicCreated(event_id=event_id_for("episodic.created", eid, source_hash or ""), workspace_id=w,
+                                    episode_id=eid, session_id=sid, summary=summary, abstract=abstract,
+                                    topics=list(topics)), "enrich")
 
 
 @pytest.mark.parametrize("mode", ["ok", "partial", "malformed", "fail500"])
