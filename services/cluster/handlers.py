@@ -150,8 +150,11 @@ def register(deps: Deps) -> None:
         found = await cluster_candidates(conn, ws, [(r.id, r.embedding, r.dedup_bands or wording_bands(ws, r.content))
                                                     for r in rows], indexed=await has_index(conn, ws),
                                          cache=vectors)
-        near = sorted({r.id for r in rows} | {t[0] for r in rows for t in found[r.id].near})
-        return _Reading(rows, found, await said_when(conn, ws, near))
+        # When each was said, for the neighbours close enough to be checked for a contradiction (only they
+        # are ever compared): most events have none, and pay no round trip for it.
+        close = {t[0] for r in rows for t in found[r.id].near if t[1] >= s.contradiction_low}
+        said = await said_when(conn, ws, sorted(close | {r.id for r in rows})) if close else {}
+        return _Reading(rows, found, said)
 
     async def decide_reading(got: _Reading) -> _Plan:
         """Merges, supersessions and write decisions for what was read: rules only, or the model's
