@@ -67,29 +67,43 @@ async def build_wanted(deps: Deps, holder: str) -> int:
         # (a crash, a killed pod): asked for again, or its workspace would be searched exactly for ever.
         await requeue_orphaned_builds(conn)
         wanted = await wanted_vector_indexes(conn)
-    built = 0
     keeper = asyncio.create_task(_keep_lease(deps, holder), name="lease-vector_indexes")
+    builds = asyncio.create_task(_build_each(deps, wanted), name="build-vector_indexes")
     try:
-        db_url, _ = resolve_urls(deps.settings)
-        for ws, name in wanted:
-            log.info("vector_index_building", workspace_id=ws, index=name)
-            t0 = time.monotonic()
-            try:
-                await build_vector_index(db_url, ws, name)
-            except Exception as e:
-                VECTOR_INDEX_BUILDS.labels("failed").inc()
-                log.warning("vector_index_failed", workspace_id=ws, index=name, error=repr(e)[:300], exc_info=e)
-                continue
-            VECTOR_INDEX_BUILDS.labels("ready").inc()
-            VECTOR_INDEX_BUILD_SECONDS.observe(time.monotonic() - t0)
-            built += 1
-            log.info("vector_index_ready", workspace_id=ws, index=name, seconds=round(time.monotonic() - t0, 1))
+        # The keeper returns only when the lease is lost (its renewals failed until it expired and another
+        # replica took it): that replica asks for this one's half-done build again, so the build stops here
+        # (cancelling it cancels its statement on the server) rather than run twice at once.
+        await asyncio.wait({keeper, builds}, return_when=asyncio.FIRST_COMPLETED)
+        if not builds.done():
+            log.warning("vector_index_builds_abandoned", reason="lease lost", holder=holder)
+            return 0
+        return builds.result()
     finally:
-        keeper.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await keeper
+        for task in (builds, keeper):
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
         async with maintenance_tx(deps.pool) as conn:  # release: the next round may start at once
             await release_lease(conn, "vector_indexes", holder)
+
+
+async def _build_each(deps: Deps, wanted: list[tuple[str, str]]) -> int:
+    """Build the indexes one after another; one that fails is logged and asked for again later."""
+    built = 0
+    db_url, _ = resolve_urls(deps.settings)
+    for ws, name in wanted:
+        log.info("vector_index_building", workspace_id=ws, index=name)
+        t0 = time.monotonic()
+        try:
+            await build_vector_index(db_url, ws, name)
+        except Exception as e:
+            VECTOR_INDEX_BUILDS.labels("failed").inc()
+            log.warning("vector_index_failed", workspace_id=ws, index=name, error=repr(e)[:300], exc_info=e)
+            continue
+        VECTOR_INDEX_BUILDS.labels("ready").inc()
+        VECTOR_INDEX_BUILD_SECONDS.observe(time.monotonic() - t0)
+        built += 1
+        log.info("vector_index_ready", workspace_id=ws, index=name, seconds=round(time.monotonic() - t0, 1))
     return built
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 
 import numpy as np
 import psycopg
@@ -208,6 +209,57 @@ def test_the_build_lease_is_renewed_while_a_build_runs_and_released_after(
     assert seen == [True]
     assert stack.sql("SELECT holder, expires_at <= now() FROM job_leases WHERE job = 'vector_indexes'")[0] == (
         holder, True)
+
+
+def test_a_builder_that_loses_its_lease_stops_building(stack: Stack, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A builder whose renewals failed until its lease expired and another replica took it stops: the new
+    holder asks for the half-done build again, and two builds of one index must not run at once. Here
+    the lease is taken from it during its first build; the build is cancelled and the second never starts,
+    and the other holder's lease is left alone."""
+    import services.maintain.indexes as indexes
+    from services._runtime import Deps
+
+    monkeypatch.setattr(indexes, "_LEASE_S", 30.0)
+    monkeypatch.setattr(indexes, "_RENEW_S", 0.2)
+    started: list[str] = []
+    finished: list[str] = []
+    thief = f"other-{ws()}"
+
+    async def wanted(conn: object, limit: int = 10) -> list[tuple[str, str]]:
+        return [(ws(), "drawers_hnsw_test_lost_1"), (ws(), "drawers_hnsw_test_lost_2")]
+
+    async def build(database_url: str, workspace_id: str, index_name: str) -> None:
+        started.append(index_name)
+        stack.sql("UPDATE job_leases SET holder = %s, expires_at = now() + interval '1 minute'"
+                  " WHERE job = 'vector_indexes' RETURNING holder", (thief,))
+        await asyncio.sleep(10)
+        finished.append(index_name)
+
+    monkeypatch.setattr(indexes, "wanted_vector_indexes", wanted)
+    monkeypatch.setattr(indexes, "build_vector_index", build)
+    holder = f"test-{ws()}"
+
+    async def go() -> tuple[int, float]:
+        pool = await open_pool(stack.database_url, name="test-lease-lost", max_size=2, role=stack.settings.db_role)
+        t0 = time.monotonic()
+        try:
+            built = await indexes.build_wanted(Deps(stack.settings, "maintain", pool, None), holder)  # type: ignore[arg-type]
+            return built, time.monotonic() - t0
+        finally:
+            await pool.close()
+
+    wait_for(lambda: stack.sql("SELECT (SELECT count(*) FROM vector_indexes WHERE state IN ('wanted', 'building'))"
+                               " + (SELECT count(*) FROM job_leases WHERE job = 'vector_indexes'"
+                               " AND expires_at > now())") == [(0,)], 120, "no index request waiting, the lease free")
+    try:
+        built, took = asyncio.run(go())
+        assert (built, started, finished) == (0, ["drawers_hnsw_test_lost_1"], [])
+        assert took < 5, took
+        assert stack.sql("SELECT holder, expires_at > now() FROM job_leases WHERE job = 'vector_indexes'")[0] == (
+            thief, True)
+    finally:
+        stack.sql("UPDATE job_leases SET expires_at = now() WHERE job = 'vector_indexes' AND holder = %s"
+                  " RETURNING holder", (thief,))
 
 
 def test_an_index_is_built_serially_on_a_pgvector_whose_parallel_build_overflows(stack: Stack) -> None:
