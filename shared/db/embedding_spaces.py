@@ -303,10 +303,12 @@ async def unsettled_drawers(conn: AsyncConnection[Any], model: str, after: tuple
         tuple[str, str, str, str, str | None, str | None]]:
     """Drawers embedded since the switch by a model other than the active one (a service that had not
     looked at the active space yet), keyset-paged from ``after``: (workspace_id, id, content_hash,
-    content, speaker, context). Backfilled drawers still hold their old vector; these hold none."""
+    content, speaker, context). New drawers, and drawers that existed before the switch too: those hold
+    their former vector in ``embedding_old`` as well, and a stale service embeds them again when their
+    text changes (a forget re-points a shared drawer)."""
     cur = await conn.execute(
         """SELECT workspace_id, id, content_hash, content, speaker, context FROM drawers
-            WHERE (workspace_id, id) > (%s, %s) AND embedding IS NOT NULL AND embedding_old IS NULL
+            WHERE (workspace_id, id) > (%s, %s) AND embedding IS NOT NULL
               AND embedding_model IS DISTINCT FROM %s
             ORDER BY workspace_id, id LIMIT %s""", (*after, model, limit))
     return [tuple(r) for r in await cur.fetchall()]  # type: ignore[misc]

@@ -21,7 +21,7 @@ from shared.db.vector_indexes import index_name_for
 from shared.logging import configure_logging
 from shared.memory.filing import embedding_text
 from shared.recall import Recaller
-from shared.reembed import reembed
+from shared.reembed import _connect, _settle, reembed
 from tests.integration.helpers import Stack, session, wait_for, ws
 
 pytestmark = pytest.mark.integration
@@ -171,6 +171,27 @@ def test_reembed_switches_model_and_dimension_while_searches_run(stack: Stack) -
     want = asyncio.run(hash64.embed_documents([embedding_text(r[0], r[1], r[2]) for r in rows]))
     assert np.allclose(np.asarray([r[3] for r in rows], dtype=np.float32), want, atol=1e-5)
     assert {r[4] for r in rows} == {"hash-64"}
+    # A service still on the old space that embeds an existing drawer again (its text changed) labels the
+    # vector with its own model; with the same dimension the column takes it, and the settle pass re-embeds
+    # it in the active space (it found only drawers new since the switch).
+    stale_id, stale_text = stack.sql("SELECT id, content FROM drawers WHERE workspace_id = %s"
+                                     " AND embedding_old IS NOT NULL ORDER BY id LIMIT 1", (w,))[0]
+    stack.sql("UPDATE drawers SET embedding = %s::real[]::vector, embedding_model = 'stale-64'"
+              " WHERE workspace_id = %s AND id = %s RETURNING id", ([1.0] + [0.0] * 63, w, stale_id))
+
+    async def settle() -> int:
+        conn = await _connect(stack.database_url)
+        try:
+            return await _settle(conn, hash64, 8)
+        finally:
+            await conn.close()
+
+    assert asyncio.run(settle()) >= 1  # this one (any other drawer written meanwhile by a stale service too)
+    row = stack.sql("SELECT speaker, context, embedding::real[], embedding_model FROM drawers"
+                    " WHERE workspace_id = %s AND id = %s", (w, stale_id))[0]
+    assert row[3] == "hash-64"
+    assert np.allclose(row[2], asyncio.run(hash64.embed_documents([embedding_text(stale_text, row[0], row[1])]))[0],
+                       atol=1e-5)
     # A session published after the switch is embedded by the embed service in the new space.
     stack.publish(session(w, "after", ["The Lisbon office opens its doors on the first of May."]))
     stack.wait_processed(w, 43, timeout=60)
