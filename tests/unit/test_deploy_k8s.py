@@ -257,3 +257,23 @@ def test_dependency_values_match_what_the_manifests_expect() -> None:
     assert dev_secret  # the generated development Secret carries the CloudNativePG service name
     url = __import__("base64").b64decode(dev_secret["data"]["PALACE_DATABASE_URL"]).decode()
     assert f"@{pg['fullnameOverride']}-rw:" in url
+
+
+def test_every_bootstrap_key_the_repository_shows_is_one_the_api_accepts() -> None:
+    """The API refuses to start on a malformed bootstrap key: a key in an overlay, or a command in the
+    deployment docs that makes one, that is not of the accepted form left the API crash-looping."""
+    from shared.security import parse_bootstrap_keys
+
+    shown = re.compile(r"PALACE_API_BOOTSTRAP_KEYS=\"?((?:\$\([^)]*\)|[^\s\"'])+)")
+    files = [*ROOT.glob("deploy/**/*.yaml"), *ROOT.glob("deploy/**/*.md"), *ROOT.glob("docs/*.md"),
+             ROOT / "docker-compose.yml", ROOT / "README.md"]
+    seen = 0
+    for f in files:
+        for value in shown.findall(f.read_text()):
+            if value.startswith("${") or value.endswith("[,...]}"):
+                continue  # compose's reference to the variable, and its message when it is unset
+            # What the shell makes of `$(openssl rand -hex N)`: 2N hex digits.
+            value = re.sub(r"\$\(openssl rand -hex (\d+)\)", lambda m: "a" * 2 * int(m.group(1)), value)
+            assert parse_bootstrap_keys(value), (f, value)
+            seen += 1
+    assert seen >= 4
