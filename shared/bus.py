@@ -179,8 +179,9 @@ async def stream_usage(broker: NatsBroker, settings: Settings) -> None:
 
 async def publish_event(
     broker: NatsBroker, settings: Settings, event: Event, *, caused_by: Event | None = None
-) -> None:
-    """Publish to JetStream and wait for the store ack; the event id de-duplicates retries.
+) -> bool:
+    """Publish to JetStream and wait for the store ack; the event id de-duplicates retries. Returns
+    whether JetStream already held the event (a repeat within PALACE_DUPLICATE_WINDOW_S: not stored again).
 
     The current trace context goes along in the headers (``traceparent``). A batch handler names the
     event each publish derives from (``caused_by``), so it continues that event's trace."""
@@ -192,13 +193,14 @@ async def publish_event(
     headers = event.dedup_headers()
     with tracing.publishing(event.subject, headers, event_id=event.event_id,
                             cause=caused_by.event_id if caused_by is not None else None):
-        await broker.publish(
+        ack = await broker.publish(
             data,
             subject=event.subject,
             headers=headers,
             stream=settings.stream_name,
             timeout=10.0,
         )
+    return bool(getattr(ack, "duplicate", False))
 
 
 async def publish_held(

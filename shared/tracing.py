@@ -36,6 +36,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode, format_span_id, format_trace_id
 
 from shared.config import Settings
+from shared.events.models import msg_id_event
 
 __all__ = [
     "TRACE_HEADERS",
@@ -140,12 +141,11 @@ def in_batch() -> bool:
 
 
 def _event_id_of(msg: Any) -> str | None:
-    """A message's event id from its ``Nats-Msg-Id`` (``<subject>:<event_id>``, set by ``publish_event``)."""
+    """A message's event id from its ``Nats-Msg-Id`` (set by ``publish_event``)."""
     msg_id = (getattr(msg, "headers", None) or {}).get("Nats-Msg-Id")
     if not msg_id:
         return None
-    prefix = f"{getattr(msg, 'subject', '')}:"
-    return str(msg_id).removeprefix(prefix)
+    return msg_id_event(str(getattr(msg, "subject", "")), str(msg_id))
 
 
 @contextlib.contextmanager

@@ -73,6 +73,9 @@ class SearchResponse(BaseModel):
 class Accepted(BaseModel):
     event_id: str
     subject: str
+    duplicate: bool = Field(False, description="JetStream already held an event with this id in this workspace "
+                            "(published within PALACE_DUPLICATE_WINDOW_S): this one was not stored again. A "
+                            "session re-sent with other turns needs another event_id.")
 
 
 @router.post("/search", response_model=SearchResponse, tags=["recall"])
@@ -108,8 +111,8 @@ async def post_session(caller: CallerDep, event: SessionCompleted, broker: Broke
     caller.authorize(event.workspace_id)
     if problem := session_limit_problem(event, settings):
         raise HTTPException(422, problem)
-    await publish_event(broker, settings, event)  # EventTooLarge: 413 (services.api.errors)
-    return Accepted(event_id=event.event_id or "", subject=event.subject)
+    duplicate = await publish_event(broker, settings, event)  # EventTooLarge: 413 (services.api.errors)
+    return Accepted(event_id=event.event_id or "", subject=event.subject, duplicate=duplicate)
 
 
 @router.get("/workspaces/{workspace_id}/stats", tags=["recall"])

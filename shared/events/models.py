@@ -34,6 +34,7 @@ __all__ = [
     "PlaceName",
     "SessionCompleted",
     "SessionStored",
+    "msg_id_event",
     "payload_ids",
 ]
 
@@ -107,9 +108,13 @@ class Event(BaseModel):
 
     def dedup_headers(self) -> dict[str, str]:
         """The publish headers that make JetStream store a retried publish of this event once (within
-        PALACE_DEDUP_WINDOW_S): ``Nats-Msg-Id`` = ``<subject>:<event_id>``. Every publisher of an event
-        uses them (shared.bus for the services, palace_sdk for producers); tracing reads the id back."""
-        return {"Nats-Msg-Id": f"{self.subject}:{self.event_id}"}
+        PALACE_DEDUP_WINDOW_S): ``Nats-Msg-Id`` = ``<subject>:<workspace_id>/<event_id>``. The workspace
+        is part of it because a producer chooses its event ids: two tenants' sessions under one id (a
+        counter, a conversation id) were one message to JetStream, and the second was dropped as a
+        repeat. ``/`` is never in a workspace id, so the id reads back unambiguously. Every publisher of
+        an event uses them (shared.bus for the services, palace_sdk for producers); tracing reads the
+        event id back (``msg_id_event``)."""
+        return {"Nats-Msg-Id": f"{self.subject}:{self.workspace_id}/{self.event_id}"}
 
     @model_validator(mode="before")
     @classmethod
@@ -118,6 +123,13 @@ class Event(BaseModel):
         if problem:
             raise ValueError(problem)
         return data
+
+
+def msg_id_event(subject: str, msg_id: str) -> str:
+    """The event id in a ``Nats-Msg-Id`` that ``Event.dedup_headers`` wrote for ``subject``."""
+    rest = msg_id.removeprefix(f"{subject}:")
+    _workspace, sep, event_id = rest.partition("/")
+    return event_id if sep else rest
 
 
 class Message(BaseModel):

@@ -70,6 +70,24 @@ def test_sessions_ingest_would_refuse_are_refused_before_publishing(stack: Stack
     assert stack.sql("SELECT count(*) FROM sessions WHERE workspace_id = %s AND session_id <> 'fits'", (w,)) == [(0,)]
 
 
+def test_two_workspaces_may_use_one_event_id_and_a_repeat_is_reported(stack: Stack) -> None:
+    """A producer chooses its event ids: another tenant's session under the same id (within JetStream's
+    duplicate window) was dropped as a repeat of the first, and the API answered 202 all the same."""
+    a, b = ws(), ws()
+    event_id = f"evt-{a}"
+    with TestClient(create_app(_settings(stack))) as c:
+        for w, words in ((a, "The greenhouse tomatoes need water every second morning."),
+                         (b, "Our release train leaves on Thursdays at noon sharp.")):
+            body = {"workspace_id": w, "event_id": event_id, "session_id": "s-1",
+                    "messages": [{"role": "user", "content": words}]}
+            r = c.post("/v1/sessions", json=body)
+            assert r.status_code == 202 and r.json()["duplicate"] is False, r.text
+        r = c.post("/v1/sessions", json=body)
+        assert r.status_code == 202 and r.json()["duplicate"] is True, r.text
+    stack.processed_drawer(a, "The greenhouse tomatoes need water every second morning.")
+    stack.processed_drawer(b, "Our release train leaves on Thursdays at noon sharp.")
+
+
 def test_references_and_dates_answer_4xx_and_the_identity_is_audited(stack: Stack) -> None:
     w = ws()
     with TestClient(create_app(_settings(stack))) as c:

@@ -17,6 +17,7 @@ import httpx
 import nats
 import pytest
 
+from shared.events.models import msg_id_event
 from tests.integration.helpers import Stack, session, wait_for, ws
 
 TEXTS = [
@@ -110,7 +111,7 @@ def test_a_publishers_trace_runs_through_every_service_into_logs_and_spans(stack
     # Read the tap again: events derived after (a) looked (entity.upserted follows the episode) were
     # handled too, and are in the tap by the time their handler logged.
     def derived_ids_now() -> set[str]:
-        return {h["Nats-Msg-Id"].split(":", 1)[1] for s, h, _ in tap.of(w) if s != "session.completed"}
+        return {msg_id_event(s, h["Nats-Msg-Id"]) for s, h, _ in tap.of(w) if s != "session.completed"}
 
     handled_ids = {rec["event_id"] for svc in SERVICES[1:] for rec in lines[svc] if rec["messages"] == 1}
     derived_ids = wait_for(lambda: (ids := derived_ids_now()) >= handled_ids and ids, 10,

@@ -174,7 +174,14 @@ def test_one_place_sets_the_deduplication_header() -> None:
     from shared.events import SessionCompleted
 
     ev = SessionCompleted(workspace_id="w", session_id="s", messages=[{"role": "user", "content": "hi"}])
-    assert ev.dedup_headers() == {"Nats-Msg-Id": f"session.completed:{ev.event_id}"}
+    assert ev.dedup_headers() == {"Nats-Msg-Id": f"session.completed:w/{ev.event_id}"}
+    # Two tenants' events under one producer-chosen id are two messages, and each id reads back.
+    a, b = (SessionCompleted(workspace_id=w, event_id="evt/1", session_id="s",
+                             messages=[{"role": "user", "content": "hi"}]) for w in ("acme", "acme:eu"))
+    assert a.dedup_headers() != b.dedup_headers()
+    from shared.events.models import msg_id_event
+
+    assert {msg_id_event("session.completed", e.dedup_headers()["Nats-Msg-Id"]) for e in (a, b)} == {"evt/1"}
 
 
 def test_limits_are_stated_once_and_derived() -> None:
