@@ -119,7 +119,12 @@ def drop_forgotten_drawers(plan: SessionPlan, forgotten_ids: set[str]) -> Sessio
 # --- streams -----------------------------------------------------------------------------------
 
 
-def _matcher(scope: Scope, t: Targets) -> Callable[[dict[str, Any]], bool]:
+def _matcher(scope: Scope, t: Targets, *, by_content: bool = False) -> Callable[[dict[str, Any]], bool]:
+    """Whether an event carries the scope. ``by_content`` also takes an event holding one of the forgotten
+    messages' texts anywhere: only ``verify`` looks for those, and only for a drawer (whose text is what
+    was forgotten, wherever it is said). A purge deletes events whole, so it never takes one for a text it
+    holds: another user's session that also says "Hello" or "thanks" was deleted, unprocessed, with all of
+    its turns (ingest drops a forgotten drawer's messages from a session it is still to store)."""
     def match(body: dict[str, Any]) -> bool:
         if body.get("workspace_id") != scope.workspace_id:
             return False
@@ -138,7 +143,7 @@ def _matcher(scope: Scope, t: Targets) -> Callable[[dict[str, Any]], bool]:
         if ids and t.drawer_ids and all(i in t.drawer_ids for i in ids):
             return True
         msgs = body.get("messages") or []
-        return bool(t.content_hashes and any(content_hash(m.get("content", "")) in t.content_hashes
+        return bool(by_content and t.content_hashes and any(content_hash(m.get("content", "")) in t.content_hashes
                                              for m in msgs if isinstance(m, dict)))
     return match
 
@@ -304,6 +309,8 @@ async def forget(pool: AsyncConnectionPool, settings: Settings, nats_url: str, s
         await sql.write_tombstones(conn, ws, t_id(scope), scope.kind, [scope.value])
         if scope.kind == "session":
             await sql.write_tombstones(conn, ws, t_id(scope), "session", [scope.value])
+            # Its events go from the streams even when it was never stored (dead-lettered, or still queued).
+            t.session_ids.add(scope.value)
     try:
         nc = await nats.connect(nats_url.split(","), connect_timeout=5, max_reconnect_attempts=3)
         try:
@@ -408,7 +415,7 @@ async def verify(pool: AsyncConnectionPool, settings: Settings, nats_url: str, s
     nc = await nats.connect(nats_url.split(","), connect_timeout=5, max_reconnect_attempts=3)
     try:
         js = nc.jetstream()
-        match = _matcher(scope, t)
+        match = _matcher(scope, t, by_content=scope.kind == "drawer")
         out["stream_" + settings.stream_name] = len(await _scan(js, settings.stream_name, match))
         out["stream_" + settings.dlq_stream_name] = len(await _scan(js, settings.dlq_stream_name, match))
     finally:

@@ -607,3 +607,30 @@ def test_an_embedding_made_for_another_speaker_is_not_saved(stack: Stack) -> Non
     assert stack.sql("SELECT count(*) FROM embedding_cache WHERE workspace_id = %s", (w,)) == [(0,)]
     asyncio.run(save("Finn"))
     assert stack.sql("SELECT embedding IS NULL FROM drawers WHERE workspace_id = %s", (w,)) == [(False,)]
+
+
+def test_a_forget_deletes_its_own_dead_letters_and_no_one_elses(stack: Stack) -> None:
+    """Events are deleted from the streams whole, so only those carrying the scope go: another user's
+    dead-lettered session that also says something alice said stays (it was deleted, unprocessed, for a
+    shared "thanks"), and a forgotten session that never reached the database (dead-lettered) does go."""
+    w = ws()
+    words = ["Thanks, see you at the climbing gym on Thursday.", "My locker code is four nine one seven."]
+    stack.publish(session(w, "alice-1", words, user_id="alice"))
+    stack.wait_processed(w, 2)
+    bob_letter = _dead_letter(stack, session(w, "bob-1", [words[0], "Bring the blue rope."], user_id="bob",
+                                             event_id=uuid.uuid4().hex))
+    never_stored = _dead_letter(stack, session(w, "carol-1", ["Carol's only message."], user_id="carol",
+                                               event_id=uuid.uuid4().hex))
+    assert _dlq_count(stack, w) == 2
+
+    result, remaining = _run_forget(stack, Scope(w, "user", "alice"))
+    assert result.counts["sessions"] == 1 and not any(remaining.values()), remaining
+    assert _dlq_count(stack, w) == 2, "bob's dead letter (and carol's) stay"
+
+    result, remaining = _run_forget(stack, Scope(w, "session", "carol-1"))
+    assert result.counts["stream_events"] == 1 and not any(remaining.values()), remaining
+    from shared.dlq import list_dead_letters
+
+    left = [d.seq for d in asyncio.run(list_dead_letters(stack.settings, stack.nats_url, limit=100_000))
+            if d.info.workspace_id == w]
+    assert left == [bob_letter] and never_stored not in left

@@ -68,7 +68,11 @@ def test_matcher_takes_only_the_scope_of_its_own_workspace() -> None:
     assert m({"workspace_id": "w", "session_id": "s1"})
     assert m({"workspace_id": "w", "drawer_ids": ["d1", "d2"]})
     assert not m({"workspace_id": "w", "drawer_ids": ["d1", "other"]})  # others' work rides along: kept
-    assert m({"workspace_id": "w", "messages": [{"content": "secret  words"}]})
+    # An event is deleted whole: one of another user's sessions that also holds a forgotten text is kept.
+    assert not m({"workspace_id": "w", "user_id": "bob", "messages": [{"content": "secret  words"}]})
+    # verify of a drawer forget looks for the forgotten text wherever it is said.
+    assert _matcher(Scope("w", "drawer", "d9"), t, by_content=True)({"workspace_id": "w",
+                                                                     "messages": [{"content": "secret  words"}]})
     assert not m({"workspace_id": "other", "user_id": "alice", "session_id": "s1"})
     assert not m({"workspace_id": "w", "user_id": "bob", "session_id": "s2"})
     assert _matcher(Scope("w", "workspace", "*"), Targets())({"workspace_id": "w"})
