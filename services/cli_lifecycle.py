@@ -81,7 +81,8 @@ def register(app: typer.Typer, settings: Callable[[], Settings], urls: Callable[
         db, nats_url = urls(s)
         requested_by = by or f"cli:{os.environ.get('USER', 'unknown')}"
         result, remaining, elapsed = asyncio.run(_forget(s, db, nats_url, scope, requested_by, check, console))
-        console.print(_summary(f"forgot {scope.kind} {scope.value} in {workspace} (audit {result.forget_id})",
+        done = result.scope
+        console.print(_summary(f"forgot {done.kind} {done.value} in {workspace} (audit {result.forget_id})",
                                result.counts, elapsed))
         if remaining is not None:
             left = {k: v for k, v in remaining.items() if v}
@@ -128,6 +129,15 @@ async def _forget(s: Settings, db: str, nats_url: str, scope: Any, requested_by:
 
     pool = await open_pool(db, name="cli-forget", max_size=2, role=s.db_role)
     try:
+        if scope.kind == "drawer":  # a citation or short id names a drawer, as over REST and MCP
+            from dataclasses import replace
+
+            from shared.palace_ops import OperationError, drawer_ref_id
+
+            try:
+                scope = replace(scope, value=await drawer_ref_id(pool, scope.workspace_id, scope.value))
+            except OperationError as e:
+                raise typer.BadParameter(str(e), param_hint="--drawer") from None
         t0 = time.perf_counter()
         with _progress(console) as bar:
             task = bar.add_task("forget", total=None)

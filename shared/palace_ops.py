@@ -11,6 +11,7 @@ memory_history and reversible.
 
 from __future__ import annotations
 
+import re
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -59,10 +60,13 @@ __all__ = [
     "OperationError",
     "PalaceOps",
     "Status",
+    "drawer_ref_id",
+    "resolve_drawer",
 ]
 
 IDENTITY_MAX_CHARS = 400  # L0's budget, never truncated: longer text is refused, not cut
 DIARY_WING = "diary"
+_HEX_ID = re.compile(r"[0-9a-f]+")
 
 
 class OperationError(ValueError):
@@ -173,6 +177,40 @@ class DrawerOut(BaseModel):
                    memory_type=d.memory_type, written_at=d.occurred_at, filed_at=d.filed_at)
 
 
+async def resolve_drawer(pool: AsyncConnectionPool, ws: str, ref: str) -> DrawerSummary:
+    """The live drawer a drawer id or citation (``wing/room/short id``) names, in this workspace only.
+
+    Raises OperationError when ``ref`` is neither, DrawerNotFound when no live drawer matches and
+    AmbiguousReference when several do (a prefix shared by more than one id: the citation's wing
+    and room decide between them when they can)."""
+    try:
+        parsed = parse_citation(ref)
+    except ValueError as e:
+        raise OperationError(str(e)) from None
+    async with workspace_tx(pool, ws) as conn:
+        found = await drawers_by_id_prefix(conn, ws, parsed.id_prefix, limit=5)
+    if len(found) > 1 and parsed.room is not None:
+        found = [d for d in found if (d.wing, d.room) == (parsed.wing, parsed.room)] or found
+    if not found:
+        raise DrawerNotFound(f"no live drawer matches {ref.strip()!r} in this workspace (unknown, deleted or "
+                             "forgotten)")
+    if len(found) > 1:
+        raise AmbiguousReference(f"{ref.strip()!r} matches several drawers: "
+                                 + ", ".join(cite(d.wing, d.room, d.id) + f" ({d.id})" for d in found)
+                                 + "; give the whole drawer id")
+    return found[0]
+
+
+async def drawer_ref_id(pool: AsyncConnectionPool, ws: str, ref: str) -> str:
+    """The drawer id a reference names: a whole id as it is (a deleted drawer can still be named by it),
+    a citation or short id resolved among the live drawers (``resolve_drawer``). A whole id in capitals is
+    the same id: taken as it was, it named no drawer, and a forget by it removed nothing and said so."""
+    whole = ref.strip().lower()
+    if len(whole) == ID_LEN and _HEX_ID.fullmatch(whole):
+        return whole
+    return (await resolve_drawer(pool, ws, ref)).id
+
+
 @dataclass
 class PalaceOps:
     """The shared servers a process holds (pool, embedder via the recaller, bus) and the graph cache."""
@@ -229,32 +267,12 @@ class PalaceOps:
         return sorted(out, key=lambda d: -d.similarity)[:limit]
 
     async def resolve(self, ws: str, ref: str) -> DrawerSummary:
-        """The live drawer a drawer id or citation (``wing/room/short id``) names, in this workspace only.
-
-        Raises OperationError when ``ref`` is neither, DrawerNotFound when no live drawer matches and
-        AmbiguousReference when several do (a prefix shared by more than one id: the citation's wing
-        and room decide between them when they can)."""
-        try:
-            parsed = parse_citation(ref)
-        except ValueError as e:
-            raise OperationError(str(e)) from None
-        async with workspace_tx(self.pool, ws) as conn:
-            found = await drawers_by_id_prefix(conn, ws, parsed.id_prefix, limit=5)
-        if len(found) > 1 and parsed.room is not None:
-            found = [d for d in found if (d.wing, d.room) == (parsed.wing, parsed.room)] or found
-        if not found:
-            raise DrawerNotFound(f"no live drawer matches {ref.strip()!r} in this workspace (unknown, deleted or "
-                                 "forgotten)")
-        if len(found) > 1:
-            raise AmbiguousReference(f"{ref.strip()!r} matches several drawers: "
-                                     + ", ".join(cite(d.wing, d.room, d.id) + f" ({d.id})" for d in found)
-                                     + "; give the whole drawer id")
-        return found[0]
+        """The live drawer a drawer id or citation names (``resolve_drawer``)."""
+        return await resolve_drawer(self.pool, ws, ref)
 
     async def drawer_id(self, ws: str, ref: str) -> str:
-        """The drawer id a reference names: a whole id as it is (a deleted drawer can still be named by it),
-        a citation or short id resolved among the live drawers (``resolve``)."""
-        return (await self.resolve(ws, ref)).id if len(ref) != ID_LEN or "/" in ref else ref
+        """The drawer id a reference names (``drawer_ref_id``)."""
+        return await drawer_ref_id(self.pool, ws, ref)
 
     async def get_drawer(self, ws: str, ref: str) -> DrawerOut:
         """One live drawer by id or citation, whole (see ``resolve``)."""

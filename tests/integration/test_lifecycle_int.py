@@ -406,21 +406,32 @@ def test_operators_run_each_job_restore_and_forget_from_the_cli(stack: Stack, tm
         assert r.exit_code == 0, r.output
         assert f"maintain {job}" in r.output
     w = ws()
-    _insert(stack, w, [{"id": "a", "content": "archived by hand"}, {"id": "b", "content": "kept as is"}])
+    a, b = "a" * 32, "b" * 32
+    _insert(stack, w, [{"id": a, "content": "archived by hand"}, {"id": b, "content": "kept as is"}])
     # Archived as prune does it: the deletion and its ARCHIVE record at the same moment.
-    stack.sql("""WITH d AS (UPDATE drawers SET deleted_at = now() WHERE workspace_id = %s AND id = 'a' RETURNING id)
+    stack.sql("""WITH d AS (UPDATE drawers SET deleted_at = now() WHERE workspace_id = %s AND id = %s RETURNING id)
                  INSERT INTO memory_history (workspace_id, id, drawer_id, action, actor)
-                 SELECT %s, 'archive:a', id, 'ARCHIVE', 'test' FROM d RETURNING 1""", (w, w))
-    r = runner.invoke(app, ["restore", "--workspace", w, "--drawer", "a"], env=db_only)
+                 SELECT %s, 'archive:a', id, 'ARCHIVE', 'test' FROM d RETURNING 1""", (w, a, w))
+    r = runner.invoke(app, ["restore", "--workspace", w, "--drawer", a], env=db_only)
     assert r.exit_code == 0, r.output
     assert stack.sql("SELECT count(*) FROM drawers WHERE workspace_id = %s AND deleted_at IS NULL", (w,))[0][0] == 2
-    r = runner.invoke(app, ["forget", "--workspace", w, "--drawer", "a", "--verify", "--by", "ops"], env=env)
+    # A whole id in capitals is the same id (it named nothing, and the forget reported success).
+    r = runner.invoke(app, ["forget", "--workspace", w, "--drawer", a.upper(), "--verify", "--by", "ops"], env=env)
     assert r.exit_code == 0, r.output
     assert "nothing of it remains" in r.output
-    assert [x[0] for x in stack.sql("SELECT id FROM drawers WHERE workspace_id = %s", (w,))] == ["b"]
+    assert [x[0] for x in stack.sql("SELECT id FROM drawers WHERE workspace_id = %s", (w,))] == [b]
     assert stack.sql("SELECT requested_by FROM forget_audit WHERE workspace_id = %s", (w,)) == [("ops",)]
+    # A citation (or short id) is resolved, as over REST and MCP; one that names no drawer is refused.
+    wing, room = stack.sql("SELECT wing, room FROM drawers WHERE workspace_id = %s AND id = %s", (w, b))[0]
+    r = runner.invoke(app, ["forget", "--workspace", w, "--drawer", "general/fact/cccccccccccc"], env=env)
+    assert r.exit_code == 2 and "no live drawer" in r.output, r.output
+    r = runner.invoke(app, ["forget", "--workspace", w, "--drawer", f"{wing}/{room}/{b[:12]}"], env=env)
+    assert r.exit_code == 0, r.output
+    assert stack.sql("SELECT count(*) FROM drawers WHERE workspace_id = %s", (w,)) == [(0,)]
+    assert stack.sql("SELECT scope_value FROM forget_audit WHERE workspace_id = %s ORDER BY started_at",
+                     (w,)) == [(a,), (b,)]
     # Forget purges the streams too: without a NATS URL it refuses before touching anything, naming it.
-    r = runner.invoke(app, ["forget", "--workspace", w, "--drawer", "b"], env=db_only)
+    r = runner.invoke(app, ["forget", "--workspace", w, "--drawer", b], env=db_only)
     assert r.exit_code == 2 and "PALACE_NATS_URL" in r.output and "PALACE_DATABASE_URL" not in r.output, r.output
     r = runner.invoke(app, ["forget", "--workspace", w, "--user", "u1", "--all"], env=env)
     assert r.exit_code != 0
