@@ -127,6 +127,7 @@ def stream_configs(settings: Settings) -> list[js_api.StreamConfig]:
             name=settings.stream_name, subjects=pipeline_subjects(), storage=js_api.StorageType.FILE,
             retention=js_api.RetentionPolicy.INTEREST, max_age=0, max_bytes=settings.stream_max_bytes,
             discard=js_api.DiscardPolicy.NEW, duplicate_window=settings.duplicate_window_s, max_msg_size=-1,
+            num_replicas=settings.stream_replicas,
         ),
         # Dead letters wait for a person (``palace dlq``): kept until re-driven or deleted, unless an
         # operator sets an age limit; when full, dead-lettering fails and the message stays in the
@@ -135,7 +136,7 @@ def stream_configs(settings: Settings) -> list[js_api.StreamConfig]:
             name=settings.dlq_stream_name, subjects=["dlq.>"], storage=js_api.StorageType.FILE,
             retention=js_api.RetentionPolicy.LIMITS, max_age=settings.dlq_max_age_days * 86_400.0,
             max_bytes=settings.stream_max_bytes, discard=js_api.DiscardPolicy.NEW,
-            duplicate_window=settings.duplicate_window_s,
+            duplicate_window=settings.duplicate_window_s, num_replicas=settings.stream_replicas,
         ),
     ]
 

@@ -51,13 +51,18 @@ class Settings(BaseSettings):
         "every event until each consumer has acked it and, when full, refuses new events (the publisher gets an error) "
         "rather than dropping unprocessed ones; palace_stream_bytes / palace_stream_max_bytes alert before that.",
     )
+    stream_replicas: int = Field(
+        1, ge=1, le=5, description="Copies JetStream keeps of each stream (clustered NATS: 3). One copy loses every "
+        "unprocessed event and every dead letter with its server's storage; applied at every service start, so set "
+        "it here rather than by hand.",
+    )
     duplicate_window_s: float = Field(
         3600.0, description="JetStream de-duplication window: a producer republishing an event with the same event_id "
         "(Nats-Msg-Id) within it is stored once. Cover the longest retry a producer may do.",
     )
     dlq_max_age_days: float = Field(0.0, description="Age after which dead letters are dropped (0: kept until "
                                     "re-driven or deleted).")
-    max_deliver: int = Field(5, description="Delivery attempts before a message is dead-lettered.")
+    max_deliver: int = Field(5, ge=1, description="Delivery attempts before a message is dead-lettered.")
     backoff_s: list[float] = Field(
         [1.0, 5.0, 15.0, 30.0], description="NAK delays between attempts (JSON list, seconds)."
     )
@@ -296,6 +301,14 @@ class Settings(BaseSettings):
     def _cos_band(self) -> Settings:
         if not self.recall_cos_ceiling > self.recall_cos_floor:
             raise ValueError("PALACE_RECALL_COS_CEILING must be above PALACE_RECALL_COS_FLOOR")
+        return self
+
+    @model_validator(mode="after")
+    def _chunking(self) -> Settings:
+        # Checked here, at start: the chunker refuses such a pair for every message, so each session would be
+        # retried and dead-lettered instead.
+        if not 0 <= self.chunk_overlap * 2 < self.chunk_chars:
+            raise ValueError("PALACE_CHUNK_OVERLAP must be at least 0 and under half of PALACE_CHUNK_CHARS")
         return self
 
     @property
