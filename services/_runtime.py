@@ -283,12 +283,17 @@ async def leased_rounds(deps: Deps, stop: asyncio.Event, lease: str, body: Calla
     log = get_logger(f"palace.{deps.service}")
 
     async def keep() -> None:
+        """Renew until cancelled; return only once the lease is lost (a renewal that fails is tried again:
+        the lease outlives two of them)."""
         while True:
             await asyncio.sleep(every / 3)
-            async with maintenance_tx(deps.pool) as conn:
-                if not await renew_lease(conn, lease, holder, every):
-                    log.warning("lease_lost", lease=lease, holder=holder)
-                    return
+            try:
+                async with maintenance_tx(deps.pool) as conn:
+                    if not await renew_lease(conn, lease, holder, every):
+                        log.warning("lease_lost", lease=lease, holder=holder)
+                        return
+            except Exception as e:
+                log.warning("lease_renewal_failed", lease=lease, error=repr(e)[:300])
 
     while not stop.is_set():
         try:
@@ -296,11 +301,19 @@ async def leased_rounds(deps: Deps, stop: asyncio.Event, lease: str, body: Calla
                 won = await take_lease(conn, lease, holder, ttl_s=every, every_s=every / 2)
             if won:
                 keeper = asyncio.create_task(keep(), name=f"lease-{lease}")
+                work = asyncio.create_task(body(), name=f"round-{lease}")
                 try:
-                    await body()
+                    # Lost (renewals failed until it expired and another replica took it): that replica runs
+                    # the round now, so this one stops rather than run it twice at once.
+                    await asyncio.wait({keeper, work}, return_when=asyncio.FIRST_COMPLETED)
+                    if not work.done():
+                        log.warning(failed_event, error="lease lost: round stopped")
+                    else:
+                        work.result()
                 finally:
-                    keeper.cancel()
-                    await asyncio.gather(keeper, return_exceptions=True)
+                    for task in (work, keeper):
+                        task.cancel()
+                    await asyncio.gather(work, keeper, return_exceptions=True)
         except Exception as e:
             log.warning(failed_event, error=repr(e)[:300])
         with contextlib.suppress(TimeoutError):

@@ -477,3 +477,40 @@ def test_a_sweep_round_keeps_its_lease_while_it_runs(stack: Stack) -> None:
     during, after = asyncio.run(go())
     assert not during, "another replica took the lease while the round still ran"
     assert after
+
+
+def test_a_sweep_round_stops_when_its_lease_is_lost(stack: Stack) -> None:
+    """A replica whose renewals failed until its lease expired, and another replica took it, stops its round:
+    the other one runs that round now, and two at once would ask the LLM twice for the same work."""
+    from services._runtime import Deps, leased_rounds
+
+    s = stack.settings
+    every = s.maintain_interval_s
+    lease = f"{ws()}-sweep"
+    seen: list[str] = []
+
+    async def go() -> None:
+        pool = await open_pool(stack.database_url, name="test-sweep-lost", max_size=3, role=s.db_role)
+        stop = asyncio.Event()
+
+        async def long_round() -> None:
+            seen.append("started")
+            stack.sql("UPDATE job_leases SET holder = 'other-replica', expires_at = now() + interval '1 hour'"
+                      " WHERE job = %s RETURNING 1", (lease,))
+            try:
+                await asyncio.sleep(5 * every)
+                seen.append("finished")
+            except asyncio.CancelledError:
+                seen.append("stopped")
+                stop.set()
+                raise
+
+        try:
+            await asyncio.wait_for(leased_rounds(Deps(s, "enrich", pool, None), stop, lease,  # type: ignore[arg-type]
+                                                 long_round, failed_event="test_sweep_failed"), 4 * every)
+        finally:
+            await pool.close()
+
+    asyncio.run(go())
+    assert seen == ["started", "stopped"]
+    assert stack.sql("SELECT holder FROM job_leases WHERE job = %s", (lease,)) == [("other-replica",)]
