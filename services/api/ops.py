@@ -3,7 +3,9 @@
 Liveness and readiness answer different questions. An orchestrator restarts a process whose liveness
 fails, so ``/livez`` checks only that this process answers: a database or NATS outage must not get
 every api replica restarted at once, which would fix nothing. ``/readyz`` checks the dependencies, so
-traffic goes elsewhere while they are away, and says which one failed.
+traffic goes elsewhere while they are away, and says which one failed. The probes answer anyone (no
+key, no rate limit): the failure's detail (hosts, user names in a connection error) goes to the log,
+the answer names only the dependency and the kind of error.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 
 from services.api.errors import error_body
 from shared.db.pool import ping
+from shared.logging import get_logger
 
 __all__ = ["OPS_PATHS", "router"]
 
@@ -24,6 +27,12 @@ OPS_PATHS = ("/livez", "/readyz", "/healthz", "/metrics", "/metrics/")
 _CHECK_TIMEOUT_S = 2.0
 
 router = APIRouter(tags=["ops"])
+log = get_logger("palace.api")
+
+
+def _failed(dependency: str, e: Exception) -> str:
+    log.warning("readiness_check_failed", dependency=dependency, error=repr(e)[:500])
+    return f"unreachable ({type(e).__name__}; the api's log has the detail)"
 
 
 @router.get("/livez")
@@ -43,7 +52,7 @@ async def _database(request: Request) -> str | None:
         async with pool.connection(timeout=_CHECK_TIMEOUT_S) as conn:
             await asyncio.wait_for(ping(conn), _CHECK_TIMEOUT_S)
     except Exception as e:
-        return f"{type(e).__name__}: {e}"
+        return _failed("database", e)
     return None
 
 
@@ -54,7 +63,7 @@ async def _nats(request: Request) -> str | None:
     try:
         ok = await broker.ping(timeout=_CHECK_TIMEOUT_S / 2)
     except Exception as e:
-        return f"{type(e).__name__}: {e}"
+        return _failed("nats", e)
     return None if ok else "not connected"
 
 

@@ -189,6 +189,11 @@ def test_migration_job_service_and_api_with_authentication(overlay: str) -> None
             for path in rule["http"]["paths"]:
                 backend = path["backend"]["service"]
                 assert backend["name"] == "palace-api"
+                # The probes and /metrics answer without a key: never routed from outside the cluster.
+                from services.api.ops import OPS_PATHS
+
+                assert path["path"] in ("/v1", "/mcp"), path["path"]
+                assert not any(p.startswith(path["path"]) for p in OPS_PATHS), path["path"]
                 assert backend["port"]["name"] in {p["name"] for p in service["spec"]["ports"]}
     policies = _of(docs, "NetworkPolicy")
     deny = policies["palace-default-deny"]["spec"]
