@@ -12,9 +12,10 @@ import math
 from datetime import datetime
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
 from shared.ids import session_event_id
+from shared.moments import time_problem
 
 __all__ = [
     "EVENT_MODELS",
@@ -60,6 +61,16 @@ DrawerIds = Annotated[
     list[Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{32}$")]],
     Field(min_length=1, max_length=1000, description="Ids of the drawers this event concerns."),
 ]
+
+
+def _storable_time(value: datetime) -> datetime:
+    if problem := time_problem(value):
+        raise ValueError(problem)
+    return value
+
+
+# An instant the database can store and read back (shared.moments).
+Moment = Annotated[datetime, AfterValidator(_storable_time)]
 
 
 def _unstorable(value: Any, path: str = "") -> str | None:
@@ -142,7 +153,7 @@ class Message(BaseModel):
         description="Verbatim text of the turn, any length: a long turn is chunked at sentence boundaries like "
         "any other content; the whole event is bounded by PALACE_MAX_EVENT_BYTES."
     )
-    created_at: datetime | None = Field(None, description="When the turn was said (ISO 8601).")
+    created_at: Moment | None = Field(None, description="When the turn was said (ISO 8601).")
     name: Annotated[str, StringConstraints(max_length=200)] | None = Field(
         None, description="Speaker's display name, when the platform knows it."
     )
@@ -167,8 +178,8 @@ class SessionCompleted(Event):
     messages: list[Message] = Field(
         min_length=1, max_length=MAX_MESSAGES, description="The turns, in order."
     )
-    started_at: datetime | None = Field(None, description="Session start (ISO 8601).")
-    completed_at: datetime | None = Field(None, description="Session end (ISO 8601).")
+    started_at: Moment | None = Field(None, description="Session start (ISO 8601).")
+    completed_at: Moment | None = Field(None, description="Session end (ISO 8601).")
     metadata: dict[str, Any] = Field(
         default_factory=dict,
         description="Free metadata. 'wing', 'room' and 'hall' (strings) choose where drawers are filed.",

@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from shared.ids import stable_id
 from shared.memory.episodes import STOPWORDS
+from shared.moments import time_problem
 
 __all__ = [
     "KG_MIN_IMPORTANCE",
@@ -195,10 +196,14 @@ def parse_when(value: datetime | date | str | None, what: str = "time") -> datet
         except ValueError:
             raise KgError(f"{what} {value!r} is not an ISO 8601 date or time") from None
     if isinstance(value, datetime):
-        return value if value.tzinfo else value.replace(tzinfo=UTC)
-    if isinstance(value, date):
-        return datetime.combine(value, time.min, tzinfo=UTC)
-    raise KgError(f"{what} must be a date, a datetime or an ISO 8601 string")
+        out = value if value.tzinfo else value.replace(tzinfo=UTC)
+    elif isinstance(value, date):
+        out = datetime.combine(value, time.min, tzinfo=UTC)
+    else:
+        raise KgError(f"{what} must be a date, a datetime or an ISO 8601 string")
+    if problem := time_problem(out):
+        raise KgError(f"{what} {problem}")
+    return out
 
 
 def as_of_window(value: datetime | date | str | None) -> tuple[datetime, datetime] | None:

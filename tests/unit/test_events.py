@@ -106,3 +106,15 @@ def test_a_long_message_is_valid_within_the_event_byte_limit() -> None:
     too_big = {**ev, "messages": [{"role": "user", "content": "y" * s.max_event_bytes}]}
     with pytest.raises(Poison, match="exceeds"):
         decode_event(SessionCompleted, json.dumps(too_big).encode(), s)
+
+
+def test_a_turn_dated_where_the_database_could_not_read_it_back_is_invalid() -> None:
+    """Dead-lettered once as invalid, not stored and then failing every read of its drawers."""
+    from pydantic import ValidationError
+
+    turn = {"role": "user", "content": "hi", "created_at": "9999-12-31T23:30:00-01:00"}
+    with pytest.raises(ValidationError, match="outside the years"):
+        SessionCompleted(workspace_id="w", session_id="s", messages=[turn])  # type: ignore[list-item]
+    with pytest.raises(ValidationError, match="outside the years"):
+        SessionCompleted(workspace_id="w", session_id="s", started_at="0001-01-01T00:00:00+01:00",  # type: ignore[arg-type]
+                         messages=[{**turn, "created_at": None}])  # type: ignore[list-item]

@@ -106,3 +106,11 @@ def test_pick_links_needs_the_capital_a_one_word_name_was_written_with() -> None
     assert pick_links(text_words("moving to new york, writing SQL"), aliases) == {"ny", "sql"}
     assert pick_links(text_words("a newyork café"), aliases) == set()
     assert pick_links(text_words("What's up? So I'm here."), [("what", "w", True), ("so i'm", "s", True)]) == set()
+
+
+@pytest.mark.parametrize("when", ["9999-12-31T23:30:00-01:00", "0001-01-01T00:00:00+01:00", "0001-06-01"])
+def test_a_time_the_database_could_not_read_back_is_refused(when: str) -> None:
+    """Stored, such an instant (year 10000, or year 0, in UTC) made every later read of its fact fail."""
+    with pytest.raises(KgError, match="outside the years"):
+        parse_when(when, "valid_from")
+    assert parse_when("9998-12-31") is not None and parse_when("0002-01-01T00:00:00Z") is not None
