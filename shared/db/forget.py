@@ -315,15 +315,35 @@ async def delete_drawers(conn: AsyncConnection[Any], workspace_id: str, ids: lis
     # drawer's went with it, by cascade); one only these drawers stated goes.
     cur = await conn.execute(_RESOURCE_TRIPLES_SQL, p)
     out["triples_resourced"] = cur.rowcount
-    cur = await conn.execute("DELETE FROM triples WHERE workspace_id = %(ws)s AND source_drawer = ANY(%(ids)s)", p)
+    cur = await conn.execute("DELETE FROM triples WHERE workspace_id = %(ws)s AND source_drawer = ANY(%(ids)s)"
+                             " RETURNING subject_id, object_id", p)
+    ends = {e for r in await cur.fetchall() for e in r}
     out["triples"] = cur.rowcount
-    if touched:
+    if touched or ends:
         cur = await conn.execute(
             """DELETE FROM entities e WHERE e.workspace_id = %(ws)s AND e.id = ANY(%(e)s)
                  AND NOT EXISTS (SELECT 1 FROM entity_mentions m
                                   WHERE m.workspace_id = e.workspace_id AND m.entity_id = e.id)
                RETURNING e.id""", {"ws": workspace_id, "e": touched})
         gone = [r[0] for r in await cur.fetchall()]
+        if gone:
+            cur = await conn.execute(
+                """DELETE FROM triples WHERE workspace_id = %(ws)s
+                     AND (subject_id = ANY(%(e)s) OR object_id = ANY(%(e)s)) RETURNING subject_id, object_id""",
+                {"ws": workspace_id, "e": gone})
+            ends |= {e for r in await cur.fetchall() for e in r}
+            out["triples"] += cur.rowcount
+        # The ends of the facts that went: an entity named only as one (a speaker the patterns made a fact's
+        # subject, an object the model did not list as an entity) has no mention to lose, and went on naming
+        # what was forgotten. It goes when nothing else names it: no mention, no fact left.
+        cur = await conn.execute(
+            """DELETE FROM entities e WHERE e.workspace_id = %(ws)s AND e.id = ANY(%(e)s)
+                 AND NOT EXISTS (SELECT 1 FROM entity_mentions m
+                                  WHERE m.workspace_id = e.workspace_id AND m.entity_id = e.id)
+                 AND NOT EXISTS (SELECT 1 FROM triples t WHERE t.workspace_id = e.workspace_id AND t.subject_id = e.id)
+                 AND NOT EXISTS (SELECT 1 FROM triples t WHERE t.workspace_id = e.workspace_id AND t.object_id = e.id)
+               RETURNING e.id""", {"ws": workspace_id, "e": sorted(ends - set(touched) - set(gone))})
+        gone += [r[0] for r in await cur.fetchall()]
         if gone:
             # Entities merged into one that goes (entity dedup) go with it, and so do the merge records.
             cur = await conn.execute(
@@ -340,7 +360,7 @@ async def delete_drawers(conn: AsyncConnection[Any], workspace_id: str, ids: lis
             out["entity_flags"] = cur.rowcount
         out["entities"] = len(gone)
         out["entity_ids"] = set(gone)
-        if gone:
+        if gone:  # facts of the entities merged into those that went
             cur = await conn.execute(
                 """DELETE FROM triples WHERE workspace_id = %(ws)s
                      AND (subject_id = ANY(%(e)s) OR object_id = ANY(%(e)s))""", {"ws": workspace_id, "e": gone})

@@ -634,3 +634,27 @@ def test_a_forget_deletes_its_own_dead_letters_and_no_one_elses(stack: Stack) ->
     left = [d.seq for d in asyncio.run(list_dead_letters(stack.settings, stack.nats_url, limit=100_000))
             if d.info.workspace_id == w]
     assert left == [bob_letter] and never_stored not in left
+
+
+def test_a_forget_takes_the_entities_only_its_facts_named(stack: Stack) -> None:
+    """The patterns make the speaker a fact's subject without a mention of its own ("Carol works at
+    Globex"): forgetting the user took the facts and the mentioned entities, and left "Carol" behind."""
+    w = ws()
+    event = session(w, "s-carol", ["I moved to Lisbon in May and I work at Globex now."], user_id="alice")
+    event["messages"][0]["name"] = "Carol"
+    stack.publish(event)
+    stack.publish(session(w, "s-dan", ["Dan here: the Orion launch moved to Tuesday."], user_id="dan"))
+    wait_for(lambda: stack.sql("SELECT count(*) FROM triples t JOIN entities e ON e.workspace_id = t.workspace_id"
+                               " AND e.id = t.subject_id WHERE t.workspace_id = %s AND e.name = 'Carol'",
+                               (w,))[0][0] >= 1, 90, "Carol's facts extracted")
+    stack.wait_processed(w, 2)
+    others = stack.sql("SELECT id FROM entities WHERE workspace_id = %s AND id IN (SELECT entity_id FROM"
+                       " entity_mentions m JOIN drawers d ON d.workspace_id = m.workspace_id AND d.id = m.drawer_id"
+                       " WHERE d.workspace_id = %s AND d.user_id = 'dan')", (w, w))
+    _, remaining = _run_forget(stack, Scope(w, "user", "alice"))
+    assert not any(remaining.values()), remaining
+    names = {r[0] for r in stack.sql("SELECT name FROM entities WHERE workspace_id = %s", (w,))}
+    assert not names & {"Carol", "Lisbon", "Globex"}, names
+    assert stack.sql("SELECT count(*) FROM triples WHERE workspace_id = %s AND source_session = 's-carol'",
+                     (w,)) == [(0,)]
+    assert set(others) <= set(stack.sql("SELECT id FROM entities WHERE workspace_id = %s", (w,))), "dan's stay"
