@@ -22,6 +22,7 @@ from shared.recall import Recaller
 from shared.security import key_id_of
 
 __all__ = [
+    "AUTHENTICATED",
     "WORKSPACE_PATTERN",
     "BrokerDep",
     "Caller",
@@ -31,9 +32,19 @@ __all__ = [
     "SettingsDep",
     "WorkspacePath",
     "bearer_token",
+    "mark_authenticated",
 ]
 
 WORKSPACE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}$"
+# Set in the request's state once its key authenticated (REST or MCP): the rate limiter counts a key as
+# one that works only then, not for any answer other than 401 (a made-up key sent to a route that never
+# asks for one, /openapi.json, would otherwise pass as known and skip the limit on unrecognised keys).
+AUTHENTICATED = "palace_authenticated"
+
+
+def mark_authenticated(scope: Any) -> None:
+    """Record in the ASGI scope's state (shared by every copy of the scope) that its key authenticated."""
+    scope.setdefault("state", {})[AUTHENTICATED] = True
 
 
 def _settings(request: Request) -> Settings:
@@ -103,6 +114,7 @@ async def _caller(request: Request, settings: SettingsDep) -> Caller:
             owner = await workspace_for_key(conn, key)
     if owner is None:
         raise HTTPException(401, "invalid or revoked API key", headers={"WWW-Authenticate": "Bearer"})
+    mark_authenticated(request.scope)
     return Caller(workspace_id=owner, key_id=key_id)
 
 

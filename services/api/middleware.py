@@ -15,7 +15,7 @@ from starlette.exceptions import HTTPException
 from starlette.routing import Mount
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from services.api.deps import bearer_token
+from services.api.deps import AUTHENTICATED, bearer_token
 from services.api.errors import error_response
 from shared import metrics
 from shared.config import Settings
@@ -104,6 +104,10 @@ class RateLimit:
         return "addr:" + (str(client[0]) if client else "unknown")
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.auth and scope["type"] == "http" and sum(k == b"authorization" for k, _ in scope["headers"]) > 1:
+            # Which of two keys counts would be the reader's choice: this limiter read the first, MCP the last.
+            await error_response(400, "send one Authorization header")(scope, receive, send)
+            return
         caller = None
         if self.buckets is not None and scope["type"] == "http" and scope["path"] not in self.exempt:
             caller = self.caller(scope)
@@ -124,6 +128,7 @@ class RateLimit:
             await self.app(scope, receive, send)
             return
         status = 0
+        state = scope.setdefault("state", {})  # copies of the scope downstream share this dict
 
         async def send_status(message: Message) -> None:
             nonlocal status
@@ -134,7 +139,7 @@ class RateLimit:
         await self.app(scope, receive, send_status)
         if status == 401:
             self.failures.take(address)
-        elif status:
+        elif state.get(AUTHENTICATED):
             self.known[caller] = None
             self.known.move_to_end(caller)
             if len(self.known) > self.known_max:

@@ -20,6 +20,7 @@ from mcp.server.mcpserver.exceptions import ToolError
 from psycopg_pool import AsyncConnectionPool
 from starlette.types import Receive, Scope, Send
 
+from services.api.deps import mark_authenticated
 from services.mcp.tools import TOOLS, Binding
 from shared.bus import build_broker, ensure_streams
 from shared.config import Settings
@@ -141,6 +142,7 @@ class McpHttpEndpoint:
             await _json(send, 401, {"detail": "MCP needs 'Authorization: Bearer <API key>' of a workspace"},
                         [(b"www-authenticate", b"Bearer")])
             return
+        mark_authenticated(scope)  # in the state the rate limiter holds, before this copy of it
         scope = {**scope, "state": {**(scope.get("state") or {}), WORKSPACE_STATE_KEY: ws}}
         await self.server.session_manager.handle_request(scope, receive, send)
 

@@ -117,3 +117,24 @@ def test_made_up_keys_from_one_address_run_into_the_limit(stack: Stack) -> None:
         assert "unrecognised API keys" in r.json()["detail"]
         assert c.get(f"/v1/workspaces/{w}/stats", headers={"Authorization": f"Bearer {good}"}).status_code == 200, \
             "a key seen to work goes on from the same address"
+
+
+def test_a_made_up_key_is_not_known_for_reaching_a_route_that_asks_for_none(stack: Stack) -> None:
+    """Only a key that authenticated passes as known: any answer but a 401 used to make it one (a
+    made-up key sent to /openapi.json first then skipped the limit on unrecognised keys). Two
+    Authorization headers are refused: the limiter read the first and MCP the last."""
+    w = ws()
+    good = api_key_for(stack, w)
+    with TestClient(create_app(_settings(stack, api_auth=True, api_rate_per_s=0.2, api_rate_burst=3))) as c:
+        assert c.get(f"/v1/workspaces/{w}/stats", headers={"Authorization": f"Bearer {good}"}).status_code == 200
+        made_up = [generate_key()[1] for _ in range(5)]
+        for k in made_up:
+            assert c.get("/openapi.json", headers={"Authorization": f"Bearer {k}"}).status_code == 200
+        codes = [c.get(f"/v1/workspaces/{w}/stats", headers={"Authorization": f"Bearer {k}"}).status_code
+                 for k in made_up]
+        assert codes == [401, 401, 401, 429, 429], codes
+        two = [("Authorization", f"Bearer {generate_key()[1]}"), ("Authorization", f"Bearer {good}")]
+        for path in (f"/v1/workspaces/{w}/stats", "/mcp/"):
+            r = c.request("GET" if path != "/mcp/" else "POST", path, headers=two)
+            assert r.status_code == 400 and "one Authorization header" in r.json()["detail"], (path, r.text)
+        assert c.get(f"/v1/workspaces/{w}/stats", headers={"Authorization": f"Bearer {good}"}).status_code == 200
