@@ -184,9 +184,10 @@ def pick_links(text: TextWords, aliases: list[tuple[str, str, bool]]) -> set[str
 # --- time ----------------------------------------------------------------------------------------
 
 
-def parse_when(value: datetime | date | str | None, what: str = "time") -> datetime | None:
+def parse_when(value: datetime | date | str | None, what: str = "time", *, stored: bool = True) -> datetime | None:
     """A point in time from a datetime, a date (its midnight, UTC) or an ISO 8601 string; naive
-    datetimes are read as UTC. ``KgError`` for anything else."""
+    datetimes are read as UTC. ``KgError`` for anything else, and for a time to be ``stored`` that the
+    database could not read back (shared.moments); a bound of a question (as of) may be any."""
     if value is None:
         return None
     if isinstance(value, str):
@@ -201,7 +202,7 @@ def parse_when(value: datetime | date | str | None, what: str = "time") -> datet
         out = datetime.combine(value, time.min, tzinfo=UTC)
     else:
         raise KgError(f"{what} must be a date, a datetime or an ISO 8601 string")
-    if problem := time_problem(out):
+    if stored and (problem := time_problem(out)):
         raise KgError(f"{what} {problem}")
     return out
 
@@ -216,7 +217,7 @@ def as_of_window(value: datetime | date | str | None) -> tuple[datetime, datetim
         return None
     whole_day = (isinstance(value, date) and not isinstance(value, datetime)) or (
         isinstance(value, str) and len(value.strip()) == 10)
-    lo = parse_when(value, "as_of")
+    lo = parse_when(value, "as_of", stored=False)
     assert lo is not None
     if not whole_day:
         return lo, lo

@@ -114,3 +114,4 @@ def test_a_time_the_database_could_not_read_back_is_refused(when: str) -> None:
     with pytest.raises(KgError, match="outside the years"):
         parse_when(when, "valid_from")
     assert parse_when("9998-12-31") is not None and parse_when("0002-01-01T00:00:00Z") is not None
+    assert parse_when(when, "as_of", stored=False) is not None  # a question's bound is never stored
