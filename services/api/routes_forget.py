@@ -16,6 +16,7 @@ from services.api.routes_drawers import OpsDep
 from shared.endpoints import resolve_urls
 from shared.events.models import WorkspaceId
 from shared.forget import Scope, forget, verify
+from shared.limits import IDENTIFIER_MAX
 
 __all__ = ["router"]
 
@@ -24,11 +25,14 @@ router = APIRouter(tags=["forget"])
 
 class ForgetRequest(BaseModel):
     workspace_id: WorkspaceId
-    user_id: str | None = Field(None, min_length=1, max_length=256, description="Forget everything of this user.")
-    agent_id: str | None = Field(None, min_length=1, max_length=256, description="... of this agent.")
-    session_id: str | None = Field(None, min_length=1, max_length=256, description="... of one session.")
-    drawer_id: str | None = Field(None, min_length=1, max_length=256, description="... of one drawer: its id, or "
-                                  "the citation a hit carries (wing/room/short id).")
+    user_id: str | None = Field(None, min_length=1, max_length=IDENTIFIER_MAX,
+                                description="Forget everything of this user.")
+    agent_id: str | None = Field(None, min_length=1, max_length=IDENTIFIER_MAX, description="... of this agent.")
+    session_id: str | None = Field(None, min_length=1, max_length=IDENTIFIER_MAX,
+                                   description="... of one session.")
+    drawer_id: str | None = Field(None, min_length=1, max_length=IDENTIFIER_MAX,
+                                  description="... of one drawer: its id, or the citation a hit carries "
+                                  "(wing/room/short id).")
     all: bool = Field(False, description="Forget the whole workspace.")
     verify: bool = Field(False, description="Then search every store and stream for what was forgotten.")
 

@@ -19,6 +19,7 @@ from services.api.deps import PoolDep, WorkspacePath
 from services.api.errors import ERROR_RESPONSES
 from shared.db import kg
 from shared.db.tenancy import workspace_tx
+from shared.limits import KG_FACTS_MAX
 from shared.memory.kg import MAX_NAME_CHARS, MAX_PREDICATE_CHARS, Fact, KgError, KgStats, TripleAdded
 
 __all__ = ["router"]
@@ -27,7 +28,7 @@ router = APIRouter(prefix="/v1", tags=["knowledge graph"], responses=ERROR_RESPO
 
 EntityName = Annotated[str, Query(min_length=1, max_length=MAX_NAME_CHARS, description="The entity's name (or an "
                                   "alias), e.g. 'Orion' or 'Maria'.")]
-Limit = Annotated[int, Query(ge=1, le=1000, description="Most facts to return.")]
+Limit = Annotated[int, Query(ge=1, le=KG_FACTS_MAX, description="Most facts to return.")]
 
 
 class FactIn(BaseModel):

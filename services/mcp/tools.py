@@ -32,7 +32,7 @@ from shared.db.tenancy import workspace_tx
 from shared.events.models import PlaceName
 from shared.inject import DEFAULT_TOKEN_BUDGET, inject
 from shared.layers import L1_BUDGET, LayerDrawer, wake_up
-from shared.limits import EPISODES_K_MAX, SEARCH_K_MAX
+from shared.limits import EPISODES_K_MAX, IDENTIFIER_MAX, KG_FACTS_MAX, SEARCH_K_MAX
 from shared.memory.kg import Fact, KgError, KgStats, TripleAdded
 from shared.palace_graph import GraphStats, RoomVisit, Tunnel
 from shared.palace_ops import (
@@ -392,12 +392,12 @@ async def memory_forget(
     ctx: Context,
     drawer: Annotated[str | None, Field(min_length=8, max_length=400, description="Forget this one memory: its "
                                         "drawer id or citation (wing/room/short id).")] = None,
-    session_id: Annotated[str | None, Field(min_length=1, max_length=200, description="Forget one whole "
-                                            "conversation (session) and everything filed from it.")] = None,
-    user_id: Annotated[str | None, Field(min_length=1, max_length=200, description="Forget everything a user "
-                                         "said or was told, in every session.")] = None,
-    agent_id: Annotated[str | None, Field(min_length=1, max_length=200, description="Forget everything of one "
-                                          "agent's sessions.")] = None,
+    session_id: Annotated[str | None, Field(min_length=1, max_length=IDENTIFIER_MAX, description="Forget one "
+                                            "whole conversation (session) and everything filed from it.")] = None,
+    user_id: Annotated[str | None, Field(min_length=1, max_length=IDENTIFIER_MAX, description="Forget everything "
+                                         "a user said or was told, in every session.")] = None,
+    agent_id: Annotated[str | None, Field(min_length=1, max_length=IDENTIFIER_MAX, description="Forget everything "
+                                          "of one agent's sessions.")] = None,
     everything: Annotated[bool, Field(description="Forget this whole memory palace: every memory, session, "
                                       "identity and graph fact it holds.")] = False,
     verify: Annotated[bool, Field(description="Then search every store for what was forgotten and report what "
@@ -479,17 +479,18 @@ async def memory_kg_query(
     entity: EntityArg,
     as_of: Annotated[str | None, Field(max_length=40, description="Only facts that held at this time (ISO 8601; "
                                        "a date means that whole day), ended ones included; omit for every "
-                                       "fact ever recorded.")] = None,
+                                       "fact ever recorded (up to limit).")] = None,
     direction: Annotated[Literal["outgoing", "incoming", "both"], Field(
         description="outgoing: the entity is the subject (Orion --uses--> X); incoming: it is the object "
                     "(X --uses--> Orion); both.")] = "both",
+    limit: Annotated[int, Field(ge=1, le=KG_FACTS_MAX, description="Most facts, the earliest first.")] = 200,
 ) -> KgFactsOut:
     """Look up what is known about an entity in the temporal knowledge graph: its relationships
     (subject --predicate--> object) with when each held. Use as_of for questions about the past
     ("what database did we use in March?"); ended facts say when they ended."""
     ops, ws = bound(ctx)
     async with workspace_tx(ops.pool, ws) as conn:
-        facts = await kg.query_entity(conn, ws, entity, as_of=as_of, direction=direction)
+        facts = await kg.query_entity(conn, ws, entity, as_of=as_of, direction=direction, limit=limit)
     return KgFactsOut(entity=entity, as_of=as_of, facts=facts)
 
 
@@ -498,7 +499,7 @@ async def memory_kg_timeline(
     ctx: Context,
     entity: Annotated[str | None, Field(min_length=1, max_length=200, description="The entity; omit for the "
                                         "whole graph's history.")] = None,
-    limit: Annotated[int, Field(ge=1, le=1000, description="Most facts.")] = 100,
+    limit: Annotated[int, Field(ge=1, le=KG_FACTS_MAX, description="Most facts.")] = 100,
 ) -> KgFactsOut:
     """The chronological story of an entity (or of everything): every fact about it in the order they
     started, including those that have since ended. Use it to see how something changed over time."""

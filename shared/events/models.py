@@ -15,6 +15,7 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
 from shared.ids import session_event_id
+from shared.limits import IDENTIFIER_MAX
 from shared.moments import time_problem
 
 __all__ = [
@@ -51,7 +52,7 @@ WorkspaceId = Annotated[
     StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}$"),
     Field(description="Tenant key. Every row and query is scoped by it. 1-128 chars of [A-Za-z0-9._:@-]."),
 ]
-Identifier = Annotated[str, StringConstraints(min_length=1, max_length=256, pattern=r"^[^\x00-\x1f]+$")]
+Identifier = Annotated[str, StringConstraints(min_length=1, max_length=IDENTIFIER_MAX, pattern=r"^[^\x00-\x1f]+$")]
 # A wing, room or hall, as drawers are filed under it (shared.memory.filing keeps at most this many characters,
 # trimmed): what a filter or a placement may name, trimmed alike, so a name that passes can also match.
 PLACE_NAME_MAX = 100
