@@ -337,10 +337,11 @@ class PalaceOps:
                                          due_after_s=self.settings.episode_wait_s)
             return done
 
-    async def forget(self, ws: str, kind: str, value: str, *, verify: bool = False) -> Forgotten:
+    async def forget(self, ws: str, kind: str, value: str, *, verify: bool = False,
+                     requested_by: str | None = None) -> Forgotten:
         """Forget a drawer (by id or citation), session, user, agent or the whole workspace (kind
         'workspace', value '*') everywhere it lives (shared/forget.py): irreversible, audited with
-        ``actor`` as who asked, idempotent."""
+        ``requested_by`` (default ``actor``) as who asked, idempotent."""
         if kind == "drawer":
             value = await self.drawer_id(ws, value)
         try:
@@ -348,8 +349,8 @@ class PalaceOps:
         except ValueError as e:
             raise OperationError(str(e)) from None
         db_url, nats_url = resolve_urls(self.settings)
-        result = await forget_scope(self.pool, self.settings, nats_url, scope, requested_by=self.actor,
-                                    database_url=db_url)
+        result = await forget_scope(self.pool, self.settings, nats_url, scope,
+                                    requested_by=requested_by or self.actor, database_url=db_url)
         remaining = await verify_scope(self.pool, self.settings, nats_url, scope, result.targets) if verify else None
         return Forgotten(forget_id=result.forget_id, scope="workspace" if kind == "workspace" else f"{kind}:{value}",
                          counts=result.counts, remaining=remaining)

@@ -43,6 +43,7 @@ INSTRUCTIONS = (
 )
 
 WORKSPACE_STATE_KEY = "palace_workspace"
+KEY_STATE_KEY = "palace_key_id"
 
 
 class PalaceMCPServer(MCPServer):
@@ -64,6 +65,13 @@ def fixed_workspace(workspace_id: str) -> Callable[[Context], str]:
         return workspace_id
 
     return resolve
+
+
+def request_key(ctx: Context) -> str | None:
+    """Who asks, as the audit names it (as REST does): the API key McpHttpEndpoint authenticated."""
+    request = ctx.request_context.request
+    key_id = (getattr(request, "scope", {}).get("state") or {}).get(KEY_STATE_KEY)
+    return f"api-key:{key_id}" if key_id else None
 
 
 def request_workspace(ctx: Context) -> str:
@@ -116,14 +124,15 @@ class McpHttpEndpoint:
 
     def attach(self, ops: PalaceOps) -> PalaceMCPServer:
         """Build the server for this process's operations (called from the api lifespan)."""
-        self.server = build_server(Binding(ops, request_workspace))
+        self.server = build_server(Binding(ops, request_workspace, request_key))
         self.server.streamable_http_app(
             streamable_http_path="/", stateless_http=True, json_response=True, host=self.settings.api_host,
             max_request_body_size=self.settings.max_request_bytes,
         )
         return self.server
 
-    async def _workspace_of(self, scope: Scope) -> str | None:
+    async def _workspace_of(self, scope: Scope) -> tuple[str, str] | None:
+        """The workspace and key id of the request's API key, None when it has no valid one."""
         headers = dict(scope.get("headers") or [])
         scheme, _, key = headers.get(b"authorization", b"").decode("latin-1").partition(" ")
         key = key.strip()
@@ -131,19 +140,21 @@ class McpHttpEndpoint:
         if key_id is None:
             return None
         async with key_lookup_tx(self._pool(), key_id) as conn:
-            return await workspace_for_key(conn, key)
+            ws = await workspace_for_key(conn, key)
+        return (ws, key_id) if ws is not None else None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or self.server is None:
             await _json(send, 503, {"detail": "MCP is not ready"})
             return
-        ws = await self._workspace_of(scope)
-        if ws is None:
+        found = await self._workspace_of(scope)
+        if found is None:
             await _json(send, 401, {"detail": "MCP needs 'Authorization: Bearer <API key>' of a workspace"},
                         [(b"www-authenticate", b"Bearer")])
             return
+        ws, key_id = found
         mark_authenticated(scope)  # in the state the rate limiter holds, before this copy of it
-        scope = {**scope, "state": {**(scope.get("state") or {}), WORKSPACE_STATE_KEY: ws}}
+        scope = {**scope, "state": {**(scope.get("state") or {}), WORKSPACE_STATE_KEY: ws, KEY_STATE_KEY: key_id}}
         await self.server.session_manager.handle_request(scope, receive, send)
 
 

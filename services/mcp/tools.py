@@ -58,12 +58,19 @@ R = TypeVar("R")
 class Binding:
     """What a connection may use: the process's operations and the one workspace it is bound to."""
 
-    def __init__(self, ops: PalaceOps, workspace: Callable[[Context], str]) -> None:
+    def __init__(self, ops: PalaceOps, workspace: Callable[[Context], str],
+                 requester: Callable[[Context], str | None] | None = None) -> None:
         self.ops = ops
         self._workspace = workspace
+        self._requester = requester
 
     def workspace(self, ctx: Context) -> str:
         return self._workspace(ctx)
+
+    def requester(self, ctx: Context) -> str:
+        """Who asks, for an audit record: the API key of the request (as over REST), else the server."""
+        who = self._requester(ctx) if self._requester is not None else None
+        return who or self.ops.actor
 
 
 def bound(ctx: Context) -> tuple[PalaceOps, str]:
@@ -417,7 +424,8 @@ async def memory_forget(
     if len(given) != 1:
         raise ToolError("give exactly one of drawer, session_id, user_id, agent_id or everything=true")
     kind, value = given[0]
-    return await ops.forget(ws, kind, value, verify=verify)
+    binding: Binding = ctx.mcp_server.palace_binding  # type: ignore[attr-defined]
+    return await ops.forget(ws, kind, value, verify=verify, requested_by=binding.requester(ctx))
 
 
 @tool(READ)

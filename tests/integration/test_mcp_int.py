@@ -18,6 +18,7 @@ from mcp import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 
+from shared.security import key_id_of
 from tests.integration.helpers import Stack, api_key_for, wait_for, ws
 
 EXPECTED_TOOLS = {
@@ -54,7 +55,7 @@ def _live_drawers(stack: Stack, w: str) -> int:
     return stack.sql("SELECT count(*) FROM drawers WHERE workspace_id = %s AND deleted_at IS NULL", (w,))[0][0]
 
 
-async def exercise_every_tool(session: ClientSession, stack: Stack, w: str) -> dict[str, str]:
+async def exercise_every_tool(session: ClientSession, stack: Stack, w: str, requester: str = "mcp") -> dict[str, str]:
     """Call all tools in a fresh workspace ``w`` and check what they return. Returns content → drawer id."""
     tools = await session.list_tools()
     assert {t.name for t in tools.tools} == EXPECTED_TOOLS
@@ -248,7 +249,7 @@ async def exercise_every_tool(session: ClientSession, stack: Stack, w: str) -> d
     assert not any(out["remaining"].values()), out["remaining"]
     assert not stack.sql("SELECT 1 FROM drawers WHERE workspace_id = %s AND id = %s", (w, ids[entry]))
     audits = stack.sql("SELECT requested_by, scope_kind FROM forget_audit WHERE workspace_id = %s", (w,))
-    assert audits == [("mcp", "drawer")]
+    assert audits == [(requester, "drawer")]  # over HTTP, the API key that asked (as over REST)
     assert len((await call(session, "memory_diary_read", agent="atlas"))["entries"]) == 1
     return ids
 
@@ -307,7 +308,7 @@ async def test_http_session_calls_every_tool_and_is_bound_to_its_key(stack: Stac
     a, b = ws(), ws()
     key_a, key_b = await asyncio.to_thread(api_key_for, stack, a), await asyncio.to_thread(api_key_for, stack, b)
     async with http_session(stack, key_a) as session:
-        ids = await exercise_every_tool(session, stack, a)
+        ids = await exercise_every_tool(session, stack, a, requester=f"api-key:{key_id_of(key_a)}")
     violin = ids[MEMORIES[0][0]]
 
     async with http_session(stack, key_b) as other:
