@@ -293,6 +293,8 @@ class PullConsumer:
             _, pending = await asyncio.wait(set(self._tasks), timeout=self.settings.shutdown_grace_s)
             for t in pending:
                 t.cancel()
+            if pending:  # each NAKs its message(s) as it unwinds (``_settle``)
+                await asyncio.wait(pending, timeout=5.0)
         sub = self._sub
         if sub is not None:
             queue = sub._sub._pending_queue
@@ -341,6 +343,14 @@ class PullConsumer:
         t0 = time.perf_counter()
         try:
             await self._call_holding(raws)
+        except asyncio.CancelledError:
+            # Cut by a stop that outlasted the grace period: its transaction rolled back; handed back now, to
+            # another replica, not after ack_wait.
+            for r in raws:
+                if not r._ackd:
+                    with contextlib.suppress(Exception):
+                        await r.nak()
+            raise
         except Exception as e:
             if isinstance(e, Poison):
                 tracing.record_failure(spans, e, "dead_lettered")

@@ -311,3 +311,36 @@ async def test_a_handler_past_its_budget_is_cancelled_never_run_twice_at_once(st
     info = await js.consumer_info(settings.stream_name, c.durable)
     assert info.num_ack_pending == 0 and info.num_pending == 0
     await nc.close()
+
+
+async def test_a_handler_cut_by_a_stop_hands_its_message_back_at_once(stack: Stack) -> None:
+    """A stop waits ``shutdown_grace_s`` for handlers, then cancels the rest: their messages are NAKed so
+    another replica gets them now, not once ``ack_wait`` has passed."""
+    nc, js, settings, c = await _setup(stack, fetch_wait_s=0.3, ack_wait_s=30.0, shutdown_grace_s=0.5)
+    got: list[float] = []
+
+    async def slow(body: bytes, raw: Any) -> None:
+        got.append(time.monotonic())
+        await asyncio.sleep(60)  # an LLM still thinking when the pod is stopped
+
+    async def quick(body: bytes, raw: Any) -> None:
+        got.append(time.monotonic())
+
+    first = PullConsumer(js=js, broker=[], settings=settings, c=c, handler=slow, dead_letter=_dead_letter)
+    stop = asyncio.Event()
+    task = asyncio.create_task(first.run(stop))
+    await js.publish(c.subject, b"long job")
+    await _until(lambda: len(got) == 1, 10)
+    stop.set()
+    await asyncio.wait_for(task, 10)
+    stopped = time.monotonic()
+    second = PullConsumer(js=js, broker=[], settings=settings, c=c, handler=quick, dead_letter=_dead_letter)
+    stop2 = asyncio.Event()
+    task2 = asyncio.create_task(second.run(stop2))
+    try:
+        await _until(lambda: len(got) == 2, 15)
+    finally:
+        stop2.set()
+        await task2
+    assert len(got) == 2 and got[1] - stopped < 5, "redelivered only after ack_wait"
+    await nc.close()
