@@ -282,3 +282,21 @@ def test_every_bootstrap_key_the_repository_shows_is_one_the_api_accepts() -> No
             assert parse_bootstrap_keys(value), (f, value)
             seen += 1
     assert seen >= 4
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_pod_at_full_scale_gets_its_database_connections(overlay: str) -> None:
+    """Each pod's pool may open PALACE_DB_POOL_MAX connections; at the autoscalers' maximum, the sum must
+    fit PostgreSQL's max_connections (less the superuser's reserve), or new connections are refused just
+    when the pipeline scales out under load."""
+    docs = render(overlay)
+    config = next(iter(_of(docs, "ConfigMap").values()))["data"]
+    pool_max = int(config.get("PALACE_DB_POOL_MAX", Settings().db_pool_max))
+    scaled = {so["spec"]["scaleTargetRef"]["name"]: so["spec"]["maxReplicaCount"]
+              for so in _of(docs, "ScaledObject").values()}
+    pods = sum(scaled.get(name, d["spec"].get("replicas", 1)) for name, d in _of(docs, "Deployment").items())
+    pods += len(_of(docs, "Job"))  # the migration
+    pg = yaml.safe_load((K8S / "dependencies" / "postgres.values.yaml").read_text())
+    params = pg["cluster"]["postgresql"]["parameters"]
+    room = int(params["max_connections"]) - int(params.get("superuser_reserved_connections", 3))
+    assert pods * pool_max <= room, f"{pods} pods x {pool_max} connections > {room}"
