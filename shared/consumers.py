@@ -40,7 +40,7 @@ from nats.js.errors import NotFoundError
 
 from shared import metrics, tracing
 from shared.config import Settings
-from shared.faults import is_transient
+from shared.faults import dependency_of, is_transient
 from shared.logging import get_logger
 
 __all__ = [
@@ -414,7 +414,7 @@ class PullConsumer:
                 if isinstance(e, Poison) or not is_transient(e) or time.monotonic() >= hold_until:
                     raise
                 waits += 1
-                metrics.DEPENDENCY_WAITS.labels(self.c.service, type(e).__name__).inc()
+                metrics.DEPENDENCY_WAITS.labels(self.c.service, dependency_of(e), type(e).__name__).inc()
                 log.warning("dependency_unavailable", service=self.c.service, subject=self.c.subject,
                             error=repr(e)[:300], wait=waits)
                 for r in raws:

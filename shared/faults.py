@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 import psycopg
 
-__all__ = ["is_transient", "to_raise"]
+__all__ = ["dependency_of", "is_transient", "to_raise"]
 
 
 def _optional_types() -> tuple[type[BaseException], ...]:
@@ -78,3 +78,22 @@ def to_raise(errors: Sequence[BaseException]) -> BaseException:
     NAKs what is left, and each NAK uses up one of a message's attempts. Raising the first failure let an
     item that failed on its own NAK a batch-mate that only met an outage."""
     return next((e for e in errors if is_transient(e)), errors[0])
+
+
+def dependency_of(exc: BaseException) -> str:
+    """Which dependency a transient failure is of: ``database``, ``nats``, ``endpoint`` (an embedding or
+    LLM endpoint over HTTP) or ``other``. Alerts tell outages apart by it rather than by exception class
+    names, which a subclass (psycopg's AdminShutdown on a failover) or a new client error would escape."""
+    seen = 0
+    e: BaseException | None = exc
+    while e is not None and seen < 5:
+        module = type(e).__module__.split(".")[0]
+        if module in ("psycopg", "psycopg_pool"):
+            return "database"
+        if module == "nats":
+            return "nats"
+        if module in ("openai", "httpx", "httpcore"):
+            return "endpoint"
+        e = e.__cause__
+        seen += 1
+    return "other"

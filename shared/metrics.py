@@ -51,7 +51,7 @@ HANDLER_SECONDS = Histogram(
 )
 DEPENDENCY_WAITS = Counter(
     "palace_dependency_waits_total", "Handler retries held in place because a dependency was unreachable.",
-    ["service", "error"],
+    ["service", "dependency", "error"],
 )
 HANDLER_TIMEOUTS = Counter(
     "palace_handler_timeouts_total", "Handler attempts cancelled past PALACE_HANDLER_TIMEOUT_S (then retried with "

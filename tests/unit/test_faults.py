@@ -7,7 +7,7 @@ import nats.errors
 import psycopg
 import psycopg_pool
 
-from shared.faults import is_transient, to_raise
+from shared.faults import dependency_of, is_transient, to_raise
 from shared.ports import EmbeddingError
 
 
@@ -126,3 +126,16 @@ def test_a_publish_after_costly_work_is_held_through_an_outage_not_redone() -> N
     except ValueError:
         pass
     assert own.sent == 0 and len(own.failures) == 1
+
+
+def test_each_outage_names_its_dependency_whatever_the_exception_class() -> None:
+    """The alerts tell outages apart by this label: class names missed subclasses (psycopg's AdminShutdown,
+    raised on a failover) and nats-py's TimeoutError."""
+    assert dependency_of(psycopg.errors.AdminShutdown("terminating connection")) == "database"
+    assert dependency_of(psycopg_pool.PoolTimeout("no connection in 5 s")) == "database"
+    assert dependency_of(nats.errors.TimeoutError()) == "nats"
+    assert dependency_of(httpx.ConnectError("refused")) == "endpoint"
+    wrapped = EmbeddingError("the embedding endpoint failed")
+    wrapped.__cause__ = httpx.ReadTimeout("slow")
+    assert dependency_of(wrapped) == "endpoint"
+    assert dependency_of(ConnectionResetError()) == "other"
