@@ -258,7 +258,9 @@ class Settings(BaseSettings):
     )
     api_allow_unauthenticated_bind: bool = Field(
         False, description="Let the API listen on a non-loopback address with authentication off. Only for a network "
-        "you trust: anyone who can connect reads and writes every workspace. Without it the API refuses to start.",
+        "you trust: anyone who can connect reads and writes every workspace. Without it the API refuses to start, "
+        "and with authentication off serves only requests addressed to localhost, 127.0.0.1 or [::1] (a web page "
+        "re-pointing its own name at this machine, DNS rebinding, is refused).",
     )
     api_bootstrap_keys: SecretStr | None = Field(
         None, description="Secret. API keys to store (hashed, idempotently) at API start: 'workspace_id=key' pairs, "

@@ -24,7 +24,7 @@ from psycopg_pool import AsyncConnectionPool
 from services._runtime import QuietServer
 from services.api import ops, routes_drawers, routes_forget, routes_kg, routes_memory, routes_palace, routes_quality, v1
 from services.api.errors import install_error_handlers
-from services.api.middleware import BodyLimit, RateLimit, RequestMetrics
+from services.api.middleware import BodyLimit, LoopbackHostOnly, RateLimit, RequestMetrics
 from services.api.tracing import TraceMiddleware
 from services.mcp.server import McpHttpEndpoint
 from shared.bus import build_broker, ensure_streams
@@ -177,6 +177,8 @@ def create_app(settings: Settings, *,
     app.add_middleware(RateLimit, settings=settings, exempt=ops.OPS_PATHS)
     app.add_middleware(RequestMetrics)
     app.add_middleware(TraceMiddleware, settings=settings)
+    if not settings.api_auth and not settings.api_allow_unauthenticated_bind:
+        app.add_middleware(LoopbackHostOnly)
     for router in ROUTERS:
         app.include_router(router)
     # MCP over streamable HTTP; each request is bound to its bearer key's workspace (services/mcp).

@@ -20,9 +20,9 @@ from services.api.errors import error_response
 from shared import metrics
 from shared.config import Settings
 from shared.ratelimit import TokenBuckets
-from shared.security import hash_key, key_id_of
+from shared.security import hash_key, is_loopback_host, key_id_of
 
-__all__ = ["BodyLimit", "BodyTooLarge", "RateLimit", "RequestMetrics", "route_template"]
+__all__ = ["BodyLimit", "BodyTooLarge", "LoopbackHostOnly", "RateLimit", "RequestMetrics", "route_template"]
 
 _METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 
@@ -201,3 +201,31 @@ class BodyLimit:
             if started:
                 raise
             await error_response(413, e.detail)(scope, receive, send)
+
+
+def host_name(host_header: str) -> str:
+    """The name in a Host header, without its port: ``[::1]:8080`` → ``::1``, ``localhost:8080`` → ``localhost``."""
+    h = host_header.strip()
+    if h.startswith("["):
+        return h[1:].split("]", 1)[0]
+    return h.rsplit(":", 1)[0] if h.count(":") == 1 else h
+
+
+class LoopbackHostOnly:
+    """With authentication off the api listens on loopback only (shared.security.unsafe_bind_reason), and
+    yet a web page can reach it: a site that re-points its own name at 127.0.0.1 (DNS rebinding) makes
+    same-origin requests, with a key-less api to answer them (a forget of everything included). Those
+    requests name that site in their Host header; only loopback names (localhost, 127.0.0.1, ::1) are
+    served. Used only where the api is open: with keys, or an operator-vouched open bind, any name is."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] in ("http", "websocket"):
+            host = Headers(scope=scope).get("host", "")
+            if not is_loopback_host(host_name(host)):
+                await error_response(400, f"Host {host[:100]!r} is not this machine: without authentication the api "
+                                     "answers only requests to localhost, 127.0.0.1 or [::1]")(scope, receive, send)
+                return
+        await self.app(scope, receive, send)

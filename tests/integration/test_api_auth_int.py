@@ -15,7 +15,7 @@ def test_bearer_keys_are_required_and_scoped(stack: Stack) -> None:
     stored = stack.sql("SELECT key_hash FROM api_keys WHERE workspace_id = %s", (a,))[0][0]
     assert key_a not in stored and len(stored) == 64, "only the hash is stored"
     settings = Settings(database_url=stack.database_url, nats_url=stack.nats_url, api_auth=True)
-    with TestClient(create_app(settings)) as client:
+    with TestClient(create_app(settings), base_url="http://localhost") as client:
         body = {"workspace_id": a, "query": "anything", "k": 3}
         assert client.post("/v1/search", json=body).status_code == 401
         assert client.post("/v1/search", json=body, headers={"Authorization": "Bearer pk_nope"}).status_code == 401

@@ -28,7 +28,7 @@ def test_forget_by_citation_erases_the_drawer_it_names(stack: Stack) -> None:
     stack.publish(session(w, "s-cite", [keep, secret]))
     drawer_id, wing, room = stack.processed_drawer(w, secret)
     stack.processed_drawer(w, keep)
-    with TestClient(create_app(_settings(stack))) as c:
+    with TestClient(create_app(_settings(stack)), base_url="http://localhost") as c:
         r = c.post("/v1/forget", json={"workspace_id": w, "drawer_id": cite(wing, room, drawer_id), "verify": True})
         assert r.status_code == 200, r.text
         body = r.json()
@@ -42,7 +42,7 @@ def test_forget_by_citation_erases_the_drawer_it_names(stack: Stack) -> None:
 
 def test_text_no_table_can_hold_is_refused_not_accepted_or_a_500(stack: Stack) -> None:
     w = ws()
-    with TestClient(create_app(_settings(stack))) as c:
+    with TestClient(create_app(_settings(stack)), base_url="http://localhost") as c:
         r = c.post(f"/v1/workspaces/{w}/drawers", json={"content": "I prefer dark roast coffee\u0000 in the morning"})
         assert r.status_code == 422 and "NUL" in r.json()["detail"], r.text
         r = c.put(f"/v1/workspaces/{w}/identity", json={"text": "I am Atlas\u0000"})
@@ -58,12 +58,12 @@ def test_sessions_ingest_would_refuse_are_refused_before_publishing(stack: Stack
     w = ws()
     msgs = [{"role": "user", "content": f"message number {i} about the garden"} for i in range(30)]
     event = {"workspace_id": w, "session_id": "too-many", "messages": msgs}
-    with TestClient(create_app(_settings(stack, max_messages_per_session=20))) as c:
+    with TestClient(create_app(_settings(stack, max_messages_per_session=20)), base_url="http://localhost") as c:
         r = c.post("/v1/sessions", json=event)
         assert r.status_code == 422 and "the limit is 20" in r.json()["detail"], r.text
     # Under the request limit, over the event limit once published (defaults filled in): 413, not a 202
     # followed by a dead letter.
-    with TestClient(create_app(_settings(stack, max_event_bytes=2_000))) as c:
+    with TestClient(create_app(_settings(stack, max_event_bytes=2_000)), base_url="http://localhost") as c:
         r = c.post("/v1/sessions", json={**event, "session_id": "too-big"})
         assert r.status_code == 413 and "split it" in r.json()["detail"], r.text
         assert c.post("/v1/sessions", json={**event, "session_id": "fits", "messages": msgs[:3]}).status_code == 202
@@ -75,7 +75,7 @@ def test_two_workspaces_may_use_one_event_id_and_a_repeat_is_reported(stack: Sta
     duplicate window) was dropped as a repeat of the first, and the API answered 202 all the same."""
     a, b = ws(), ws()
     event_id = f"evt-{a}"
-    with TestClient(create_app(_settings(stack))) as c:
+    with TestClient(create_app(_settings(stack)), base_url="http://localhost") as c:
         for w, words in ((a, "The greenhouse tomatoes need water every second morning."),
                          (b, "Our release train leaves on Thursdays at noon sharp.")):
             body = {"workspace_id": w, "event_id": event_id, "session_id": "s-1",
@@ -90,7 +90,7 @@ def test_two_workspaces_may_use_one_event_id_and_a_repeat_is_reported(stack: Sta
 
 def test_references_and_dates_answer_4xx_and_the_identity_is_audited(stack: Stack) -> None:
     w = ws()
-    with TestClient(create_app(_settings(stack))) as c:
+    with TestClient(create_app(_settings(stack)), base_url="http://localhost") as c:
         r = c.delete(f"/v1/workspaces/{w}/palace/drawers/0123456789ab")
         assert r.status_code == 404 and r.json()["error"] == "not_found", r.text
         r = c.delete(f"/v1/workspaces/{w}/palace/drawers/abc")

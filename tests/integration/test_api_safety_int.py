@@ -144,7 +144,7 @@ def test_bootstrap_keys_are_stored_hashed_idempotently_and_scoped(stack: Stack) 
     (_, key_a), (_, key_b) = generate_key(), generate_key()
     cfg = _settings(stack, api_auth=True, api_bootstrap_keys=f"{a}={key_a}, {b}={key_b}")
     for _ in range(2):  # a second start (another replica, a restart) changes nothing
-        with TestClient(create_app(cfg)) as client:
+        with TestClient(create_app(cfg), base_url="http://localhost") as client:
             assert client.get(f"/v1/workspaces/{a}/stats", headers={"Authorization": f"Bearer {key_a}"}
                               ).status_code == 200
             r = client.get(f"/v1/workspaces/{a}/stats", headers={"Authorization": f"Bearer {key_b}"})
@@ -154,12 +154,12 @@ def test_bootstrap_keys_are_stored_hashed_idempotently_and_scoped(stack: Stack) 
     assert rows == [(a, hash_key(key_a), "bootstrap"), (b, hash_key(key_b), "bootstrap")], "hashes only, once each"
     # A revoked bootstrap key stays revoked across restarts.
     stack.sql("UPDATE api_keys SET revoked_at = now() WHERE key_hash = %s RETURNING key_id", (hash_key(key_b),))
-    with TestClient(create_app(cfg)) as client:
+    with TestClient(create_app(cfg), base_url="http://localhost") as client:
         r = client.get(f"/v1/workspaces/{b}/stats", headers={"Authorization": f"Bearer {key_b}"})
         assert r.status_code == 401 and r.json()["error"] == "unauthorized"
     # One key can never open two workspaces: the start fails, naming the workspaces, not the key.
     clash = _settings(stack, api_auth=True, api_bootstrap_keys=f"{ws()}={key_a}")
-    with pytest.raises(ValueError, match=f"already stored for workspace {a}") as e, TestClient(create_app(clash)):
+    with pytest.raises(ValueError, match=f"already stored for workspace {a}") as e, TestClient(create_app(clash), base_url="http://localhost"):
         pass
     assert key_a not in str(e.value)
 
@@ -209,7 +209,7 @@ def test_probes_and_metrics(stack: Stack) -> None:
 
 
 def test_readiness_names_the_failed_dependency_and_liveness_ignores_it(stack: Stack) -> None:
-    with TestClient(create_app(_settings(stack))) as client:
+    with TestClient(create_app(_settings(stack)), base_url="http://localhost") as client:
         assert client.get("/readyz").status_code == 200
         app = client.app
         client.portal.call(app.state.broker._connection.close)  # type: ignore[attr-defined,union-attr]
@@ -237,7 +237,8 @@ def test_rate_limit_per_key_and_per_address(stack: Stack) -> None:
         assert 1 <= int(r.headers["retry-after"]) <= 5
         assert client.get(f"/v1/workspaces/{b}/stats", headers=hb).status_code == 200, "keys have their own buckets"
         assert client.get("/readyz").status_code == 200, "probes are never limited"
-    with TestClient(create_app(_settings(stack, api_rate_per_s=0.2, api_rate_burst=2))) as client:
+    with TestClient(create_app(_settings(stack, api_rate_per_s=0.2, api_rate_burst=2)),
+                    base_url="http://localhost") as client:
         codes = [client.get(f"/v1/workspaces/{a}/stats").status_code for _ in range(3)]
         assert codes == [200, 200, 429], "without authentication: one bucket per client address"
 

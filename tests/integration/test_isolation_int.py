@@ -148,7 +148,7 @@ def test_random_api_calls_never_cross_workspaces(stack: Stack) -> None:
         "k": st.integers(1, 10),
         "episodes": st.booleans(),
     })
-    with TestClient(create_app(cfg)) as client:
+    with TestClient(create_app(cfg), base_url="http://localhost") as client:
 
         @settings(max_examples=120, deadline=None, derandomize=True,
                   suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])

@@ -218,7 +218,7 @@ def test_layer_routes_need_the_workspace_key(stack: Stack, seeded: str) -> None:
     calls = [("put", "/v1/workspaces/{w}/identity", {"text": "I am Atlas."}),
              ("get", "/v1/workspaces/{w}/identity", None), ("post", "/v1/wake_up", {}), ("post", "/v1/recall", {}),
              ("post", "/v1/inject", {"message": "which database did we choose for billing"})]
-    with TestClient(create_app(settings)) as client:
+    with TestClient(create_app(settings), base_url="http://localhost") as client:
         for method, path, body in calls:
             for target, headers, want in ((seeded, {}, 401), (other, {"Authorization": f"Bearer {key}"}, 403),
                                           (seeded, {"Authorization": f"Bearer {key}"}, 200)):

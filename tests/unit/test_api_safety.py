@@ -84,7 +84,7 @@ def test_token_buckets_memory_is_bounded() -> None:
 
 def _app(**overrides: object) -> TestClient:
     """No `with`: the lifespan (database, NATS, embedder) does not run; routes that need it are not called."""
-    return TestClient(create_app(Settings(**overrides)))  # type: ignore[arg-type]
+    return TestClient(create_app(Settings(**overrides)), base_url="http://localhost")  # type: ignore[arg-type]
 
 
 def test_error_bodies_are_json_with_a_code_and_a_reason() -> None:
@@ -188,7 +188,7 @@ def test_a_router_added_later_gets_the_same_errors_limits_and_metrics() -> None:
 
     app = create_app(Settings(api_rate_per_s=0))
     app.include_router(extra)
-    c = TestClient(app, raise_server_exceptions=False)
+    c = TestClient(app, raise_server_exceptions=False, base_url="http://localhost")
     r = c.post("/v1/extra/thing")
     assert r.status_code == 409 and r.json() == {"error": "conflict", "detail": "thing already exists"}
     with capture_logs() as logs:
@@ -219,8 +219,30 @@ def test_an_unreachable_or_saturated_database_answers_503_with_retry_after() -> 
 
     app = create_app(Settings(api_rate_per_s=0))
     app.include_router(extra)
-    c = TestClient(app, raise_server_exceptions=False)
+    c = TestClient(app, raise_server_exceptions=False, base_url="http://localhost")
     for kind in failures:
         r = c.get(f"/v1/busy/{kind}")
         assert r.status_code == 503 and r.json()["error"] == "unavailable", (kind, r.text)
         assert int(r.headers["Retry-After"]) > 0
+
+
+def test_without_keys_only_requests_to_a_loopback_name_are_served() -> None:
+    """DNS rebinding: a page on evil.example re-points its name at 127.0.0.1 and calls the key-less api
+    from its own origin; the browser sends Host: evil.example. Refused, whatever the route."""
+    from services.api.middleware import host_name
+
+    assert [host_name(h) for h in ("localhost:8080", "[::1]:8080", "127.0.0.1", "::1", "evil.example:80")] == [
+        "localhost", "::1", "127.0.0.1", "::1", "evil.example"]
+    for base in ("http://evil.example:8080", "http://palace.evil.example"):
+        c = TestClient(create_app(Settings(api_rate_per_s=0)), base_url=base)  # type: ignore[arg-type]
+        for method, path in (("GET", "/livez"), ("POST", "/v1/forget"), ("GET", "/openapi.json")):
+            r = c.request(method, path)
+            assert r.status_code == 400 and "is not this machine" in r.json()["detail"], (base, path, r.text)
+    for base in ("http://localhost:8080", "http://127.0.0.1:8080", "http://[::1]:8080"):
+        c = TestClient(create_app(Settings(api_rate_per_s=0)), base_url=base)  # type: ignore[arg-type]
+        assert c.get("/livez").status_code == 200, base
+    # With keys (or an operator-vouched open bind) the api answers to whatever name it is published under.
+    for overrides in ({"api_auth": True}, {"api_allow_unauthenticated_bind": True}):
+        c = TestClient(create_app(Settings(api_rate_per_s=0, **overrides)),  # type: ignore[arg-type]
+                       base_url="http://palace.example.com")
+        assert c.get("/livez").status_code == 200, overrides
