@@ -284,6 +284,19 @@ async def _forget_in_entity_merges(conn: AsyncConnection[Any], workspace_id: str
     return out
 
 
+async def _scrub_history(conn: AsyncConnection[Any], workspace_id: str, keys: list[tuple[str, str]]) -> int:
+    """Empty the audit rows of these (event id, action) pairs, rows with no drawer (found by their ids,
+    which ``record_history`` derives from both): the rows stay, what they said of the forgotten goes."""
+    if not keys:
+        return 0
+    ids = [history_id_for(workspace_id, event_id, None, action) for event_id, action in keys]
+    cur = await conn.execute(
+        """UPDATE memory_history SET reason = NULL, old_value = NULL, new_value = NULL
+            WHERE workspace_id = %s AND id = ANY(%s)
+              AND (reason IS NOT NULL OR old_value IS NOT NULL OR new_value IS NOT NULL)""", (workspace_id, ids))
+    return cur.rowcount
+
+
 async def delete_drawers(conn: AsyncConnection[Any], workspace_id: str, ids: list[str]) -> dict[str, Any]:
     """Delete drawers with everything derived from them: entity mentions (and entities left with none,
     with their triples), triples sourced from them, their provenance (cascade); scrub the content
@@ -316,8 +329,10 @@ async def delete_drawers(conn: AsyncConnection[Any], workspace_id: str, ids: lis
     cur = await conn.execute(_RESOURCE_TRIPLES_SQL, p)
     out["triples_resourced"] = cur.rowcount
     cur = await conn.execute("DELETE FROM triples WHERE workspace_id = %(ws)s AND source_drawer = ANY(%(ids)s)"
-                             " RETURNING subject_id, object_id", p)
-    ends = {e for r in await cur.fetchall() for e in r}
+                             " RETURNING subject_id, object_id, id", p)
+    rows = await cur.fetchall()
+    ends = {e for r in rows for e in r[:2]}
+    facts_gone = {r[2] for r in rows}
     out["triples"] = cur.rowcount
     if touched or ends:
         cur = await conn.execute(
@@ -329,9 +344,11 @@ async def delete_drawers(conn: AsyncConnection[Any], workspace_id: str, ids: lis
         if gone:
             cur = await conn.execute(
                 """DELETE FROM triples WHERE workspace_id = %(ws)s
-                     AND (subject_id = ANY(%(e)s) OR object_id = ANY(%(e)s)) RETURNING subject_id, object_id""",
+                     AND (subject_id = ANY(%(e)s) OR object_id = ANY(%(e)s)) RETURNING subject_id, object_id, id""",
                 {"ws": workspace_id, "e": gone})
-            ends |= {e for r in await cur.fetchall() for e in r}
+            rows = await cur.fetchall()
+            ends |= {e for r in rows for e in r[:2]}
+            facts_gone |= {r[2] for r in rows}
             out["triples"] += cur.rowcount
         # The ends of the facts that went: an entity named only as one (a speaker the patterns made a fact's
         # subject, an object the model did not list as an entity) has no mention to lose, and went on naming
@@ -350,9 +367,15 @@ async def delete_drawers(conn: AsyncConnection[Any], workspace_id: str, ids: lis
                 """DELETE FROM entities WHERE workspace_id = %(ws)s AND merged_into = ANY(%(e)s)
                    RETURNING id""", {"ws": workspace_id, "e": gone})
             gone += [r[0] for r in await cur.fetchall()]
-            await conn.execute(
+            cur = await conn.execute(
                 """DELETE FROM entity_merges WHERE workspace_id = %(ws)s
-                     AND (survivor_id = ANY(%(e)s) OR merged_id = ANY(%(e)s))""", {"ws": workspace_id, "e": gone})
+                     AND (survivor_id = ANY(%(e)s) OR merged_id = ANY(%(e)s)) RETURNING id""",
+                {"ws": workspace_id, "e": gone})
+            # Their audit rows name both entities (and a revert's the merged one): the rows stay, emptied.
+            merges = [r[0] for r in await cur.fetchall()]
+            out["history_scrubbed"] = await _scrub_history(
+                conn, workspace_id, [(f"entity-merge:{m}", "ENTITY_MERGE") for m in merges]
+                + [(f"entity-merge-revert:{m}", "ENTITY_MERGE_REVERT") for m in merges])
             # Look-alike flags name both entities and why they look alike (index entity_flags_b, 0040).
             cur = await conn.execute(
                 """DELETE FROM entity_flags WHERE workspace_id = %(ws)s
@@ -363,7 +386,9 @@ async def delete_drawers(conn: AsyncConnection[Any], workspace_id: str, ids: lis
         if gone:  # facts of the entities merged into those that went
             cur = await conn.execute(
                 """DELETE FROM triples WHERE workspace_id = %(ws)s
-                     AND (subject_id = ANY(%(e)s) OR object_id = ANY(%(e)s))""", {"ws": workspace_id, "e": gone})
+                     AND (subject_id = ANY(%(e)s) OR object_id = ANY(%(e)s)) RETURNING id""",
+                {"ws": workspace_id, "e": gone})
+            facts_gone |= {r[0] for r in await cur.fetchall()}
             out["triples"] += cur.rowcount
         await recount_entities(conn, workspace_id, sorted(set(touched) - set(gone)))
     if merged_gone["entities"]:
@@ -373,7 +398,10 @@ async def delete_drawers(conn: AsyncConnection[Any], workspace_id: str, ids: lis
         """UPDATE memory_history SET reason = NULL, old_value = NULL, new_value = NULL
             WHERE workspace_id = %(ws)s AND drawer_id = ANY(%(ids)s)
               AND (reason IS NOT NULL OR old_value IS NOT NULL OR new_value IS NOT NULL)""", p)
-    out["history_scrubbed"] = cur.rowcount
+    out["history_scrubbed"] = out.get("history_scrubbed", 0) + cur.rowcount
+    # The end of a fact that went was audited with its subject, predicate and object in the reason.
+    out["history_scrubbed"] += await _scrub_history(conn, workspace_id,
+                                                    [(f"kg:{t}", "KG_INVALIDATE") for t in sorted(facts_gone)])
     reverted = await revert_updates_from(conn, workspace_id, ids)
     out["drawers_reverted"] = len(reverted["targets"])
     out["derived"] = reverted["derived"]

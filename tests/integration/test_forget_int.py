@@ -648,6 +648,10 @@ def test_a_forget_takes_the_entities_only_its_facts_named(stack: Stack) -> None:
                                " AND e.id = t.subject_id WHERE t.workspace_id = %s AND e.name = 'Carol'",
                                (w,))[0][0] >= 1, 90, "Carol's facts extracted")
     stack.wait_processed(w, 2)
+    # Ending one of Carol's facts is audited with its subject, predicate and object.
+    r = httpx.post(f"{stack.api_url}/v1/workspaces/{w}/kg/facts/invalidate", timeout=30,
+                   json={"subject": "Carol", "predicate": "works_at", "object": "Globex"})
+    assert r.status_code == 200, r.text
     others = stack.sql("SELECT id FROM entities WHERE workspace_id = %s AND id IN (SELECT entity_id FROM"
                        " entity_mentions m JOIN drawers d ON d.workspace_id = m.workspace_id AND d.id = m.drawer_id"
                        " WHERE d.workspace_id = %s AND d.user_id = 'dan')", (w, w))
@@ -658,3 +662,5 @@ def test_a_forget_takes_the_entities_only_its_facts_named(stack: Stack) -> None:
     assert stack.sql("SELECT count(*) FROM triples WHERE workspace_id = %s AND source_session = 's-carol'",
                      (w,)) == [(0,)]
     assert set(others) <= set(stack.sql("SELECT id FROM entities WHERE workspace_id = %s", (w,))), "dan's stay"
+    assert stack.sql("SELECT reason, new_value FROM memory_history WHERE workspace_id = %s"
+                     " AND action = 'KG_INVALIDATE'", (w,)) == [(None, None)], "the audit row stays, without the names"
