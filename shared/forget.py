@@ -231,6 +231,7 @@ async def _forget_batch(pool: AsyncConnectionPool, scope: Scope, session_ids: li
             # The next turn was embedded with the forgotten one as its context: that goes, with its cache entry.
             after = await sql.clear_context_after(conn, ws, [(s, q) for _, s, q in rows])
             counts["contexts_cleared"] += len(after)
+            counts["history_snapshots_scrubbed"] += await sql.scrub_snapshots(conn, ws, [a[0] for a in after])
             stale |= {_ehash(content, speaker, context) for _, content, speaker, context in after}
             # A long message's other chunks overlap the forgotten one: they go with the message, unless they
             # were also cut from a message that stays (then only these sightings go).
@@ -244,6 +245,8 @@ async def _forget_batch(pool: AsyncConnectionPool, scope: Scope, session_ids: li
             counts["drawer_sightings_detached"] += await sql.detach_drawers(
                 conn, ws, [f["id"] for f in kept_chunks], [s for _, s, _ in rows],
                 [f["id"] for f in kept_chunks if f["first_here"]], seqs=[q for _, _, q in rows])
+            counts["history_snapshots_scrubbed"] += await sql.scrub_snapshots(
+                conn, ws, [f["id"] for f in kept_chunks if f["first_here"]])
             cut = sorted({s for _, s, _ in rows})
             # Their episodes quote the drawer, and so may what dreaming made of those episodes: those
             # sessions are forgotten next, by the caller.
@@ -260,6 +263,8 @@ async def _forget_batch(pool: AsyncConnectionPool, scope: Scope, session_ids: li
         counts.update(r)
         counts["drawer_sightings_detached"] += await sql.detach_drawers(
             conn, ws, [f["id"] for f in kept], session_ids, [f["id"] for f in kept if f["first_here"]])
+        counts["history_snapshots_scrubbed"] += await sql.scrub_snapshots(
+            conn, ws, [f["id"] for f in kept if f["first_here"]])
         if session_ids:
             r = await sql.delete_sessions(conn, ws, session_ids)
             t.content_hashes |= r.pop("hashes")

@@ -68,7 +68,12 @@ async def restore_columns(conn: AsyncConnection[Any], workspace_id: str, drawer_
     space (and classifies it again) instead of the restore failing or mixing spaces."""
     values = dict(values)
     extra: dict[str, Any] = {}
-    if values.get("embedding") is not None and not await _vector_fits(conn, workspace_id, drawer_id, values):
+    if values.pop("embedding_stale", False):
+        # The archived vector was dropped by a forget (shared.db.forget.scrub_snapshots): embedded again.
+        values["embedding"] = None
+        values["state"] = "raw" if values.get("state", "processed") == "processed" else values["state"]
+        extra = {"embedding_model": None, "retry_count": 0}
+    elif values.get("embedding") is not None and not await _vector_fits(conn, workspace_id, drawer_id, values):
         values["embedding"] = None
         values["state"] = "raw" if values.get("state", "processed") == "processed" else values["state"]
         extra = {"embedding_model": None, "retry_count": 0}

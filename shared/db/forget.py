@@ -549,6 +549,21 @@ async def detach_drawers(conn: AsyncConnection[Any], workspace_id: str, ids: lis
     return n
 
 
+async def scrub_snapshots(conn: AsyncConnection[Any], workspace_id: str, drawer_ids: list[str]) -> int:
+    """Drawers that stay but lost what a forgotten message gave them (its context, its metadata, a vector
+    embedded with them): the archived states their decisions keep for a revert lose the vector and the
+    metadata too, or a revert would write the forgotten message back. Such a revert leaves the metadata
+    as it is and has the drawer embedded again (``embedding_stale``, shared.db.decisions.restore_columns)."""
+    if not drawer_ids:
+        return 0
+    cur = await conn.execute(
+        """UPDATE memory_history SET old_value = (old_value - 'embedding' - 'metadata')
+                                               || '{"embedding_stale": true}'::jsonb
+            WHERE workspace_id = %s AND drawer_id = ANY(%s)
+              AND (old_value ? 'embedding' OR old_value ? 'metadata')""", (workspace_id, drawer_ids))
+    return cur.rowcount
+
+
 async def delete_sessions(conn: AsyncConnection[Any], workspace_id: str, session_ids: list[str]) -> dict[str, Any]:
     """Episodes (summary and L0 abstract), messages and the sessions themselves. Returns counts and
     the messages' content hashes (kept in memory only, for --verify)."""

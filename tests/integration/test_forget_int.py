@@ -664,3 +664,39 @@ def test_a_forget_takes_the_entities_only_its_facts_named(stack: Stack) -> None:
     assert set(others) <= set(stack.sql("SELECT id FROM entities WHERE workspace_id = %s", (w,))), "dan's stay"
     assert stack.sql("SELECT reason, new_value FROM memory_history WHERE workspace_id = %s"
                      " AND action = 'KG_INVALIDATE'", (w,)) == [(None, None)], "the audit row stays, without the names"
+
+
+def test_a_forget_leaves_no_revert_that_would_write_the_forgotten_turn_back(stack: Stack) -> None:
+    """The next turn's drawer stays but loses the forgotten turn as its context; a decision archived its
+    earlier state, vector (embedded with that context) and message metadata included, and a revert of it
+    wrote them back. The archive keeps neither; a revert then has the drawer embedded again."""
+    from typer.testing import CliRunner
+
+    from services.cli import app
+
+    w = ws()
+    turns = ["My therapist's name is Dr. Ilse Brandt, Tuesdays at four.", "Noted, I will keep that in mind.",
+             "Anything else for today?"]
+    stack.publish(session(w, "s-ctx", turns, user_id="erin"))
+    stack.wait_processed(w, 3)
+    forgotten, = stack.sql("SELECT id FROM drawers WHERE workspace_id = %s AND content = %s", (w, turns[0]))[0]
+    nxt, ctx = stack.sql("SELECT id, context FROM drawers WHERE workspace_id = %s AND content = %s", (w, turns[1]))[0]
+    assert ctx and "Brandt" in ctx
+    # An UPDATE decision archived the next turn's state (as shared.db.decisions.snapshot does).
+    stack.sql("""INSERT INTO memory_history (workspace_id, id, drawer_id, action, actor, old_value)
+                 SELECT workspace_id, 'test-update', id, 'UPDATE', 'test',
+                        jsonb_build_object('content', content, 'embedding', embedding::real[],
+                                           'metadata', metadata || '{"message": {"note": "Brandt"}}'::jsonb)
+                   FROM drawers WHERE workspace_id = %s AND id = %s RETURNING id""", (w, nxt))
+    _, remaining = _run_forget(stack, Scope(w, "drawer", forgotten))
+    assert not any(remaining.values()), remaining
+    old, = stack.sql("SELECT old_value FROM memory_history WHERE workspace_id = %s AND id = 'test-update'", (w,))[0]
+    assert set(old) == {"content", "embedding_stale"}, old
+    wait_for(lambda: stack.sql("SELECT state FROM drawers WHERE workspace_id = %s AND id = %s", (w, nxt))
+             == [("processed",)], 60, "the next turn embedded again without the context")
+    env = {"PALACE_DATABASE_URL": stack.database_url, "PALACE_NATS_URL": stack.nats_url}
+    r = CliRunner().invoke(app, ["revert", "--workspace", w, "test-update"], env=env)
+    assert r.exit_code == 0, r.output
+    state, emb, meta = stack.sql("SELECT state, embedding IS NULL, metadata FROM drawers WHERE workspace_id = %s"
+                                 " AND id = %s", (w, nxt))[0]
+    assert (state, emb) == ("raw", True) and "Brandt" not in str(meta)  # embedded again, from what it holds now
