@@ -311,8 +311,16 @@ async def delete_drawers(conn: AsyncConnection[Any], workspace_id: str, ids: lis
     # The drawers go first: the delete waits for a stage still updating one (classify, cluster) and
     # takes its row, so whatever that stage wrote beside it (a history row) is committed, and seen by
     # the statements below; a stage arriving later finds no drawer and writes nothing.
-    cur = await conn.execute("DELETE FROM drawers WHERE workspace_id = %(ws)s AND id = ANY(%(ids)s)", p)
+    cur = await conn.execute("DELETE FROM drawers WHERE workspace_id = %(ws)s AND id = ANY(%(ids)s)"
+                             " RETURNING memory_type, pipeline_tier", p)
+    trained = sorted({t for t, tier in await cur.fetchall() if tier == "llm" and t})
     out["drawers"] = cur.rowcount
+    if trained:
+        # A type centroid is the mean of the LLM-labelled drawers' vectors (of one, for a rare type): those
+        # of the types a forgotten drawer trained go, and maintain's `centroids` job computes them again.
+        cur = await conn.execute("DELETE FROM type_centroids WHERE workspace_id = %s AND memory_type = ANY(%s)",
+                                 (workspace_id, trained))
+        out["type_centroids"] = cur.rowcount
     cur = await conn.execute(
         """UPDATE drawers SET state = 'processed', cluster_id = NULL, updated_at = now()
             WHERE workspace_id = %(ws)s AND cluster_id = ANY(%(ids)s) AND state = 'merged'

@@ -700,3 +700,21 @@ def test_a_forget_leaves_no_revert_that_would_write_the_forgotten_turn_back(stac
     state, emb, meta = stack.sql("SELECT state, embedding IS NULL, metadata FROM drawers WHERE workspace_id = %s"
                                  " AND id = %s", (w, nxt))[0]
     assert (state, emb) == ("raw", True) and "Brandt" not in str(meta)  # embedded again, from what it holds now
+
+
+def test_a_forget_takes_the_type_centroids_its_drawers_trained(stack: Stack) -> None:
+    """A centroid is the mean of a type's LLM-labelled vectors: of one drawer, it is that drawer's vector.
+    The centroids of the types a forgotten drawer trained go (maintain computes them again); others stay."""
+    w = ws()
+    stack.publish(session(w, "s-cent", ["I am allergic to penicillin, it gives me hives."], user_id="fay"))
+    stack.wait_processed(w, 1)
+    did, mtype = stack.sql("SELECT id, memory_type FROM drawers WHERE workspace_id = %s", (w,))[0]
+    other = "preference" if mtype != "preference" else "fact"
+    stack.sql("UPDATE drawers SET pipeline_tier = 'llm' WHERE workspace_id = %s AND id = %s RETURNING id", (w, did))
+    stack.sql("""INSERT INTO type_centroids (workspace_id, memory_type, centroid, sample_count, source_hash)
+                 SELECT workspace_id, t, embedding, 1, 'test' FROM drawers, unnest(%s::text[]) AS t
+                  WHERE workspace_id = %s AND id = %s RETURNING 1""", ([mtype, other], w, did))
+    result, remaining = _run_forget(stack, Scope(w, "user", "fay"))
+    assert not any(remaining.values()), remaining
+    assert result.counts["type_centroids"] == 1
+    assert stack.sql("SELECT memory_type FROM type_centroids WHERE workspace_id = %s", (w,)) == [(other,)]
