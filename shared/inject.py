@@ -9,7 +9,13 @@ when no hit is relevant enough.
 Tokens are counted with ``approx_tokens``, a documented approximation rather than the embedder's
 tokenizer: the block is read by the agent's LLM, whose tokenizer Palace does not know, and the
 approximation errs on the high side for English and for code (one token per 4 characters, or per
-word or punctuation mark when that is more).
+word or punctuation mark when that is more), and for Chinese, Japanese and Korean text (one token per
+character of those scripts, which have no spaces between words).
+
+The block is data, not instructions: a memory holds whatever was said, ``</memory_context>`` and a
+forged instruction after it included, so ``<``, ``>`` and ``&`` in a memory or its citation are
+written as XML entities and nothing stored can end the block early. Only the hits shown count as
+recalled (their access time and count, which ranking and pruning read), not the near-misses.
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ from shared.memory.citations import snippet
 from shared.memory.episodes import STOPWORDS
 from shared.recall import Recaller
 
-__all__ = ["DEFAULT_TOKEN_BUDGET", "MIN_MEANINGFUL_WORDS", "Injection", "approx_tokens",
+__all__ = ["DEFAULT_TOKEN_BUDGET", "MIN_MEANINGFUL_WORDS", "Injection", "approx_tokens", "as_data",
            "build_block", "inject", "meaningful_words"]
 
 DEFAULT_TOKEN_BUDGET = 200
@@ -31,17 +37,21 @@ MIN_MEANINGFUL_WORDS = 3
 SEARCH_K = 10
 OPEN, CLOSE = "<memory_context>", "</memory_context>"
 
-_WORD = re.compile(r"\w[\w'’-]*", re.UNICODE)
-_PIECE = re.compile(r"\w+|[^\w\s]", re.UNICODE)
+# Han, Hiragana, Katakana and Hangul: scripts written without spaces, where \w+ would take a whole
+# sentence for one word. Each of their characters is a word (and about a token) of its own here.
+_CJK = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff"
+_WORD = re.compile(rf"[{_CJK}]|[^\W{_CJK}](?:[^\W{_CJK}]|['’-])*", re.UNICODE)
+_PIECE = re.compile(rf"[{_CJK}]|[^\W{_CJK}]+|[^\w\s]", re.UNICODE)
+_ESCAPES = str.maketrans({"&": "&amp;", "<": "&lt;", ">": "&gt;"})
 
 
 def meaningful_words(message: str) -> list[str]:
     """The message's words that carry meaning: lower-cased, stopwords and one-letter words left out
-    (numbers count: "2024" names a year)."""
+    (numbers count: "2024" names a year; so does each character of a script written without spaces)."""
     out = []
     for w in _WORD.findall(message.lower()):
         w = w.strip("'’-")
-        if (len(w) > 1 or w.isdigit()) and w not in STOPWORDS:
+        if (len(w) > 1 or w.isdigit() or re.fullmatch(f"[{_CJK}]", w)) and w not in STOPWORDS:
             out.append(w)
     return out
 
@@ -49,6 +59,11 @@ def meaningful_words(message: str) -> list[str]:
 def approx_tokens(text: str) -> int:
     """Tokens an LLM tokenizer is likely to need for ``text``, rounded up (see the module docstring)."""
     return max(math.ceil(len(text) / 4), len(_PIECE.findall(text)))
+
+
+def as_data(text: str) -> str:
+    """``text`` with ``&``, ``<`` and ``>`` as XML entities: inside the block, never markup."""
+    return text.translate(_ESCAPES)
 
 
 @dataclass(frozen=True)
@@ -81,16 +96,17 @@ def build_block(hits: list[SearchHit], token_budget: int) -> tuple[str, list[Sea
         return "\n".join([OPEN, *lines, *extra, CLOSE])
 
     for h in hits:
-        line = f"- [{h.citation}] {snippet(h.content, 2_000)}"
+        cite = as_data(h.citation)
+        line = f"- [{cite}] {as_data(snippet(h.content, 2_000))}"
         if approx_tokens(block([line])) <= token_budget:
             lines.append(line)
             shown.append(h)
             continue
-        left = token_budget - approx_tokens(block([f"- [{h.citation}] "]))
+        left = token_budget - approx_tokens(block([f"- [{cite}] "]))
         if left >= 12:  # shrink the content until the block fits (the count is not linear in length)
             chars = left * 4
             while chars > 0:
-                line = f"- [{h.citation}] {snippet(h.content, chars)}"
+                line = f"- [{cite}] {as_data(snippet(h.content, chars))}"
                 if approx_tokens(block([line])) <= token_budget:
                     lines.append(line)
                     shown.append(h)
@@ -123,12 +139,13 @@ async def inject(
         raise ValueError("threshold is on the 0–1 relevance scale")
     if len(meaningful_words(message)) < MIN_MEANINGFUL_WORDS:
         return Injection("", 0, 0, 0, 0.0, "trivial", threshold=threshold)
-    hits = await recaller.search(workspace_id, message, SEARCH_K)
+    hits = await recaller.search(workspace_id, message, SEARCH_K, touch=False)
     top = hits[0].score if hits else 0.0
     relevant = [h for h in hits if h.score >= threshold]
     if not relevant:
         return Injection("", 0, 0, 0, top, "no_match", threshold=threshold)
     text, shown = build_block(relevant, token_budget)
+    recaller.note_access(workspace_id, [h.id for h in shown])
     if not shown:
         return Injection("", 0, len(relevant), 0, top, "budget", threshold=threshold)
     return Injection(text, approx_tokens(text), len(relevant), len(shown), top, None, [h.citation for h in shown],

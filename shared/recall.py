@@ -151,11 +151,18 @@ class Recaller:
             self._cache.popitem(last=False)
         return vec
 
-    async def search(self, workspace_id: str, query: str, k: int = 10) -> list[SearchHit]:
+    async def search(self, workspace_id: str, query: str, k: int = 10, *, touch: bool = True) -> list[SearchHit]:
         """Top-k drawers of ``workspace_id`` for ``query`` (see ``recall``)."""
-        return (await self.recall(workspace_id, query, k)).hits
+        return (await self.recall(workspace_id, query, k, touch=touch)).hits
 
-    async def recall(self, workspace_id: str, query: str, k: int = 10, *, episodes: int = 0) -> Recollection:
+    def note_access(self, workspace_id: str, drawer_ids: list[str]) -> None:
+        """Count these drawers as recalled (their last access and access count, which recency ranking,
+        decay and prune read): what a caller showed, when it searched with ``touch=False``."""
+        if self.touch and drawer_ids:
+            access_log(self.pool).note(workspace_id, drawer_ids)
+
+    async def recall(self, workspace_id: str, query: str, k: int = 10, *, episodes: int = 0,
+                     touch: bool = True) -> Recollection:
         """Top-k drawers of ``workspace_id`` for ``query`` and, when ``episodes`` > 0, the nearest built,
         unexpired episodes of its sessions (``episodes`` at most), ranked on their own.
 
@@ -184,8 +191,8 @@ class Recaller:
             hits, found = await self._search(workspace_id, query, vec, params, episodes)
         SEARCH_SECONDS.labels("sql").observe(time.perf_counter() - t1)
         SEARCH_SECONDS.labels("total").observe(time.perf_counter() - t0)
-        if self.touch and hits:  # noted, written later in one batch (shared/access.py): never awaited here
-            access_log(self.pool).note(workspace_id, [h.id for h in hits])
+        if touch:  # noted, written later in one batch (shared/access.py): never awaited here
+            self.note_access(workspace_id, [h.id for h in hits])
         return Recollection(hits, found if episodes > 0 else None)
 
     async def _search(self, workspace_id: str, query: str, vec: np.ndarray | None, params: SearchParams,

@@ -313,3 +313,32 @@ def test_a_citation_reads_back_to_its_drawer(stack: Stack, seeded: str) -> None:
         for ref in (f"w/r{i}/abcdef012345", did):
             r = httpx.get(f"{stack.api_url}/v1/workspaces/{other}/palace/citations/{ref}", timeout=10)
             assert r.status_code == 200 and r.json()["drawer_id"] == did, r.text
+
+
+async def test_inject_counts_as_recalled_only_what_it_showed(stack: Stack) -> None:
+    """Recency ranking, decay and prune read a drawer's access time and count: auto-inject runs before
+    every turn, and counting every near-miss it searched (not shown) kept irrelevant drawers fresh."""
+    from shared.access import access_log
+    from shared.inject import inject
+    from shared.recall import Recaller
+
+    w = ws()
+    texts = ["The billing service runs on PostgreSQL 16 in the Frankfurt region.",
+             "The billing service database is backed up nightly to object storage.",
+             "The billing service on-call rotation changes every Monday morning."]
+    await asyncio.to_thread(stack.publish, session(w, "s1", texts))
+    await asyncio.to_thread(stack.wait_processed, w, len(texts))
+    pool = await open_pool(stack.database_url, name="test-inject-touch", max_size=2, role=stack.settings.db_role)
+    try:
+        out = await inject(Recaller(pool, None), w, "Which database does the billing service use?",
+                           token_budget=48, threshold=0.0)
+        assert out.injected_count == 1 and out.match_count == len(texts), out
+        await access_log(pool).flush()
+        async with workspace_tx(pool, w) as conn:
+            counts = dict(await (await conn.execute(
+                "SELECT citation_id, access_count FROM (SELECT id AS citation_id, access_count FROM drawers"
+                " WHERE workspace_id = %s) d", (w,))).fetchall())
+    finally:
+        await pool.close()
+    shown = out.citations[0].rsplit("/", 1)[1]
+    assert {i for i, n in counts.items() if n} == {i for i in counts if i.startswith(shown)}, counts
