@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import nats
 from pydantic import ValidationError
 
-from palace_sdk.errors import EventInvalid
+from palace_sdk.errors import EventInvalid, NatsUnreachable
 from palace_sdk.models import Published
 from shared.events.models import MAX_EVENT_BYTES, SessionCompleted
 
-__all__ = ["DEFAULT_MAX_EVENT_BYTES", "DEFAULT_STREAM", "encode_session", "publish_encoded"]
+__all__ = ["DEFAULT_MAX_EVENT_BYTES", "DEFAULT_STREAM", "connect", "encode_session", "publish_encoded"]
 
 DEFAULT_STREAM = "PALACE"
 DEFAULT_MAX_EVENT_BYTES = MAX_EVENT_BYTES  # the pipeline's PALACE_MAX_EVENT_BYTES default
@@ -41,3 +42,19 @@ async def publish_encoded(nc: nats.NATS, model: SessionCompleted, data: bytes, s
         SessionCompleted.subject, data, timeout=ack_wait_s, stream=stream, headers=model.dedup_headers())
     return Published(event_id=model.event_id or "", stream=ack.stream, seq=ack.seq,
                      duplicate=bool(ack.duplicate))
+
+
+async def connect(nats_url: str, timeout: float) -> nats.NATS:  # noqa: ASYNC109 - also the per-try timeout
+    """A connection to the stack's NATS, or ``NatsUnreachable`` within about ``timeout``: nats-py's own
+    defaults try each server 60 times two seconds apart, logging a traceback each time, before giving up
+    with an error of its own."""
+    async def quiet(_: Exception) -> None:  # the outcome is raised (or the connection returned) here
+        return None
+
+    try:
+        return await asyncio.wait_for(
+            nats.connect(nats_url.split(","), connect_timeout=timeout, max_reconnect_attempts=3,
+                         reconnect_time_wait=min(1.0, timeout / 4), error_cb=quiet),
+            timeout * 2)
+    except (OSError, TimeoutError, nats.errors.Error) as e:
+        raise NatsUnreachable(f"no NATS server at {nats_url} answered ({type(e).__name__}: {e})") from e

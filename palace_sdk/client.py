@@ -16,7 +16,7 @@ import nats
 from pydantic import BaseModel
 
 from palace_sdk import _calls as calls
-from palace_sdk._events import DEFAULT_MAX_EVENT_BYTES, DEFAULT_STREAM, encode_session, publish_encoded
+from palace_sdk._events import DEFAULT_MAX_EVENT_BYTES, DEFAULT_STREAM, connect, encode_session, publish_encoded
 from palace_sdk.errors import PalaceError
 from palace_sdk.models import (
     Accepted,
@@ -112,6 +112,7 @@ class AsyncPalaceClient:
         self._s = _Settings(workspace, api_url, api_key, nats_url, stream, max_event_bytes, timeout)
         self._http = httpx.AsyncClient(base_url=self._s.api_url, headers=_headers(api_key), timeout=timeout)
         self._nc: nats.NATS | None = None
+        self._connecting = asyncio.Lock()
         self.kg = AsyncKg(self)
 
     @property
@@ -142,9 +143,11 @@ class AsyncPalaceClient:
         if model.workspace_id != self.workspace:
             raise PalaceError(f"the event is for workspace {model.workspace_id!r}; this client is bound to "
                               f"{self.workspace!r}")
-        if self._nc is None:
-            self._nc = await nats.connect(_need_nats(self._s.nats_url).split(","), connect_timeout=self._s.timeout)
-        return await publish_encoded(self._nc, model, data, self._s.stream, self._s.timeout)
+        async with self._connecting:  # calls at once share one connection; a closed one is replaced
+            if self._nc is None or self._nc.is_closed:
+                self._nc = await connect(_need_nats(self._s.nats_url), self._s.timeout)
+            nc = self._nc
+        return await publish_encoded(nc, model, data, self._s.stream, self._s.timeout)
 
     async def search(self, query: str, k: int = 10, *, include_episodes: bool = False,
                      episodes_k: int = 3) -> SearchResult:
@@ -257,7 +260,7 @@ class PalaceClient:
         url = _need_nats(self._s.nats_url)
 
         async def go() -> Published:
-            nc = await nats.connect(url.split(","), connect_timeout=self._s.timeout)
+            nc = await connect(url, self._s.timeout)
             try:
                 return await publish_encoded(nc, model, data, self._s.stream, self._s.timeout)
             finally:

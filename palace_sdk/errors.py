@@ -16,6 +16,7 @@ __all__ = [
     "EventInvalid",
     "Forbidden",
     "InvalidRequest",
+    "NatsUnreachable",
     "NotFound",
     "PalaceAPIError",
     "PalaceError",
@@ -29,6 +30,10 @@ __all__ = [
 
 class PalaceError(Exception):
     """Anything the SDK raises on purpose."""
+
+
+class NatsUnreachable(PalaceError, ConnectionError):
+    """No NATS server of ``nats_url`` answered within the client's timeout: nothing was published."""
 
 
 class EventInvalid(PalaceError, ValueError):

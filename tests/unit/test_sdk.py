@@ -67,3 +67,18 @@ def test_events_are_validated_before_sending() -> None:
         encode_session({**ok, "surprise": 1}, 10_000)
     with pytest.raises(EventInvalid, match="at most 500"):
         encode_session({**ok, "messages": [{"role": "user", "content": "x" * 600}]}, 500)
+
+
+def test_publishing_to_an_unreachable_nats_fails_fast_with_a_palace_error() -> None:
+    """nats-py's defaults tried for about two minutes, printing a traceback each time, then raised its own
+    error: a producer learns within its timeout, as a PalaceError it can catch."""
+    import time
+
+    from palace_sdk import NatsUnreachable, PalaceClient, PalaceError
+
+    client = PalaceClient("w", nats_url="nats://127.0.0.1:1", timeout=1.0)
+    t0 = time.monotonic()
+    with pytest.raises(NatsUnreachable, match="no NATS server") as e:
+        client.publish_session({"workspace_id": "w", "session_id": "s",
+                                "messages": [{"role": "user", "content": "hi"}]})
+    assert isinstance(e.value, PalaceError) and time.monotonic() - t0 < 5
