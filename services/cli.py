@@ -280,12 +280,11 @@ def schemas(check: Annotated[bool, typer.Option(help="Fail if schemas/ differs f
 
 
 async def _publish_all(s: Settings, nats_url: str, events: list[dict[str, Any]]) -> list[str]:
-    import nats
-
     from palace_sdk._events import publish_encoded
     from shared.events import SessionCompleted
+    from shared.nats_client import connect
 
-    nc = await nats.connect(nats_url.split(","))
+    nc = await connect(s, nats_url, connect_timeout=5, max_reconnect_attempts=3)
     try:
         ids = []
         for ev in events:

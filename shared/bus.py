@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-import ssl
 from datetime import UTC, datetime
 from typing import Any
 
@@ -33,6 +32,7 @@ from shared.consumers import CONSUMERS, Poison, consumer_config, pipeline_subjec
 from shared.events import DeadLetterInfo, Event, payload_ids
 from shared.faults import is_transient
 from shared.logging import get_logger
+from shared.nats_client import nats_options
 
 __all__ = [
     "EventTooLarge",
@@ -93,20 +93,6 @@ def decode_event(model: type[Event], data: bytes, settings: Settings) -> Any:
     return event
 
 
-def _nats_options(settings: Settings) -> dict[str, Any]:
-    opts: dict[str, Any] = {}
-    if settings.nats_user:
-        opts["user"] = settings.nats_user
-        opts["password"] = settings.nats_password
-    if settings.nats_token:
-        opts["token"] = settings.nats_token
-    if settings.nats_creds:
-        opts["user_credentials"] = settings.nats_creds
-    if settings.nats_tls_ca:
-        opts["tls"] = ssl.create_default_context(cafile=settings.nats_tls_ca)
-    return opts
-
-
 def build_broker(settings: Settings, service: str, nats_url: str) -> NatsBroker:
     """A broker for one service: connection (reconnecting forever) and publishing."""
     return NatsBroker(
@@ -116,7 +102,7 @@ def build_broker(settings: Settings, service: str, nats_url: str) -> NatsBroker:
         max_reconnect_attempts=-1,
         reconnect_time_wait=1,
         allow_reconnect=True,
-        **_nats_options(settings),
+        **nats_options(settings),
     )
 
 

@@ -10,6 +10,7 @@ from nats.js.errors import NotFoundError
 from shared.bus import dead_letter_info
 from shared.config import Settings
 from shared.events import DeadLetterInfo
+from shared.nats_client import connect
 from shared.tracing import trace_headers
 
 __all__ = ["DeadLetter", "get_dead_letter", "list_dead_letters", "redrive"]
@@ -23,14 +24,14 @@ class DeadLetter:
     headers: dict[str, str] = field(default_factory=dict)
 
 
-async def _connect(nats_url: str) -> nats.NATS:
-    return await nats.connect(nats_url.split(","), connect_timeout=5, max_reconnect_attempts=3)
+async def _connect(settings: Settings, nats_url: str) -> nats.NATS:
+    return await connect(settings, nats_url, connect_timeout=5, max_reconnect_attempts=3)
 
 
 async def list_dead_letters(settings: Settings, nats_url: str, *, subject: str | None = None,
                             workspace: str | None = None, limit: int = 1000) -> list[DeadLetter]:
     """Dead letters in stream order (optionally only those from ``subject`` or of ``workspace``)."""
-    nc = await _connect(nats_url)
+    nc = await _connect(settings, nats_url)
     try:
         js = nc.jetstream()
         try:
@@ -58,7 +59,7 @@ async def list_dead_letters(settings: Settings, nats_url: str, *, subject: str |
 
 async def get_dead_letter(settings: Settings, nats_url: str, seq: int) -> DeadLetter | None:
     """One dead letter by its sequence in the dead-letter stream, headers and payload included."""
-    nc = await _connect(nats_url)
+    nc = await _connect(settings, nats_url)
     try:
         try:
             m = await nc.jetstream().get_msg(settings.dlq_stream_name, seq)
@@ -72,7 +73,7 @@ async def get_dead_letter(settings: Settings, nats_url: str, seq: int) -> DeadLe
 
 async def redrive(settings: Settings, nats_url: str, seqs: list[int]) -> int:
     """Republish dead letters to their original subjects, then remove them. Returns how many."""
-    nc = await _connect(nats_url)
+    nc = await _connect(settings, nats_url)
     done = 0
     try:
         js = nc.jetstream()

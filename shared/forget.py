@@ -29,7 +29,6 @@ from dataclasses import dataclass, field, replace
 from itertools import pairwise
 from typing import Any
 
-import nats
 from nats.js.errors import APIError, NotFoundError
 from psycopg_pool import AsyncConnectionPool
 
@@ -44,6 +43,7 @@ from shared.ids import content_hash, stable_id
 from shared.logging import get_logger
 from shared.memory.dreaming import DREAMING_WING
 from shared.memory.filing import SessionPlan, embedding_text
+from shared.nats_client import connect as connect_nats
 
 __all__ = ["ForgetResult", "Scope", "Targets", "drop_forgotten_drawers", "forget", "verify"]
 
@@ -317,7 +317,7 @@ async def forget(pool: AsyncConnectionPool, settings: Settings, nats_url: str, s
             # Its events go from the streams even when it was never stored (dead-lettered, or still queued).
             t.session_ids.add(scope.value)
     try:
-        nc = await nats.connect(nats_url.split(","), connect_timeout=5, max_reconnect_attempts=3)
+        nc = await connect_nats(settings, nats_url, connect_timeout=5, max_reconnect_attempts=3)
         try:
             js = nc.jetstream()
             n, in_flight = await _purge_streams(settings, js, scope, t)
@@ -417,7 +417,7 @@ async def verify(pool: AsyncConnectionPool, settings: Settings, nats_url: str, s
         out["search_hnsw_and_full_text"] = hnsw
         if whole:
             out.update(await vector_index_left(conn, ws))
-    nc = await nats.connect(nats_url.split(","), connect_timeout=5, max_reconnect_attempts=3)
+    nc = await connect_nats(settings, nats_url, connect_timeout=5, max_reconnect_attempts=3)
     try:
         js = nc.jetstream()
         match = _matcher(scope, t, by_content=scope.kind == "drawer")

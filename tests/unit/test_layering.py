@@ -219,3 +219,25 @@ def test_development_commands_say_what_to_install_without_the_package(
     assert result.exit_code == 2, result.output
     assert "install palace[dev]" in " ".join(result.output.split()), result.output
     assert not (tmp_path / "stack").exists(), "nothing was started"
+
+
+def test_direct_nats_connections_carry_the_configured_credentials() -> None:
+    """A connection made without PALACE_NATS_USER/TOKEN/CREDS/TLS_CA is refused by a secured NATS: the
+    services' broker applied them and the CLI, dead letters and forget's stream purge did not. Every
+    direct ``nats.connect`` goes through shared.nats_client; the SDK (its own settings) and the CLI's probe
+    of the local development stack (no credentials there) are the exceptions."""
+    allowed = {"shared/nats_client.py", "palace_sdk/_events.py", "services/cli.py"}
+    found: dict[str, list[int]] = {}
+    for p in _modules(*RUNTIME):
+        for node in ast.walk(ast.parse(p.read_text())):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "connect"
+                    and isinstance(node.func.value, ast.Name) and node.func.value.id == "nats"):
+                found.setdefault(str(p.relative_to(ROOT)), []).append(node.lineno)
+    assert set(found) <= allowed, {k: v for k, v in found.items() if k not in allowed}
+    assert len(found.get("services/cli.py", [])) <= 1, "only the development stack's probe"
+    from shared.config import Settings
+    from shared.nats_client import nats_options
+
+    assert nats_options(Settings()) == {}
+    assert nats_options(Settings(nats_user="palace", nats_password="pw", nats_token="t")) == {  # type: ignore[arg-type]
+        "user": "palace", "password": "pw", "token": "t"}
