@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, Literal
 
 from psycopg import AsyncConnection
@@ -10,7 +12,7 @@ from psycopg_pool import AsyncConnectionPool
 from shared.db.tenancy import key_lookup_tx, workspace_tx
 from shared.security import generate_key, hash_key, key_id_of, keys_match
 
-__all__ = ["create_api_key", "store_api_key", "workspace_for_key"]
+__all__ = ["ApiKeyRow", "create_api_key", "list_api_keys", "revoke_api_key", "store_api_key", "workspace_for_key"]
 
 StoreOutcome = Literal["created", "present", "revoked"]
 
@@ -69,3 +71,31 @@ async def store_api_key(pool: AsyncConnectionPool, workspace_id: str, full_key: 
             return "revoked" if revoked else "present"
     raise ValueError(f"key id {key_id} of workspace {workspace_id} is already taken by another key; "
                      "generate a new key")
+
+
+@dataclass(frozen=True)
+class ApiKeyRow:
+    """A stored key as an operator sees it: never the key, only its id (the part after ``pk_``)."""
+
+    key_id: str
+    name: str | None
+    created_at: datetime
+    revoked_at: datetime | None
+
+
+async def list_api_keys(conn: AsyncConnection[Any], workspace_id: str) -> list[ApiKeyRow]:
+    """The workspace's keys, newest first, revoked ones included."""
+    cur = await conn.execute("SELECT key_id, name, created_at, revoked_at FROM api_keys WHERE workspace_id = %s"
+                             " ORDER BY created_at DESC, key_id", (workspace_id,))
+    return [ApiKeyRow(*r) for r in await cur.fetchall()]
+
+
+async def revoke_api_key(conn: AsyncConnection[Any], workspace_id: str, key_id: str) -> bool | None:
+    """Revoke a key of the workspace at once and for good (a restart with it still in
+    PALACE_API_BOOTSTRAP_KEYS leaves it revoked: ``store_api_key``). True when revoked now, False when it
+    already was, None when the workspace has no such key."""
+    cur = await conn.execute(
+        "UPDATE api_keys SET revoked_at = COALESCE(revoked_at, now()) WHERE workspace_id = %s AND key_id = %s"
+        " RETURNING revoked_at = now()", (workspace_id, key_id))
+    row = await cur.fetchone()
+    return None if row is None else bool(row[0])
