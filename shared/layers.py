@@ -118,35 +118,33 @@ def _layer_drawer(r: LayerRow, limit: int) -> LayerDrawer:
 def render_rooms(title: str, drawers: list[LayerDrawer], budget: int) -> tuple[str, list[LayerDrawer], bool]:
     """Drawers grouped under ``[wing/room]`` headings, rooms ordered by their most important drawer (then
     name), drawers by importance within a room; each line ends with the drawer's short id, which with the
-    heading is its citation. Lines that would pass ``budget`` are left out and the text ends with
-    MORE_MARKER instead. Returns (text, the drawers shown, whether any was left out)."""
-    rooms: dict[tuple[str, str], list[LayerDrawer]] = {}
-    for d in drawers:
-        rooms.setdefault((d.wing, d.room), []).append(d)
-    order = sorted(rooms, key=lambda k: (-max(d.importance for d in rooms[k]), k))
-    lines = [title]
-    size = len(title)
-    shown: list[LayerDrawer] = []
+    heading is its citation. What fits ``budget`` is chosen across rooms, most important first (a room's
+    heading counted with its first drawer), so no drawer is left out while a less important one is shown:
+    chosen room by room, a room full of minor drawers pushed out a more important one of the next room.
+    When any is left out the text ends with MORE_MARKER. Returns (text, the drawers shown, whether any
+    was left out)."""
     reserve = 1 + len(MORE_MARKER)
+    size = len(title)
+    chosen: dict[tuple[str, str], list[LayerDrawer]] = {}
     cut = False
-    for key in order:
-        head = f"[{key[0]}/{key[1]}]"
-        for i, d in enumerate(sorted(rooms[key], key=lambda d: (-d.importance, d.id))):
-            line = f"- {d.snippet} ({short_id(d.id)})"
-            add = ([head] if i == 0 else []) + [line]
-            cost = sum(len(x) + 1 for x in add)
-            if size + cost + reserve > budget:
-                cut = True
-                break
-            lines += add
-            size += cost
-            shown.append(d)
-        if cut:
+    for d in sorted(drawers, key=lambda d: (-d.importance, d.wing, d.room, d.id)):
+        key = (d.wing, d.room)
+        cost = len(f"- {d.snippet} ({short_id(d.id)})") + 1 + (0 if key in chosen else len(f"[{d.wing}/{d.room}]") + 1)
+        if size + cost + reserve > budget:
+            cut = True
             break
+        chosen.setdefault(key, []).append(d)
+        size += cost
+    lines = [title]
+    shown: list[LayerDrawer] = []
+    for key in sorted(chosen, key=lambda k: (-max(d.importance for d in chosen[k]), k)):
+        lines.append(f"[{key[0]}/{key[1]}]")
+        for d in chosen[key]:  # already by importance, then id
+            lines.append(f"- {d.snippet} ({short_id(d.id)})")
+            shown.append(d)
     if cut:
         lines.append(MORE_MARKER)
-    text = "\n".join(lines)
-    return text, shown, cut
+    return "\n".join(lines), shown, cut
 
 
 async def get_workspace_identity(pool: AsyncConnectionPool, workspace_id: str) -> Identity | None:

@@ -132,3 +132,17 @@ def test_a_question_in_a_script_without_spaces_is_not_trivial() -> None:
     assert len(meaningful_words("我们上周决定把数据库从MongoDB迁移到PostgreSQL吗？")) >= 3
     assert len(meaningful_words("データベースを移行しましたか")) >= 3
     assert len(meaningful_words("好的")) < 3
+
+
+def test_a_room_of_minor_drawers_never_pushes_out_a_more_important_one() -> None:
+    """Chosen room by room, room A's ten importance-1 drawers filled L1 and room B's importance-8 one was
+    left out; the budget now goes to the most important drawers wherever they are filed."""
+    a = [drawer(0, "x" * 150, "w", "a", 9.0, L1_SNIPPET)] + [
+        drawer(i, "y" * 150, "w", "a", 1.0, L1_SNIPPET) for i in range(1, 11)]
+    b = drawer(11, "z" * 150, "w", "b", 8.0, L1_SNIPPET)
+    text, shown, cut = render_rooms("ESSENTIAL", [*a, b], L1_BUDGET)
+    assert b in shown and a[0] in shown and cut
+    assert len(text) <= L1_BUDGET and text.endswith(MORE_MARKER)
+    assert text.index("[w/a]") < text.index("[w/b]"), "rooms still by their most important drawer"
+    dropped = [d for d in [*a, b] if d not in shown]
+    assert dropped and max(d.importance for d in dropped) <= min(d.importance for d in shown)
