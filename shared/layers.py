@@ -111,8 +111,11 @@ class SearchLayer:
 
 
 def _layer_drawer(r: LayerRow, limit: int) -> LayerDrawer:
-    return LayerDrawer(r.id, cite(r.wing, r.room, r.id), r.wing, r.room, snippet(r.content, limit), r.importance,
-                       r.memory_type, r.occurred_at)
+    text = snippet(r.content, limit)
+    if r.longer and not text.endswith("…"):  # only a prefix was read, and it collapsed under the limit
+        text = snippet(text + " …", limit)
+    return LayerDrawer(r.id, cite(r.wing, r.room, r.id), r.wing, r.room, text, r.importance, r.memory_type,
+                       r.occurred_at)
 
 
 def render_rooms(title: str, drawers: list[LayerDrawer], budget: int) -> tuple[str, list[LayerDrawer], bool]:

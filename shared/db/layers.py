@@ -21,6 +21,7 @@ class LayerRow:
     memory_type: str | None
     occurred_at: datetime | None
     filed_at: datetime
+    longer: bool = False  # the content goes on past the prefix read
 
 
 async def get_identity(conn: AsyncConnection[Any], workspace_id: str) -> tuple[str, datetime] | None:
@@ -60,7 +61,8 @@ def essential_query(wing: str | None = None, room: str | None = None) -> sql.Com
     ).format(sql.SQL(" AND ").join(where))
 
 
-_ROWS = ("SELECT id, left(content, %(n)s), wing, room, importance, memory_type, occurred_at, filed_at"
+_ROWS = ("SELECT id, left(content, %(n)s), wing, room, importance, memory_type, occurred_at, filed_at,"
+         "       length(content) > %(n)s"
          "  FROM drawers WHERE workspace_id = %(ws)s AND id = ANY(%(ids)s)"
          "   AND CASE WHEN deleted_at IS NULL AND state <> 'merged' THEN true END")  # by key only: docs/scale.md
 
@@ -99,5 +101,5 @@ async def drawers_by_importance(
         return []
     cur = await conn.execute(_ROWS, {"ws": workspace_id, "ids": [r[2] for r in ranked], "n": prefix_chars})
     rows = {r[0]: r for r in await cur.fetchall()}
-    return [LayerRow(r[0], r[1], r[2], r[3], float(r[4]), r[5], r[6], r[7])
+    return [LayerRow(r[0], r[1], r[2], r[3], float(r[4]), r[5], r[6], r[7], bool(r[8]))
             for r in (rows[did] for _, _, did in ranked if did in rows)]

@@ -146,3 +146,15 @@ def test_a_room_of_minor_drawers_never_pushes_out_a_more_important_one() -> None
     assert text.index("[w/a]") < text.index("[w/b]"), "rooms still by their most important drawer"
     dropped = [d for d in [*a, b] if d not in shown]
     assert dropped and max(d.importance for d in dropped) <= min(d.importance for d in shown)
+
+
+def test_a_snippet_of_a_prefix_says_the_drawer_goes_on() -> None:
+    """Only the first 400 characters are read; indented text collapsed under the limit and showed no "…",
+    as if the drawer ended there (a port of 5432 read as 54)."""
+    from shared.db.layers import LayerRow
+    from shared.layers import _layer_drawer
+
+    prefix = "db:\n    host: example\n    port: 54"
+    for longer in (True, False):
+        d = _layer_drawer(LayerRow("a" * 32, prefix, "w", "r", 1.0, None, None, datetime.now(UTC), longer), 200)
+        assert d.snippet.endswith("…") is longer and len(d.snippet) <= 200
