@@ -29,10 +29,13 @@ from shared.memory.citations import snippet
 from shared.memory.episodes import STOPWORDS
 from shared.recall import Recaller
 
-__all__ = ["DEFAULT_TOKEN_BUDGET", "MIN_MEANINGFUL_WORDS", "Injection", "approx_tokens", "as_data",
+__all__ = ["DEFAULT_TOKEN_BUDGET", "MIN_MEANINGFUL_WORDS", "MIN_TOKEN_BUDGET", "Injection", "approx_tokens", "as_data",
            "build_block", "inject", "meaningful_words"]
 
 DEFAULT_TOKEN_BUDGET = 200
+# The empty block and one citation take about 17 tokens and a hit is cut no shorter than 12: a smaller
+# budget could never inject anything.
+MIN_TOKEN_BUDGET = 32
 MIN_MEANINGFUL_WORDS = 3
 SEARCH_K = 10
 OPEN, CLOSE = "<memory_context>", "</memory_context>"

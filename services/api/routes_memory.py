@@ -14,7 +14,7 @@ from pydantic import BaseModel, Field
 
 from services.api.deps import PoolDep, RecallerDep, _caller
 from shared.events.models import PlaceName, WorkspaceId
-from shared.inject import DEFAULT_TOKEN_BUDGET, inject
+from shared.inject import DEFAULT_TOKEN_BUDGET, MIN_TOKEN_BUDGET, inject
 from shared.layers import (
     IDENTITY_MAX,
     IdentityTooLong,
@@ -99,7 +99,8 @@ class RecallResponse(BaseModel):
 class InjectRequest(BaseModel):
     workspace_id: WorkspaceId
     message: str = Field(min_length=1, max_length=4000, description="The user's message, verbatim.")
-    token_budget: int = Field(DEFAULT_TOKEN_BUDGET, ge=16, le=8000, description="Most tokens the block may hold.")
+    token_budget: int = Field(DEFAULT_TOKEN_BUDGET, ge=MIN_TOKEN_BUDGET, le=8000,
+                              description="Most tokens the block may hold.")
     threshold: float | None = Field(None, ge=0.0, le=1.0, description="Least 0–1 relevance injected; default: the "
                                     "server's (PALACE_INJECT_THRESHOLD).")
 

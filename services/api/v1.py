@@ -64,8 +64,11 @@ class EpisodeOut(BaseModel):
 class SearchResponse(BaseModel):
     workspace_id: str
     query: str
-    hits: list[SearchHit] = Field(description="Best first. `dense` and `text` are the two signals, each "
-                                  "min-max normalised over the candidates; `score` is the fused rank.")
+    hits: list[SearchHit] = Field(description="Best first by `score`, each drawer's 0–1 relevance on the same "
+                                  "scale for every query and workspace (a threshold can use it: auto-inject's is "
+                                  "PALACE_INJECT_THRESHOLD). `dense` (the vector match, on a fixed cosine band) and "
+                                  "`text` (the full-text match) are the two signals on 0–1; `explanation` says "
+                                  "what each signal added.")
     episodes: list[EpisodeOut] | None = Field(None, description="With include_episodes: the nearest built, "
                                               "unexpired episodes, best first (null otherwise).")
 

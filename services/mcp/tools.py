@@ -30,7 +30,7 @@ from pydantic import BaseModel, Field
 from shared.db import kg
 from shared.db.tenancy import workspace_tx
 from shared.events.models import PlaceName
-from shared.inject import DEFAULT_TOKEN_BUDGET, inject
+from shared.inject import DEFAULT_TOKEN_BUDGET, MIN_TOKEN_BUDGET, inject
 from shared.layers import L1_BUDGET, LayerDrawer, wake_up
 from shared.limits import EPISODES_K_MAX, IDENTIFIER_MAX, KG_FACTS_MAX, SEARCH_K_MAX
 from shared.memory.kg import Fact, KgError, KgStats, TripleAdded
@@ -343,8 +343,8 @@ async def memory_inject(
     ctx: Context,
     message: Annotated[str, Field(min_length=1, max_length=4000, description="The user's latest message, "
                                   "verbatim.")],
-    token_budget: Annotated[int, Field(ge=16, le=8000, description="Most tokens the block may take, tags "
-                                       "included.")] = DEFAULT_TOKEN_BUDGET,
+    token_budget: Annotated[int, Field(ge=MIN_TOKEN_BUDGET, le=8000, description="Most tokens the block may "
+                                       "take, tags included.")] = DEFAULT_TOKEN_BUDGET,
     threshold: Annotated[float | None, Field(ge=0.0, le=1.0, description="Least 0–1 relevance a memory needs to "
                                              "be injected; default: the server's (PALACE_INJECT_THRESHOLD).")] = None,
 ) -> InjectOut:
@@ -358,7 +358,7 @@ async def memory_inject(
     except ValueError as e:
         raise OperationError(str(e)) from e
     return InjectOut(block=i.block, tokens=i.tokens, match_count=i.match_count, injected_count=i.injected_count,
-                     top_score=round(i.top_score, 4), skipped=i.skipped, citations=list(i.citations),
+                     top_score=i.top_score, skipped=i.skipped, citations=list(i.citations),
                      threshold=i.threshold)
 
 
