@@ -34,7 +34,8 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-backg
                  "--disable-component-update", "--disable-sync", "--no-first-run"]
 SCREENSHOT = Path(__file__).resolve().parents[1] / "artifacts" / "palace-browser.png"
 
-TARGET = ("We decided the billing service deploys only after the canary stage passes, never on Friday "
+# The emoji: positions in a message are counted in characters, a JS string in UTF-16 units.
+TARGET = ("🚀🚀 We decided the billing service deploys only after the canary stage passes, never on Friday "
           "evenings, and the rollback plan is written down first.")
 HOSTILE = ('My note has <b>bold</b> markup and <img src=x onerror="window.__pwned=1"> inside it, '
            "which must show as plain text in the browser.")
@@ -135,7 +136,7 @@ def test_browse_search_and_delete_in_chromium(stack: Stack, chromium: str, authe
             # Provenance: the raw session and its messages, the source one marked with its chunk.
             expect(detail.locator(".session-id")).to_have_text("s-browser-1")
             expect(detail.locator(".provenance .msg.source .msg-text")).to_contain_text("canary stage passes")
-            expect(detail.locator(".provenance .msg.source mark.chunk")).to_contain_text("billing service deploys")
+            expect(detail.locator(".provenance .msg.source mark.chunk")).to_have_text(TARGET)  # all of it
             expect(detail.locator(".provenance .msg")).to_have_count(len(TEXTS))  # ±2 turns around seq 1
             # History: what the pipeline recorded about this drawer (classification at least).
             history = detail.locator(".history tbody tr")

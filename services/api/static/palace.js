@@ -136,13 +136,25 @@ function drawerCard(d, opts) {
     opts && opts.extra ? opts.extra : null);
 }
 
+let roomRequests = 0;  // the latest room page asked for: an answer to an earlier one is dropped
+
 async function openRoom(wing, room, more) {
+  const asked = ++roomRequests;
   if (!more) state.after = null;
   state.room = { wing, room };
   state.query = null;
   const q = new URLSearchParams({ wing, room, limit: String(PAGE) });
   if (more && state.after) q.set("after", state.after);
-  const page = await api(wsPath() + "/drawers?" + q);
+  const pending = more ? $("list").querySelector("button.more") : null;
+  if (pending) pending.disabled = true;  // a second click would ask for the same page again
+  let page;
+  try {
+    page = await api(wsPath() + "/drawers?" + q);
+  } finally {
+    if (pending && asked === roomRequests) pending.disabled = false;
+  }
+  // Another room (or page) was asked for meanwhile: this answer belongs under no heading shown now.
+  if (asked !== roomRequests) return;
   state.after = page.next;
   const section = $("list");
   let items = section.querySelector("ol.cards");
@@ -219,17 +231,21 @@ function dl(pairs) {
   return list;
 }
 
-/** A raw message with the drawer's chunk(s) of it marked (char positions from drawer_sources). */
+/** A raw message with the drawer's chunk(s) of it marked. drawer_sources counts characters as Python does
+ * (code points); a JS string slices UTF-16 units, so an emoji before a chunk moved its mark, and could
+ * split a surrogate pair. The text is sliced as code points. */
 function messageText(content, spans) {
   const p = el("p", { class: "msg-text" });
-  const good = spans.filter(([a, b]) => b > a && a >= 0 && b <= content.length).sort((x, y) => x[0] - y[0]);
+  const chars = Array.from(content);
+  const part = (a, b) => chars.slice(a, b).join("");
+  const good = spans.filter(([a, b]) => b > a && a >= 0 && b <= chars.length).sort((x, y) => x[0] - y[0]);
   let last = 0;
   for (const [a, b] of good) {
     if (a < last) continue;
-    p.append(content.slice(last, a), el("mark", { class: "chunk" }, content.slice(a, b)));
+    p.append(part(last, a), el("mark", { class: "chunk" }, part(a, b)));
     last = b;
   }
-  p.append(content.slice(last));
+  p.append(part(last, chars.length));
   return p;
 }
 
