@@ -281,18 +281,15 @@ def schemas(check: Annotated[bool, typer.Option(help="Fail if schemas/ differs f
         console.print(str(readme))
 
 
-async def _publish_all(s: Settings, nats_url: str, events: list[dict[str, Any]]) -> list[str]:
+async def _publish_all(s: Settings, nats_url: str, encoded: list[tuple[Any, bytes]]) -> list[str]:
     from palace_sdk._events import publish_encoded
-    from shared.events import SessionCompleted
     from shared.nats_client import connect
 
     nc = await connect(s, nats_url, connect_timeout=5, max_reconnect_attempts=3)
     try:
         ids = []
-        for ev in events:
-            model = SessionCompleted.model_validate_json(json.dumps(ev))
-            await publish_encoded(nc, model, model.model_dump_json(exclude_none=True).encode(), s.stream_name,
-                                  _JS_ACK_WAIT_S)
+        for model, data in encoded:
+            await publish_encoded(nc, model, data, s.stream_name, _JS_ACK_WAIT_S)
             ids.append(model.event_id or "")
         return ids
     finally:
@@ -300,13 +297,28 @@ async def _publish_all(s: Settings, nats_url: str, events: list[dict[str, Any]])
 
 
 @app.command()
-def publish(file: Annotated[Path, typer.Argument(help="JSON file: one session.completed event or a list.")]) -> None:
-    """Validate and publish session.completed events from a file."""
+def publish(file: Annotated[Path, typer.Argument(help="JSON file: one session.completed event or a list.",
+                                                 exists=True, dir_okay=False, readable=True)]) -> None:
+    """Validate and publish session.completed events from a file: all of them are checked (schema and
+    size, as the SDK does) before the first is sent, so a bad one in a list publishes none."""
+    from palace_sdk._events import encode_session
+    from palace_sdk.errors import EventInvalid
+
     s = _settings()
-    _, nats_url = _urls(s, database=False)
-    data = json.loads(file.read_text())
+    try:
+        data = json.loads(file.read_text())
+    except (ValueError, UnicodeDecodeError) as e:
+        raise typer.BadParameter(f"{file} is not JSON: {e}", param_hint="FILE") from None
     events = data if isinstance(data, list) else [data]
-    ids = asyncio.run(_publish_all(s, nats_url, events))
+    encoded = []
+    for n, ev in enumerate(events, start=1):
+        try:
+            encoded.append(encode_session(ev, s.max_event_bytes))
+        except EventInvalid as e:
+            Console(stderr=True).print(f"[red]event {n} of {len(events)}: {e}[/red]\nnothing was published")
+            raise typer.Exit(1) from None
+    _, nats_url = _urls(s, database=False)
+    ids = asyncio.run(_publish_all(s, nats_url, encoded))
     console.print(f"published {len(ids)} event(s)")
 
 
@@ -830,7 +842,9 @@ def demo(keep: Annotated[bool, typer.Option(help="Leave the stack running afterw
         with console.status("starting services: " + ", ".join(sup.services) + " ..."):
             sup.wait_healthy()
         console.print(f"[green]✓[/green] services healthy: {', '.join(sup.services)}")
-        asyncio.run(_publish_all(s, sup.nats_url, DEMO_SESSIONS))
+        from palace_sdk._events import encode_session
+
+        asyncio.run(_publish_all(s, sup.nats_url, [encode_session(ev, s.max_event_bytes) for ev in DEMO_SESSIONS]))
         console.print(f"[green]✓[/green] published {len(DEMO_SESSIONS)} session.completed events "
                       f"({sum(len(x['messages']) for x in DEMO_SESSIONS)} messages)")
         api = f"http://127.0.0.1:{s.api_port}"
