@@ -349,26 +349,27 @@ def search(
     episodes_k: Annotated[int, typer.Option("--episodes-k", min=1, max=EPISODES_K_MAX, help="Episodes at most.")] = 3,
     api: Annotated[str | None, typer.Option(help="Use a running API (e.g. http://127.0.0.1:8080).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
+    key: Annotated[str | None, typer.Option("--key", envvar="PALACE_API_KEY", show_envvar=False,
+                                            help="With --api: the workspace's API key (default: PALACE_API_KEY).")]
+    = None,
 ) -> None:
     """Hybrid search within one workspace; prints a table (and one of episodes with --episodes)."""
+    import dataclasses
+
     s = _settings()
     found: list[Any] | None = None
     if api:
-        import httpx
-
-        body: dict[str, Any] = {"workspace_id": workspace, "query": query, "k": k}
-        if episodes:
-            body.update(include_episodes=True, episodes_k=episodes_k)
-        r = httpx.post(f"{api}/v1/search", json=body, timeout=30)
-        r.raise_for_status()
-        hits: list[Any] = r.json()["hits"]
-        found = r.json().get("episodes")
+        # Through the SDK: the key goes along, and a refusal is one line, not a traceback.
+        result = _sdk(lambda: _client(workspace, api, key).search(query, k, include_episodes=episodes,
+                                                                  episodes_k=episodes_k))
+        hits: list[Any] = [h.model_dump(mode="json") for h in result.hits]
+        found = [e.model_dump(mode="json") for e in result.episodes or []]
     else:
         rec = asyncio.run(_local_search(s, workspace, query, k, episodes_k if episodes else 0))
         hits, found = rec.hits, rec.episodes
     if as_json:
-        def plain(x: Any) -> Any:
-            return x if isinstance(x, dict) else x.__dict__
+        def plain(x: Any) -> Any:  # the same JSON either way: the explanation an object, not its repr
+            return x if isinstance(x, dict) else dataclasses.asdict(x)
         out: Any = [plain(h) for h in hits]
         if episodes:
             out = {"hits": out, "episodes": [plain(e) for e in found or []]}

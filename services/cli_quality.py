@@ -89,13 +89,23 @@ def quality(
     workspace: Annotated[str, typer.Option("--workspace", "-w", help="Workspace to report on.")],
     api: Annotated[str | None, typer.Option(help="Use a running API (e.g. http://127.0.0.1:8080).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")] = False,
+    key: Annotated[str | None, typer.Option("--key", envvar="PALACE_API_KEY", show_envvar=False,
+                                            help="With --api: the workspace's API key (default: PALACE_API_KEY).")]
+    = None,
 ) -> None:
     """What the store is made of: drawers by type and tier, noise, merges, supersessions, failures, LLM cost."""
     if api:
         import httpx
 
-        r = httpx.get(f"{api}/v1/workspaces/{workspace}/quality", timeout=30)
-        r.raise_for_status()
+        try:
+            r = httpx.get(f"{api}/v1/workspaces/{workspace}/quality", timeout=30,
+                          headers={"Authorization": f"Bearer {key}"} if key else None)
+        except httpx.TransportError as e:
+            Console(stderr=True).print(f"[red]the API at {api} is not reachable ({type(e).__name__})[/red]")
+            raise typer.Exit(1) from None
+        if r.status_code != 200:
+            Console(stderr=True).print(f"[red]refused ({r.status_code}): {r.text[:300]}[/red]")
+            raise typer.Exit(1)
         report = r.json()
     else:
         report = asyncio.run(_report(workspace))

@@ -297,3 +297,24 @@ def test_room_pages_use_their_index(stack: Stack) -> None:
             plan = "\n".join(r[0] for r in rows)
             assert "drawers_room_pages" in plan and "Sort" not in plan, plan
         conn.rollback()
+
+
+def test_the_cli_reads_an_authenticated_api_with_its_key(stack: Stack, authed_api: str) -> None:
+    """`palace search --api` and `palace quality --api` sent no key: against an api with authentication on
+    (any beyond loopback) they always ended in a 401 traceback."""
+    from typer.testing import CliRunner
+
+    from services.cli import app
+
+    w = ws()
+    key = api_key_for(stack, w, "cli-test")
+    stack.publish(session(w, "s-cli", ["The staging database is refreshed from production every Sunday."]))
+    stack.processed_drawer(w, "The staging database is refreshed from production every Sunday.")
+    runner = CliRunner()
+    for args in (["search", "staging database", "-w", w, "--api", authed_api, "--json"],
+                 ["quality", "-w", w, "--api", authed_api, "--json"]):
+        r = runner.invoke(app, args, env={"PALACE_API_KEY": key})
+        assert r.exit_code == 0 and (args[0] != "search" or "staging" in r.output), r.output
+        r = runner.invoke(app, args, env={"PALACE_API_KEY": ""})
+        assert r.exit_code == 1 and isinstance(r.exception, SystemExit | None), r.output  # a line, no traceback
+        assert "401" in r.output or "refused" in r.output, r.output

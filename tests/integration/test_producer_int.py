@@ -189,3 +189,4 @@ def test_search_with_episodes_prints_them_under_the_hits(stack: Stack) -> None:
         as_json = json.loads(palace(stack, "search", "which database for Orion", "--workspace", w, *where,
                                     "--episodes", "--episodes-k", "1", "--json"))
         assert [e["session_id"] for e in as_json["episodes"]] == ["orion-db"] and as_json["hits"]
+        assert isinstance(as_json["hits"][0]["explanation"], dict), "an object either way, not a repr"
