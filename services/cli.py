@@ -515,7 +515,16 @@ app.add_typer(apikey_app, name="apikey")
 def apikey_create(workspace: Annotated[str, typer.Option("--workspace", "-w", help="Workspace the key may use.")],
                   name: Annotated[str | None, typer.Option(help="A label for the key.")] = None) -> None:
     """Create an API key for one workspace and print it (it cannot be shown again)."""
+    from pydantic import TypeAdapter, ValidationError
+
     from shared.db.apikeys import create_api_key
+    from shared.events.models import WorkspaceId
+
+    try:  # a key for an id the api refuses as a workspace could never be used
+        TypeAdapter(WorkspaceId).validate_python(workspace)
+    except ValidationError:
+        raise typer.BadParameter(f"{workspace!r} is not a workspace id: 1-128 characters of [A-Za-z0-9._:@-], "
+                                 "starting with a letter or digit", param_hint="--workspace") from None
     from shared.db.pool import open_pool
     from shared.db.tenancy import workspace_tx
 
