@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 from shared.config import Settings
 
@@ -25,8 +26,10 @@ def resolve_urls(settings: Settings, *, database: bool = True, nats: bool = True
         state = json.loads(state_file.read_text())
     except (FileNotFoundError, json.JSONDecodeError):
         state = {}
-    db = db or state.get("database_url")
-    bus = bus or state.get("nats_url")
+    # A state file outlives its servers (a kill, a reboot, a stop that left its URLs): only servers whose
+    # processes still run count, or every command would retry a dead address for minutes.
+    db = db or (state.get("database_url") if _postmaster_alive(settings) else None)
+    bus = bus or (state.get("nats_url") if _alive(state.get("nats_pid")) else None)
     missing = [name for name, want, got in (("PALACE_DATABASE_URL", database, db), ("PALACE_NATS_URL", nats, bus))
                if want and not got]
     if missing:
@@ -35,3 +38,23 @@ def resolve_urls(settings: Settings, *, database: bool = True, nats: bool = True
             "start it with 'palace up' (or 'palace stack start')"
         )
     return db or "", bus or ""
+
+
+def _alive(pid: object) -> bool:
+    """Whether a process with this pid runs (signal 0 checks without signalling)."""
+    try:
+        os.kill(int(pid), 0)  # type: ignore[call-overload]
+    except (TypeError, ValueError, ProcessLookupError):
+        return False
+    except PermissionError:
+        return True  # someone else's process: it runs
+    return True
+
+
+def _postmaster_alive(settings: Settings) -> bool:
+    """The embedded PostgreSQL's postmaster (its pid file's first line) runs."""
+    try:
+        first = (settings.devstack_dir / "pg" / "data" / "postmaster.pid").read_text().splitlines()[0]
+    except (FileNotFoundError, IndexError, NotADirectoryError):
+        return False
+    return _alive(first)

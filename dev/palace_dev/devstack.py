@@ -338,7 +338,7 @@ class DevStack:
         finally:
             # Whatever failed above, never leave PostgreSQL running behind a "stopped" stack.
             self.stop_postgres()
-            self.write_state(database_url=None, owner_pid=None)
+            self.write_state(database_url=None, nats_url=None, owner_pid=None)
 
     def as_dict(self) -> dict[str, object]:
         info = self.info()
