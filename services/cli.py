@@ -90,6 +90,10 @@ def up(services: ServicesOpt = "all", log_dir: Annotated[Path, typer.Option(help
 
     s = _settings()
     names = ALL_SERVICES if services == "all" else [n.strip() for n in services.split(",") if n.strip()]
+    unknown = [n for n in names if n not in ALL_SERVICES]
+    if unknown or not names:
+        raise typer.BadParameter(f"unknown service(s) {', '.join(unknown) or '(none given)'}; "
+                                 f"choose from {', '.join(ALL_SERVICES)} or 'all'", param_hint="--services")
     sup = Supervisor(s, services=names, log_dir=log_dir)
     stopping = False
 
@@ -99,19 +103,24 @@ def up(services: ServicesOpt = "all", log_dir: Annotated[Path, typer.Option(help
 
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
-    with console.status("starting PostgreSQL and NATS ..."):
-        sup.start_servers()
-    console.print(f"[green]database[/green] {sup.database_url}\n[green]nats[/green]     {sup.nats_url}")
-    sup.start_services()
-    with console.status("waiting for services to report ready ..."):
-        sup.wait_healthy()
-    console.print(_services_table(sup.endpoints()))
-    console.print(f"[green]ready.[/green] API http://{s.api_host}:{s.api_port} (docs at /docs) · "
-                  f"NATS {sup.nats_url} · logs in {log_dir}. Ctrl-C to stop.", soft_wrap=True)
+    # Everything started is stopped on the way out, a start-up that failed or was interrupted included.
     try:
+        with console.status("starting PostgreSQL and NATS ..."):
+            sup.start_servers()
+        console.print(f"[green]database[/green] {sup.database_url}\n[green]nats[/green]     {sup.nats_url}")
+        sup.start_services()
+        with console.status("waiting for services to report ready ..."):
+            sup.wait_healthy()
+        console.print(_services_table(sup.endpoints()))
+        console.print(f"[green]ready.[/green] API http://{s.api_host}:{s.api_port} (docs at /docs) · "
+                      f"NATS {sup.nats_url} · logs in {log_dir}. Ctrl-C to stop.", soft_wrap=True)
         while not stopping:
             sup.poll()
             time.sleep(0.5)
+    except RuntimeError as e:  # a server or service that would not start (or Ctrl-C meanwhile)
+        if not stopping:
+            console.print(Text(f"palace up: {e}", style="red"))
+            raise typer.Exit(1) from None
     finally:
         with console.status("draining services and stopping servers ..."):
             sup.stop()
@@ -125,7 +134,11 @@ def stack_start() -> None:
     from palace_dev.devstack import DevStack
 
     s = _settings()
-    info = DevStack(s.devstack_dir).start()
+    try:
+        info = DevStack(s.devstack_dir).start()
+    except RuntimeError as e:  # in use by another process, or a server that would not start
+        console.print(Text(f"palace stack start: {e}", style="red"))
+        raise typer.Exit(1) from None
     from shared.db.migrate import apply_migrations
 
     apply_migrations(info.database_url, s.embed_dim)
@@ -879,6 +892,9 @@ def demo(keep: Annotated[bool, typer.Option(help="Leave the stack running afterw
             console.print("stack left running; 'palace stack stop' stops the servers")
             sup.children.clear()
             sup.stack = None
+    except RuntimeError as e:  # a stack run by another process, a taken port, a service that would not start
+        console.print(Text(f"palace demo: {e}", style="red"))
+        raise typer.Exit(1) from None
     finally:
         if sup.children or sup.stack:
             with console.status("stopping ..."):

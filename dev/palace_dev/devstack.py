@@ -36,10 +36,14 @@ def _runtime_dir() -> str:
 if not os.environ.get("XDG_RUNTIME_DIR") or not Path(os.environ["XDG_RUNTIME_DIR"]).is_dir():
     os.environ["XDG_RUNTIME_DIR"] = _runtime_dir()
 
-__all__ = ["DevStack", "StackInfo", "nats_server_binary"]
+__all__ = ["DevStack", "StackInUse", "StackInfo", "nats_server_binary"]
 
 _PG_USER_AS_ROOT = "pgserver"  # postgres refuses to run as root; pgserver's convention
 
+
+
+class StackInUse(RuntimeError):
+    """Another live process runs the embedded stack of this directory."""
 
 @dataclass
 class StackInfo:
@@ -319,8 +323,26 @@ class DevStack:
                     _terminate(p, 10)
         self.write_state(service_pids={})
 
+    def running_owner(self) -> int | None:
+        """The pid of another live process that started this stack and still runs it (``palace up``, a
+        demo, a test session), else None: a second start would restart its servers underneath it."""
+        owner = self.read_state().get("owner_pid")
+        if not owner or int(owner) == os.getpid():  # type: ignore[call-overload]
+            return None
+        with contextlib.suppress(psutil.Error, ValueError, TypeError):
+            p = psutil.Process(int(owner))  # type: ignore[call-overload]
+            # A Python process (palace up, a demo, pytest): after a reboot the pid may be anyone's.
+            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE and "python" in Path(p.exe()).name.lower():
+                return int(owner)  # type: ignore[call-overload]
+        return None
+
     def start(self) -> StackInfo:
-        """Recover from any earlier crash, then start both servers."""
+        """Recover from any earlier crash, then start both servers. Refused while another live process
+        runs this stack (``running_owner``): its services would lose their servers mid-flight."""
+        owner = self.running_owner()
+        if owner is not None:
+            raise StackInUse(f"the stack in {self.root} is run by process {owner} (palace up, a demo or tests): "
+                             "stop that first, or use another directory (PALACE_DEVSTACK_DIR)")
         self.root.mkdir(parents=True, exist_ok=True)
         self.kill_recorded_services()
         db_url = self.start_postgres()

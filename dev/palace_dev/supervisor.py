@@ -26,6 +26,17 @@ from shared.logging import get_logger
 
 __all__ = ["ALL_SERVICES", "Supervisor", "free_port_block"]
 
+
+def _port_free(port: int) -> bool:
+    """Whether nothing listens on 127.0.0.1:``port`` (a bind succeeds)."""
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
 ALL_SERVICES = ["ingest", "embed", "classify", "cluster", "enrich", "maintain", "api"]
 log = get_logger("palace.supervisor")
 
@@ -87,8 +98,9 @@ class Supervisor:
         if s.database_url and s.nats_url:
             self.database_url, self.nats_url = s.database_url, s.nats_url
         else:
-            self.stack = DevStack(s.devstack_dir)
-            info = self.stack.start()
+            stack = DevStack(s.devstack_dir)
+            info = stack.start()
+            self.stack = stack  # only a stack this supervisor started is one it stops (not another's, in use)
             self.database_url = s.database_url or info.database_url
             self.nats_url = s.nats_url or info.nats_url
         applied = apply_migrations(self.database_url, s.embed_dim)
@@ -148,6 +160,11 @@ class Supervisor:
                                    services=self.endpoints())
 
     def start_services(self) -> None:
+        """Spawn every service (and its replicas). Refused when the api's port is taken: another server
+        answering /healthz there passed for ours, and `palace up` said ready pointing at the other one."""
+        if "api" in self.services and not _port_free(self.settings.api_port):
+            raise RuntimeError(f"port {self.settings.api_port} is in use (another Palace, or another program): "
+                               "stop it, or set PALACE_API_PORT")
         for name in self.services:
             self.spawn(name)
             if name not in ("api", "maintain"):

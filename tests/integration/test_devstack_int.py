@@ -38,3 +38,25 @@ def test_restart_after_sigkill_recovers_and_keeps_data(tmp_path: Path) -> None:
         st.stop()
     assert not st.pg_alive() and not st.nats_alive()
     assert not st._pg_leftovers()
+
+
+def test_a_stack_another_process_runs_is_not_restarted_under_it(tmp_path: Path) -> None:
+    """A second `palace up`, `palace demo` or `palace stack start` in the same checkout restarted the
+    servers of the one running (its services lost them mid-flight) and, on its way out, stopped them."""
+    import subprocess
+    import sys
+
+    root = tmp_path / "stack"
+    st = DevStack(root)
+    info = st.start()  # this process runs it
+    try:
+        env = {**os.environ, "PALACE_DEVSTACK_DIR": str(root)}
+        env.pop("PALACE_DATABASE_URL", None)
+        env.pop("PALACE_NATS_URL", None)
+        done = subprocess.run([sys.executable, "-m", "services.cli", "stack", "start"], env=env, capture_output=True,
+                              text=True, timeout=120)
+        assert done.returncode == 1 and f"run by process {os.getpid()}" in " ".join(done.stdout.split()), done
+        assert st.pg_alive() and st.nats_alive() and st._postmaster_pid() == DevStack(root)._postmaster_pid()
+        assert DevStack(root).info() == info, "the same servers, untouched"
+    finally:
+        st.stop()
