@@ -9,6 +9,7 @@ only. Both clients send the same requests (``palace_sdk._calls``) and return the
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any, Literal, TypeVar
 
 import httpx
@@ -54,7 +55,7 @@ def _need_nats(nats_url: str | None) -> str:
 
 class _Settings:
     def __init__(self, workspace: str, api_url: str, api_key: str | None, nats_url: str | None, stream: str,
-                 max_event_bytes: int, timeout: float) -> None:
+                 max_event_bytes: int, timeout: float, retries: int = 2) -> None:
         self.workspace = workspace
         self.api_url = api_url.rstrip("/")
         self.api_key = api_key
@@ -62,6 +63,23 @@ class _Settings:
         self.stream = stream
         self.max_event_bytes = max_event_bytes
         self.timeout = timeout
+        self.retries = max(0, retries)
+
+
+_RETRY_WAIT_MAX_S = 10.0
+
+
+def _retry_wait(response: httpx.Response) -> float | None:
+    """Seconds to wait before asking again, or None when asking again cannot help. 429 (over the rate
+    limit) and 503 (a dependency of the api unreachable for a moment) say when, in Retry-After; every call
+    the SDK makes is safe to repeat (reads, and writes keyed by deterministic ids)."""
+    if response.status_code not in (429, 503):
+        return None
+    try:
+        advised = float(response.headers.get("retry-after", "1"))
+    except ValueError:
+        advised = 1.0
+    return min(max(advised, 0.1), _RETRY_WAIT_MAX_S)
 
 
 # ----------------------------------------------------------------------------------------- async
@@ -104,12 +122,14 @@ class AsyncPalaceClient:
         api_url: the Palace API, e.g. ``http://127.0.0.1:8080``.
         api_key: the workspace's API key (``palace apikey create``), needed when the API authenticates.
         nats_url: the stack's NATS server, needed only by ``publish_session``.
+        retries: times a call refused with 429 or 503 is asked again, after the server's Retry-After
+            (at most 10 s); then the refusal is raised (``RateLimited``, ``ServerError``).
     """
 
     def __init__(self, workspace: str, api_url: str = "http://127.0.0.1:8080", *, api_key: str | None = None,
                  nats_url: str | None = None, stream: str = DEFAULT_STREAM,
-                 max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES, timeout: float = 30.0) -> None:
-        self._s = _Settings(workspace, api_url, api_key, nats_url, stream, max_event_bytes, timeout)
+                 max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES, timeout: float = 30.0, retries: int = 2) -> None:
+        self._s = _Settings(workspace, api_url, api_key, nats_url, stream, max_event_bytes, timeout, retries)
         self._http = httpx.AsyncClient(base_url=self._s.api_url, headers=_headers(api_key), timeout=timeout)
         self._nc: nats.NATS | None = None
         self._connecting = asyncio.Lock()
@@ -132,7 +152,12 @@ class AsyncPalaceClient:
             self._nc = None
 
     async def _run(self, call: calls.Call[M]) -> M:
-        response = await self._http.request(call.method, call.path, json=call.json, params=call.params)
+        for attempt in range(self._s.retries + 1):
+            response = await self._http.request(call.method, call.path, json=call.json, params=call.params)
+            wait = _retry_wait(response)
+            if wait is None or attempt == self._s.retries:
+                break
+            await asyncio.sleep(wait)
         return call.parse(response)
 
     async def publish_session(self, event: Event) -> Published:
@@ -230,8 +255,8 @@ class PalaceClient:
 
     def __init__(self, workspace: str, api_url: str = "http://127.0.0.1:8080", *, api_key: str | None = None,
                  nats_url: str | None = None, stream: str = DEFAULT_STREAM,
-                 max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES, timeout: float = 30.0) -> None:
-        self._s = _Settings(workspace, api_url, api_key, nats_url, stream, max_event_bytes, timeout)
+                 max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES, timeout: float = 30.0, retries: int = 2) -> None:
+        self._s = _Settings(workspace, api_url, api_key, nats_url, stream, max_event_bytes, timeout, retries)
         self._http = httpx.Client(base_url=self._s.api_url, headers=_headers(api_key), timeout=timeout)
         self.kg = Kg(self)
 
@@ -249,7 +274,13 @@ class PalaceClient:
         self._http.close()
 
     def _run(self, call: calls.Call[M]) -> M:
-        return call.parse(self._http.request(call.method, call.path, json=call.json, params=call.params))
+        for attempt in range(self._s.retries + 1):
+            response = self._http.request(call.method, call.path, json=call.json, params=call.params)
+            wait = _retry_wait(response)
+            if wait is None or attempt == self._s.retries:
+                break
+            time.sleep(wait)
+        return call.parse(response)
 
     def publish_session(self, event: Event) -> Published:
         """Validate a ``session.completed`` and publish it to JetStream (see AsyncPalaceClient)."""

@@ -82,3 +82,32 @@ def test_publishing_to_an_unreachable_nats_fails_fast_with_a_palace_error() -> N
         client.publish_session({"workspace_id": "w", "session_id": "s",
                                 "messages": [{"role": "user", "content": "hi"}]})
     assert isinstance(e.value, PalaceError) and time.monotonic() - t0 < 5
+
+
+@pytest.mark.parametrize("status", [429, 503])
+def test_a_refusal_that_says_when_to_ask_again_is_asked_again(status: int) -> None:
+    """429 and 503 come with Retry-After ("may work in a moment"); the SDK raised them at once."""
+    from palace_sdk import PalaceClient
+
+    answers = [httpx.Response(status, json={"detail": "busy"}, headers={"Retry-After": "0.1"}),
+               httpx.Response(200, json={"workspace_id": "w", "query": "q", "hits": []})]
+    asked: list[str] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        asked.append(request.url.path)
+        return answers[min(len(asked), len(answers)) - 1]
+
+    client = PalaceClient("w", "http://palace.test")
+    client._http = httpx.Client(base_url="http://palace.test", transport=httpx.MockTransport(handler))
+    assert client.search("q").hits == [] and len(asked) == 2
+    # Past its retries the refusal is raised; one that asking again cannot fix is raised at once.
+    answers[1] = answers[0]
+    asked.clear()
+    with pytest.raises(RateLimited if status == 429 else ServerError):
+        client.search("q")
+    assert len(asked) == 3
+    answers[0] = httpx.Response(422, json={"detail": "bad"})
+    asked.clear()
+    with pytest.raises(InvalidRequest):
+        client.search("q")
+    assert len(asked) == 1
