@@ -56,6 +56,17 @@ class StackInfo:
     nats_monitor_url: str | None = None
 
 
+def _port_available(port: int) -> bool:
+    """Whether nothing listens on 127.0.0.1:``port`` now (our own stopped server's port included)."""
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -270,8 +281,12 @@ class DevStack:
         """Start nats-server with JetStream (recovering first) and return its URL."""
         self.stop_nats()
         st = self.read_state()
-        port = self._nats_port or int(st.get("nats_port") or 0) or _free_port()  # type: ignore[call-overload]
-        mport = int(st.get("nats_monitor_port") or 0) or _free_port()  # type: ignore[call-overload]
+        # The ports of the last start, so a restart keeps its URL for the services reconnecting to it; unless
+        # another process took one meanwhile (every start would fail on it, until the state was edited).
+        saved = int(st.get("nats_port") or 0)  # type: ignore[call-overload]
+        port = self._nats_port or (saved if saved and _port_available(saved) else _free_port())
+        msaved = int(st.get("nats_monitor_port") or 0)  # type: ignore[call-overload]
+        mport = msaved if msaved and _port_available(msaved) else _free_port()
         self.nats_dir.mkdir(parents=True, exist_ok=True)
         conf = self.nats_dir / "nats.conf"
         conf.write_text(

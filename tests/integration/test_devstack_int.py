@@ -60,3 +60,22 @@ def test_a_stack_another_process_runs_is_not_restarted_under_it(tmp_path: Path) 
         assert DevStack(root).info() == info, "the same servers, untouched"
     finally:
         st.stop()
+
+
+def test_a_nats_port_taken_while_the_stack_was_down_is_replaced(tmp_path: Path) -> None:
+    """The saved port is reused so a restart keeps its URL; when another process took it meanwhile, every
+    start failed ("nats-server exited") until someone edited the state file or deleted the data."""
+    import socket
+
+    st = DevStack(tmp_path / "stack")
+    first = st.start().nats_url
+    st.stop()
+    port = int(first.rsplit(":", 1)[1])
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", port))
+        squatter.listen()
+        try:
+            again = st.start().nats_url
+            assert again != first and st.nats_alive()
+        finally:
+            st.stop()
