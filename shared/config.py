@@ -79,7 +79,8 @@ class Settings(BaseSettings):
         "answers in minutes) never has its message redelivered and run twice at once.",
     )
     max_ack_pending: int = Field(256, description="Un-acked messages a consumer may hold (backpressure).")
-    fetch_batch: int = Field(16, description="Messages per batch of a batch consumer (embed).")
+    fetch_batch: int = Field(16, description="Messages per batch of a batch consumer (embed, classify, "
+                             "cluster-entities, enrich-kg).")
     event_loop: Literal["uvloop", "asyncio"] = Field(
         "uvloop", description="The worker services' event loop: uvloop (libuv; less CPU per database round trip and "
         "per message) or the standard library's asyncio.",

@@ -120,7 +120,7 @@ class Event(BaseModel):
 
     def dedup_headers(self) -> dict[str, str]:
         """The publish headers that make JetStream store a retried publish of this event once (within
-        PALACE_DEDUP_WINDOW_S): ``Nats-Msg-Id`` = ``<subject>:<workspace_id>/<event_id>``. The workspace
+        PALACE_DUPLICATE_WINDOW_S): ``Nats-Msg-Id`` = ``<subject>:<workspace_id>/<event_id>``. The workspace
         is part of it because a producer chooses its event ids: two tenants' sessions under one id (a
         counter, a conversation id) were one message to JetStream, and the second was dropped as a
         repeat. ``/`` is never in a workspace id, so the id reads back unambiguously. Every publisher of

@@ -80,11 +80,18 @@ class Stack:
         r.raise_for_status()
         return r.json()["hits"]  # type: ignore[no-any-return]
 
-    def wait_processed(self, workspace: str, n_drawers: int, timeout: float = 60) -> None:
+    def wait_processed(self, workspace: str, n_drawers: int, timeout: float = 60, *, failed_ok: bool = False) -> None:
+        """Wait until the workspace holds ``n_drawers`` drawers and none is raw. A failed drawer fails the
+        wait at once unless ``failed_ok``: counted as done, it let a test whose pipeline broke every drawer
+        (maintain fails drawers stuck raw within seconds here) pass on counts alone."""
         def done() -> bool:
             rows = self.sql("SELECT state, count(*) FROM drawers WHERE workspace_id = %s GROUP BY state",
                             (workspace,))
             by = dict(rows)
+            if by.get("failed") and not failed_ok:
+                why = self.sql("SELECT DISTINCT failure_reason FROM drawers WHERE workspace_id = %s"
+                               " AND state = 'failed' LIMIT 3", (workspace,))
+                raise AssertionError(f"{by['failed']} drawer(s) of {workspace} failed: {[r[0] for r in why]}")
             return sum(by.values()) >= n_drawers and not by.get("raw")
         wait_for(done, timeout, f"{n_drawers} processed drawers in {workspace}")
 

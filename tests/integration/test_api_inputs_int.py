@@ -12,7 +12,7 @@ from services.api.app import create_app
 from shared.config import Settings
 from shared.memory.citations import cite
 from shared.security import generate_key
-from tests.integration.helpers import Stack, api_key_for, session, ws
+from tests.integration.helpers import Stack, api_key_for, session, wait_for, ws
 
 pytestmark = pytest.mark.integration
 
@@ -67,6 +67,9 @@ def test_sessions_ingest_would_refuse_are_refused_before_publishing(stack: Stack
         r = c.post("/v1/sessions", json={**event, "session_id": "too-big"})
         assert r.status_code == 413 and "split it" in r.json()["detail"], r.text
         assert c.post("/v1/sessions", json={**event, "session_id": "fits", "messages": msgs[:3]}).status_code == 202
+    # Once the session published after them is stored, one of them published anyway would be too.
+    wait_for(lambda: stack.sql("SELECT count(*) FROM sessions WHERE workspace_id = %s", (w,))[0][0] >= 1, 60,
+             "the session that fits")
     assert stack.sql("SELECT count(*) FROM sessions WHERE workspace_id = %s AND session_id <> 'fits'", (w,)) == [(0,)]
 
 

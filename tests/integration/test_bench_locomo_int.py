@@ -55,7 +55,7 @@ def test_bench_locomo_on_a_tiny_file(stack: Stack, tmp_path: Path) -> None:
     assert len(systems) == 4 and any(name.startswith("plain fusion") for name in systems)
     palace = next(v for name, v in systems.items() if name.startswith("Palace"))
     assert palace["query_embedding_p50_ms"] > 0
-    assert palace["graph_deadlines_hit"] >= 0 and "graph lookups cut off" in r.stdout
+    assert isinstance(palace["graph_deadlines_hit"], int) and "graph lookups cut off" in r.stdout
     # Every question's ranked turns, so two runs can be compared question by question.
     rows = json.loads(per_q.read_text())
     assert [(q["sample_id"], q["qi"]) for q in rows] == [("tiny-1", 0), ("tiny-1", 1), ("tiny-1", 2)]

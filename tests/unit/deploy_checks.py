@@ -8,11 +8,7 @@ import typer
 
 from services.cli import app as palace_app
 
-__all__ = ["PENDING_SETTINGS", "check_command"]
-
-# Settings announced in issue 17 and being added to shared/config.py on other branches. A test fails once
-# one of them exists there (test_deploy_compose.py), so each is removed from this set when it lands.
-PENDING_SETTINGS: set[str] = set()
+__all__ = ["check_command"]
 
 
 def check_command(argv: list[str]) -> str:

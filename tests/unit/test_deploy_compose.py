@@ -13,7 +13,7 @@ import yaml
 from compose_spec import PyCompose
 
 from shared.config import Settings
-from tests.unit.deploy_checks import PENDING_SETTINGS, check_command
+from tests.unit.deploy_checks import check_command
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "docker-compose.yml"
@@ -85,7 +85,7 @@ def test_every_service_runs_a_command_that_exists_after_the_migration() -> None:
 
 def test_configuration_is_palace_settings_and_the_api_requires_keys() -> None:
     svc = _services()
-    known = _setting_names() | PENDING_SETTINGS
+    known = _setting_names()
     for name in [*SERVICES, "migrate"]:
         env = svc[name]["environment"]
         unknown = {k for k in env if k.startswith("PALACE_")} - known
@@ -102,10 +102,6 @@ def test_configuration_is_palace_settings_and_the_api_requires_keys() -> None:
     for port in svc["api"]["ports"]:
         assert port.startswith("127.0.0.1:"), "published ports stay on the host's loopback"
 
-
-def test_pending_settings_are_not_yet_declared() -> None:
-    landed = PENDING_SETTINGS & _setting_names()
-    assert not landed, f"declared in shared/config.py now: remove {sorted(landed)} from PENDING_SETTINGS"
 
 
 def test_prometheus_scrapes_every_service_and_grafana_gets_the_dashboard() -> None:

@@ -23,7 +23,7 @@ import yaml
 
 from shared.config import Settings
 from shared.consumers import consumers_of
-from tests.unit.deploy_checks import PENDING_SETTINGS, check_command
+from tests.unit.deploy_checks import check_command
 
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "deploy" / "k8s"
@@ -155,7 +155,7 @@ def test_a_deployment_per_service_with_probes_resources_and_a_drain(overlay: str
 def test_configuration_from_configmap_secrets_from_secret(overlay: str) -> None:
     docs = render(overlay)
     config = next(iter(_of(docs, "ConfigMap").values()))
-    known = {f"PALACE_{n.upper()}" for n in Settings.model_fields} | PENDING_SETTINGS
+    known = {f"PALACE_{n.upper()}" for n in Settings.model_fields}
     assert set(config["data"]) <= known, set(config["data"]) - known
     assert not {k for k in config["data"] if re.search(r"URL$|KEY|PASSWORD|TOKEN", k) and "NATS_URL" not in k}, \
         "secrets belong in the Secret"
@@ -294,6 +294,8 @@ def test_every_pod_at_full_scale_gets_its_database_connections(overlay: str) -> 
     pool_max = int(config.get("PALACE_DB_POOL_MAX", Settings().db_pool_max))
     scaled = {so["spec"]["scaleTargetRef"]["name"]: so["spec"]["maxReplicaCount"]
               for so in _of(docs, "ScaledObject").values()}
+    scaled |= {h["spec"]["scaleTargetRef"]["name"]: h["spec"]["maxReplicas"]
+               for h in _of(docs, "HorizontalPodAutoscaler").values()}
     pods = sum(scaled.get(name, d["spec"].get("replicas", 1)) for name, d in _of(docs, "Deployment").items())
     pods += len(_of(docs, "Job"))  # the migration
     pg = yaml.safe_load((K8S / "dependencies" / "postgres.values.yaml").read_text())

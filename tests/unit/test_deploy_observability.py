@@ -28,11 +28,6 @@ SYNTHETIC = {"up": {"job", "instance", "service"}}
 # Labels the scrape adds to every series (prometheus.yml: job, instance; the target's `service`).
 TARGET_LABELS = {"job", "instance", "service"}
 
-# Announced in issue 17 and being added to shared/metrics.py on other branches. The test fails as soon as
-# one of them is declared there, so each line is deleted when its metric lands and the set cannot go stale.
-PENDING: dict[str, tuple[str, set[str]]] = {}
-
-
 def _family_samples(name: str, kind: str) -> list[str]:
     """The sample names a metric family exposes (prometheus_client strips `_total` from counter names)."""
     if kind == "counter":
@@ -58,9 +53,6 @@ def _declared() -> dict[str, set[str]]:
 def _known() -> dict[str, set[str]]:
     known = dict(SYNTHETIC)
     known.update(_declared())
-    for name, (kind, labels) in PENDING.items():
-        for sample in _family_samples(name, kind):
-            known[sample] = labels | ({"le"} if sample.endswith("_bucket") else set())
     return known
 
 
@@ -153,10 +145,6 @@ def test_the_selector_parser_catches_an_unknown_metric_and_label() -> None:
         ("palace_search_seconds_bucket", set())]
     assert "palace_nope_total" not in _known()
 
-
-def test_pending_metrics_are_not_yet_declared() -> None:
-    landed = {n for n, (kind, _) in PENDING.items() if set(_family_samples(n, kind)) & set(_declared())}
-    assert not landed, f"declared in shared/metrics.py now: remove {sorted(landed)} from PENDING"
 
 
 def _promtool() -> str:

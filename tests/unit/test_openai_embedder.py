@@ -40,8 +40,12 @@ async def test_garbage_or_down_endpoint_raises(mode: str) -> None:
     with serve_stub(state) as url:
         emb = build_embedder(Settings(embed_base_url=url, embed_model="stub"))
         emb.config = emb.config.__class__(**{**emb.config.__dict__, "attempts": 2})  # type: ignore[union-attr]
-        with pytest.raises((EmbeddingError, Exception)) as e:
+        # A garbage answer is the endpoint's fault for good (EmbeddingError); a 500 is raised as the
+        # transient error it is, so the consumer holds the message instead of failing it.
+        import openai
+
+        with pytest.raises(openai.InternalServerError if mode == "fail" else EmbeddingError):
             await emb.embed_documents(["hello there"])
         await emb.aclose()
-    if mode != "fail":
-        assert isinstance(e.value, EmbeddingError)
+    if mode == "fail":
+        assert state.calls == 2, "a failing endpoint is tried the configured number of times"
