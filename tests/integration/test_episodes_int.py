@@ -12,6 +12,7 @@ import nats
 import numpy as np
 import psycopg
 
+from shared.consumers import CONSUMERS
 from shared.db.episodes import SessionDrawers
 from shared.ids import stable_id
 from tests.integration.helpers import Stack, session, wait_for, ws
@@ -29,7 +30,8 @@ def _enrich_idle(stack: Stack) -> bool:
         nc = await nats.connect(stack.nats_url)
         try:
             js = nc.jetstream()
-            for durable in ("enrich", "enrich-episode"):
+            # Every consumer: a replayed session.completed still in ingest would reach enrich later.
+            for durable in [c.durable for c in CONSUMERS]:
                 info = await js.consumer_info(stack.settings.stream_name, durable)
                 if info.num_pending or info.num_ack_pending:
                     return False

@@ -134,7 +134,9 @@ def test_maintain_redrives_stuck_raw_drawers(stack: Stack) -> None:
     assert row[0][0] == "processed" and row[0][1] >= 1 and row[0][2]
 
 
-def test_bad_event_in_an_embed_batch_is_dead_lettered_and_the_rest_embedded(stack: Stack) -> None:
+def test_a_malformed_drawer_created_is_dead_lettered_and_the_rest_embedded(stack: Stack) -> None:
+    """A drawer.created that names no drawer is dead-lettered with the reason; what comes after it on the
+    subject is embedded. (One bad event sharing a batch with good ones: test_external_faults_int.)"""
     w = ws()
     stack.publish(session(w, "s", ["The quarterly planning offsite is in Porto this year."]))
     stack.wait_processed(w, 1)

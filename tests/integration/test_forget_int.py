@@ -575,7 +575,8 @@ def test_forgetting_one_chunk_of_a_long_message_forgets_the_message_whole(stack:
                                 {"role": "user", "name": "Gwen", "content": long},
                                 {"role": "assistant", "content": "Thanks, I have filed the lease notes."}],
                    "started_at": "2026-10-01T09:00:00Z", "completed_at": "2026-10-01T09:05:00Z"})
-    time.sleep(3)
+    time.sleep(0.5)
+    wait_for(lambda: _drained(stack), 60, "the redelivered session handled")  # not merely not there yet
     assert not any(_verify(stack, Scope(w, "drawer", did), result.targets).values())
 
 
