@@ -35,6 +35,7 @@ from pathlib import Path
 
 import nats
 import nats.errors
+import nats.js.errors
 import psycopg
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -90,7 +91,10 @@ class SuiteResult:
 
     @property
     def ok(self) -> bool:
-        return self.published == self.stored and not (self.lost or self.duplicates or self.dead_lettered)
+        """Every session stored once, nothing dead-lettered, and the pipeline finished its work: drained,
+        and no drawer left failed (a drawer counted as done whatever its state hid a pipeline that broke)."""
+        return (self.published == self.stored and not (self.lost or self.duplicates or self.dead_lettered)
+                and self.details.get("drained", 1) == 1 and not self.details.get("drawers_failed", 0))
 
 
 def make_sessions(cfg: SuiteConfig, run_id: str) -> list[SessionCompleted]:
@@ -183,8 +187,8 @@ async def _dlq_count(nats_url: str, settings: Settings) -> int:
     try:
         info = await nc.jetstream().stream_info(settings.dlq_stream_name)
         return int(info.state.messages)
-    except Exception:
-        return 0
+    except nats.js.errors.NotFoundError:
+        return 0  # no dead letter was ever written
     finally:
         await nc.close()
 
