@@ -125,7 +125,7 @@ class Recaller:
                    vector_index_min=settings.vector_index_min_drawers, index_poll_s=settings.vector_index_poll_s,
                    inject_threshold=settings.inject_threshold)
 
-    async def _embed(self, query: str, *, recheck_space: bool = False) -> np.ndarray | None:
+    async def _embed(self, query: str, workspace_id: str, *, recheck_space: bool = False) -> np.ndarray | None:
         if self.embedder is None:
             return None
         try:
@@ -134,7 +134,9 @@ class Recaller:
         except Exception as e:
             log.warning("query_embedding_failed", error=repr(e)[:300])
             return None
-        key = (embedder.model_name, query)
+        # Per workspace too: shared between tenants, a fast answer told one that another had just asked the
+        # very same question.
+        key = (workspace_id, embedder.model_name, query)
         hit = self._cache.get(key)
         if hit is not None:
             self._cache.move_to_end(key)
@@ -176,7 +178,7 @@ class Recaller:
         embedding, built into the search (docs/benchmarks.md, "The model's threads no longer spin").
         """
         t0 = time.perf_counter()
-        vec = await self._embed(query)
+        vec = await self._embed(query, workspace_id)
         params = SearchParams(**{**self.params.__dict__, "k": k})
         t1 = time.perf_counter()
         try:
@@ -187,7 +189,7 @@ class Recaller:
             # The embedding space switched (palace reembed) between embedding the query and searching:
             # embed it again in the space now active.
             log.info("embedding_space_switched", error=str(e)[:200])
-            vec = await self._embed(query, recheck_space=True)
+            vec = await self._embed(query, workspace_id, recheck_space=True)
             hits, found = await self._search(workspace_id, query, vec, params, episodes)
         SEARCH_SECONDS.labels("sql").observe(time.perf_counter() - t1)
         SEARCH_SECONDS.labels("total").observe(time.perf_counter() - t0)
