@@ -210,6 +210,17 @@ def test_browse_search_and_delete_in_chromium(stack: Stack, chromium: str, authe
 
             page.goto(f"{authed_api}/ui/?workspace={w}")  # the key survives a reload of the tab
             expect(page.locator("#taxonomy .total")).to_contain_text(f"{tax['drawers'] - 1} live drawers")
+
+            # 6. Another workspace: the last one's drawer and key go (that key would only get 403 there).
+            page.fill("#q", "dark roast coffee")
+            page.click("#search button[type=submit]")
+            page.locator("#list li.card button.open").first.click()
+            expect(detail.locator(".cite .citation")).to_have_count(1)
+            page.fill("#workspace", ws())
+            page.click("#connect button[type=submit]")
+            expect(page.locator("#status")).to_contain_text("needs a key")
+            expect(detail.locator(".cite .citation")).to_have_count(0)
+            assert page.evaluate("sessionStorage.getItem('palace.apiKey')") is None
             assert not errors, errors
         finally:
             browser.close()

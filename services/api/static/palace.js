@@ -3,6 +3,7 @@
 "use strict";
 
 const KEY = "palace.apiKey";
+const KEY_WS = "palace.apiKeyWorkspace";  // the workspace the stored key was entered for
 const WS = "palace.workspace";
 const PAGE = 25;
 const STOP = new Set(("a an and are as at be but by did do does for from had has have he her his how i if in into " +
@@ -51,12 +52,13 @@ async function api(path, options) {
   const r = await fetch(path, Object.assign({}, options, { headers }));
   let body = null;
   try { body = await r.json(); } catch (_) { body = null; }
-  if (r.status === 401) {
+  if (r.status === 401 || r.status === 403) {
     const input = $("apikey");
     input.setAttribute("aria-invalid", "true");
     input.focus();
-    throw new AuthNeeded(key ? "The API key was refused: enter a valid key for this workspace."
-                             : "This API needs a key: enter the workspace's API key.");
+    throw new AuthNeeded(r.status === 403 ? "This API key belongs to another workspace: enter this workspace's key."
+                         : key ? "The API key was refused: enter a valid key for this workspace."
+                         : "This API needs a key: enter the workspace's API key.");
   }
   if (!r.ok) {
     let detail = body && body.detail !== undefined ? body.detail : r.statusText;
@@ -333,6 +335,18 @@ async function refreshAfterChange(id) {
 
 // ------------------------------------------------------------------------------------ start
 async function open(ws) {
+  if (ws !== state.ws) {
+    // Another workspace: the open drawer is the last one's, and so is a key entered for it.
+    state.drawerId = null;
+    $("drawer").replaceChildren(el("h2", { id: "drawer-h" }, "Drawer"),
+      el("p", { class: "empty" }, "Pick a drawer to see where it came from and what happened to it."));
+    const keyFor = sessionStorage.getItem(KEY_WS);
+    if (keyFor !== null && keyFor !== ws) {
+      sessionStorage.removeItem(KEY);
+      sessionStorage.removeItem(KEY_WS);
+      $("apikey").placeholder = "only if the API asks for one";
+    }
+  }
   state.ws = ws;
   state.room = null;
   state.query = null;
@@ -349,7 +363,10 @@ document.addEventListener("DOMContentLoaded", () => {
   $("connect").addEventListener("submit", (e) => {
     e.preventDefault();
     const key = $("apikey").value.trim();
-    if (key) sessionStorage.setItem(KEY, key);
+    if (key) {
+      sessionStorage.setItem(KEY, key);
+      sessionStorage.setItem(KEY_WS, $("workspace").value.trim());
+    }
     $("apikey").value = "";
     $("apikey").placeholder = sessionStorage.getItem(KEY) ? "key stored for this tab" : "only if the API asks for one";
     guarded(() => open($("workspace").value.trim()));
