@@ -9,9 +9,8 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any
 
 import typer
 from rich import box
@@ -28,7 +27,6 @@ from services.cli_render import DeadLetterTable, EpisodesTable, HitsTable
 from shared.config import Settings
 from shared.limits import EPISODES_K_MAX, SEARCH_K_MAX
 
-T = TypeVar("T")
 app = typer.Typer(help="Palace: long-term memory for AI agents.", no_args_is_help=True, add_completion=False)
 app.command()(quality)
 app.command()(history)
@@ -538,48 +536,18 @@ def apikey_create(workspace: Annotated[str, typer.Option("--workspace", "-w", he
     except ValidationError:
         raise typer.BadParameter(f"{workspace!r} is not a workspace id: 1-128 characters of [A-Za-z0-9._:@-], "
                                  "starting with a letter or digit", param_hint="--workspace") from None
-    from shared.db.pool import open_pool
-    from shared.db.tenancy import workspace_tx
+    from services.cli_history import _in_workspace
 
-    s = _settings()
-    db, _ = _urls(s, nats=False)
-
-    async def go() -> str:
-        pool = await open_pool(db, name="cli", max_size=1, role=s.db_role)
-        try:
-            async with workspace_tx(pool, workspace) as conn:
-                return await create_api_key(conn, workspace, name)
-        finally:
-            await pool.close()
-
-    console.print(asyncio.run(go()))
-
-
-def _in_workspace_tx(workspace: str, fn: Callable[[Any], Awaitable[T]]) -> T:
-    """``fn(conn)`` in a transaction scoped to ``workspace``, on the configured database."""
-    from shared.db.pool import open_pool
-    from shared.db.tenancy import workspace_tx
-
-    s = _settings()
-    db, _ = _urls(s, nats=False)
-
-    async def go() -> T:
-        pool = await open_pool(db, name="cli", max_size=1, role=s.db_role)
-        try:
-            async with workspace_tx(pool, workspace) as conn:
-                return await fn(conn)
-        finally:
-            await pool.close()
-
-    return asyncio.run(go())
+    console.print(asyncio.run(_in_workspace(workspace, lambda conn: create_api_key(conn, workspace, name))))
 
 
 @apikey_app.command("list")
 def apikey_list(workspace: Annotated[str, typer.Option("--workspace", "-w", help="Workspace.")]) -> None:
     """The workspace's keys by id (never the key itself), newest first, and which are revoked."""
+    from services.cli_history import _in_workspace
     from shared.db.apikeys import list_api_keys
 
-    rows = _in_workspace_tx(workspace, lambda conn: list_api_keys(conn, workspace))
+    rows = asyncio.run(_in_workspace(workspace, lambda conn: list_api_keys(conn, workspace)))
     t = Table(title=f"API keys of {workspace}")
     for col in ("key id", "name", "created", "revoked"):
         t.add_column(col)
@@ -594,11 +562,12 @@ def apikey_revoke(key_id: Annotated[str, typer.Argument(help="The key's id: the 
                   workspace: Annotated[str, typer.Option("--workspace", "-w", help="Workspace of the key.")]) -> None:
     """Revoke a key at once and for good (the api refuses it from its next request; keeping it in
     PALACE_API_BOOTSTRAP_KEYS does not bring it back)."""
+    from services.cli_history import _in_workspace
     from shared.db.apikeys import revoke_api_key
     from shared.security import key_id_of
 
     key_id = key_id_of(key_id) or key_id  # a whole key works too
-    done = _in_workspace_tx(workspace, lambda conn: revoke_api_key(conn, workspace, key_id))
+    done = asyncio.run(_in_workspace(workspace, lambda conn: revoke_api_key(conn, workspace, key_id)))
     if done is None:
         Console(stderr=True).print(f"[red]no API key {key_id} in workspace {workspace}[/red]")
         raise typer.Exit(1)

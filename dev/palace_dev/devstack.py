@@ -36,7 +36,7 @@ def _runtime_dir() -> str:
 if not os.environ.get("XDG_RUNTIME_DIR") or not Path(os.environ["XDG_RUNTIME_DIR"]).is_dir():
     os.environ["XDG_RUNTIME_DIR"] = _runtime_dir()
 
-__all__ = ["DevStack", "StackInUse", "StackInfo", "nats_server_binary"]
+__all__ = ["DevStack", "StackInUse", "StackInfo", "nats_server_binary", "port_available"]
 
 _PG_USER_AS_ROOT = "pgserver"  # postgres refuses to run as root; pgserver's convention
 
@@ -56,7 +56,7 @@ class StackInfo:
     nats_monitor_url: str | None = None
 
 
-def _port_available(port: int) -> bool:
+def port_available(port: int) -> bool:
     """Whether nothing listens on 127.0.0.1:``port`` now (our own stopped server's port included)."""
     with socket.socket() as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -284,9 +284,9 @@ class DevStack:
         # The ports of the last start, so a restart keeps its URL for the services reconnecting to it; unless
         # another process took one meanwhile (every start would fail on it, until the state was edited).
         saved = int(st.get("nats_port") or 0)  # type: ignore[call-overload]
-        port = self._nats_port or (saved if saved and _port_available(saved) else _free_port())
+        port = self._nats_port or (saved if saved and port_available(saved) else _free_port())
         msaved = int(st.get("nats_monitor_port") or 0)  # type: ignore[call-overload]
-        mport = msaved if msaved and _port_available(msaved) else _free_port()
+        mport = msaved if msaved and port_available(msaved) else _free_port()
         self.nats_dir.mkdir(parents=True, exist_ok=True)
         conf = self.nats_dir / "nats.conf"
         conf.write_text(

@@ -19,23 +19,13 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from palace_dev.devstack import DevStack
+from palace_dev.devstack import DevStack, port_available
 from shared.config import Settings
 from shared.db.migrate import apply_migrations
 from shared.logging import get_logger
 
 __all__ = ["ALL_SERVICES", "Supervisor", "free_port_block"]
 
-
-def _port_free(port: int) -> bool:
-    """Whether nothing listens on 127.0.0.1:``port`` (a bind succeeds)."""
-    with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
 
 ALL_SERVICES = ["ingest", "embed", "classify", "cluster", "enrich", "maintain", "api"]
 log = get_logger("palace.supervisor")
@@ -162,7 +152,7 @@ class Supervisor:
     def start_services(self) -> None:
         """Spawn every service (and its replicas). Refused when the api's port is taken: another server
         answering /healthz there passed for ours, and `palace up` said ready pointing at the other one."""
-        if "api" in self.services and not _port_free(self.settings.api_port):
+        if "api" in self.services and not port_available(self.settings.api_port):
             raise RuntimeError(f"port {self.settings.api_port} is in use (another Palace, or another program): "
                                "stop it, or set PALACE_API_PORT")
         for name in self.services:
