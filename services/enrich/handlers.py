@@ -215,7 +215,11 @@ def register(deps: Deps) -> None:
             # while the turns are read and summarised without a model; a model's summary is asked for after
             # the commit (complete_episode), never under the lock.
             step = await _advance_episode(conn, deps, ev.workspace_id, ev.session_id, forget_checked=True)
-        await complete_episode(deps, ev.workspace_id, ev.session_id, step=step)
+        # 'waiting' was read before this commit made the episode visible: a drawer.embedded handled in between
+        # (its drawers embedded after that read) found no episode to complete, and nothing else would come
+        # back for it before the sweep's episode_wait_s. A second look after the commit sees those drawers
+        # embedded; any embedded later announce themselves to an episode that is visible by then.
+        await complete_episode(deps, ev.workspace_id, ev.session_id, step=None if step.outcome == "waiting" else step)
 
     @deps.handle(DrawerEmbedded)
     async def on_drawer_embedded(body: bytes, raw: Msg) -> None:

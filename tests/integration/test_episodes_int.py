@@ -11,6 +11,7 @@ import httpx
 import nats
 import numpy as np
 import psycopg
+import pytest
 
 from shared.consumers import CONSUMERS
 from shared.db.episodes import SessionDrawers
@@ -91,6 +92,66 @@ async def test_one_episode_per_session_built_after_its_drawers_are_embedded(stac
         assert [e["episode_id"] for e in announced] == [eid]
     finally:
         await nc.close()
+
+
+def test_drawers_embedded_while_the_episode_opens_still_complete_it(
+    stack: Stack, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The lost wake-up: session.stored reads its drawers unembedded; before its transaction commits they
+    are embedded and their drawer.embedded is handled, which cannot see the episode yet. The episode is
+    built all the same, at once, not after the sweep's ``episode_wait_s``."""
+    from services._runtime import Deps
+    from services.enrich import handlers
+    from shared.bus import build_broker
+    from shared.consumers import consumer_for
+    from shared.db.pool import open_pool
+    from shared.db.sessions import store_session
+    from shared.db.tenancy import workspace_tx
+    from shared.events import DrawerEmbedded, SessionCompleted, SessionStored
+    from shared.memory.filing import plan_session
+
+    w, s = ws(), stack.settings
+    event = SessionCompleted.model_validate(session(w, "s1", TURNS[:2]))
+    handled: list[str] = []
+
+    async def go() -> None:
+        pool = await open_pool(stack.database_url, name="test-episode-race", max_size=4, role=s.db_role)
+        broker = build_broker(s, "enrich", stack.nats_url)
+        await broker.connect()
+        try:
+            async with workspace_tx(pool, w) as conn:
+                stored = await store_session(conn, plan_session(event))
+                # Never announced: touched in the future, lest the stack's maintain re-drive them as stuck.
+                await conn.execute("UPDATE drawers SET updated_at = now() + interval '1 day'"
+                                   " WHERE workspace_id = %s", (w,))
+            deps = Deps(s, "enrich", pool, broker)
+            handlers.register(deps)
+            on_stored = deps.handlers[consumer_for("enrich", SessionStored.subject).durable]
+            on_embedded = deps.handlers[consumer_for("enrich", DrawerEmbedded.subject).durable]
+            real = handlers.episode_progress
+
+            async def embedded_meanwhile(conn: Any, workspace_id: str, episode_id: str) -> Any:
+                progress = await real(conn, workspace_id, episode_id)
+                if progress is not None and progress.unembedded and not handled:
+                    async with workspace_tx(pool, w) as other:
+                        await other.execute("UPDATE drawers SET embedding = %s::vector WHERE workspace_id = %s",
+                                            ("[" + ",".join(["0.05"] * s.embed_dim) + "]", w))
+                    await on_embedded(DrawerEmbedded(event_id="race", workspace_id=w, drawer_ids=stored.raw)
+                                      .model_dump_json().encode(), None)
+                    handled.append(episode_id)
+                return progress
+
+            monkeypatch.setattr(handlers, "episode_progress", embedded_meanwhile)
+            await on_stored(SessionStored(event_id="stored", workspace_id=w, session_id="s1", message_count=2,
+                                          drawer_ids=stored.raw).model_dump_json().encode(), None)
+        finally:
+            await broker.stop()
+            await pool.close()
+
+    asyncio.run(go())
+    assert handled, "the drawers were embedded between the episode's first read and its commit"
+    rows = stack.sql("SELECT status, announced_at IS NOT NULL FROM episodes WHERE workspace_id = %s", (w,))
+    assert rows == [("ready", True)], rows
 
 
 def test_an_episode_whose_drawers_never_embed_is_built_after_the_wait(stack: Stack) -> None:
