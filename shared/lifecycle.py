@@ -28,7 +28,7 @@ from shared.logging import get_logger
 if TYPE_CHECKING:  # the CLI imports this module for its job names; faststream is most of its import time
     from faststream.nats import NatsBroker
 
-__all__ = ["JOBS", "Job", "JobRun", "LeaseLost", "backlog_defers_redrive", "restore", "run_job"]
+__all__ = ["JOBS", "Job", "JobRun", "LeaseLost", "redrive_idle_s", "restore", "run_job"]
 
 log = get_logger("palace.lifecycle")
 
@@ -160,7 +160,7 @@ async def expire(run: JobRun) -> dict[str, int]:
 
 async def pipeline_backlog(broker: NatsBroker, settings: Settings) -> tuple[int, float]:
     """Messages waiting in (or held un-acked by) the consumers a re-drive goes through, and the age of
-    the oldest of them (``backlog_defers_redrive``). A consumer that does not exist counts as empty."""
+    the oldest of them (``redrive_idle_s``). A consumer that does not exist counts as empty."""
     from shared.consumers import oldest_unacked_age_s
 
     js = broker.config.connection_state.stream
@@ -175,20 +175,30 @@ async def pipeline_backlog(broker: NatsBroker, settings: Settings) -> tuple[int,
     return total, oldest
 
 
-def backlog_defers_redrive(backlog: int, oldest_s: float, stuck_after_s: float) -> bool:
-    """Whether a re-drive waits for the pipeline's backlog. A drawer is stuck once it has been raw for
-    ``stuck_after_s`` since its last event; while the backlog still holds a message that old, that event
-    may be queued in it rather than lost: re-driving would put a second copy of the work behind the same
-    queue (feeding the overload), and failing it would give up on work that is merely late. A backlog of
-    only younger messages (a palace ingesting without pause always has one) cannot hold it: the re-drive
-    runs, or a stuck drawer would never be re-driven while ingest goes on."""
-    return backlog > 0 and oldest_s >= stuck_after_s
+def redrive_idle_s(backlog: int, oldest_s: float, stuck_after_s: float) -> float | None:
+    """How long a raw drawer must have been idle (since its last change) for this round to re-drive it, or
+    None when the round waits for the pipeline's backlog.
+
+    A drawer is stuck once it has been raw for ``stuck_after_s`` since its last event. While the backlog
+    still holds a message that old, that event may be queued in it rather than lost: re-driving would put a
+    second copy of the work behind the same queue (feeding the overload), and failing it would give up on
+    work that is merely late, so the round waits. A backlog of only younger messages (a palace ingesting
+    without pause always has one) cannot hold the round back, or a stuck drawer would never be re-driven
+    while ingest goes on; but the event announcing a drawer's change is published after the commit that
+    stamped it, so a drawer idle ``stuck_after_s`` by the clock may have its event among those younger
+    messages (a drawer just embedded, its drawer.embedded queued for classify). Only a drawer idle
+    ``stuck_after_s`` longer than the oldest queued message is past every message still queued toward it."""
+    if backlog <= 0:
+        return stuck_after_s
+    if oldest_s >= stuck_after_s:
+        return None
+    return stuck_after_s + oldest_s
 
 
 async def redrive(run: JobRun) -> dict[str, int]:
     """Re-announce drawers stuck in 'raw'; fail those still raw after every re-drive (never deleted).
     Deferred while the pipeline's backlog holds messages as old as a stuck drawer's last event: drawers
-    queued behind it are late, not stuck (``backlog_defers_redrive``)."""
+    queued behind it are late, not stuck (``redrive_idle_s``)."""
     from shared.bus import publish_event
     from shared.events import DrawerCreated
     from shared.ids import event_id_for
@@ -198,10 +208,11 @@ async def redrive(run: JobRun) -> dict[str, int]:
         raise RuntimeError("redrive publishes events: it needs a bus connection")
     s = run.settings
     backlog, oldest = await pipeline_backlog(run.broker, s)
-    if backlog_defers_redrive(backlog, oldest, s.stuck_after_s):
+    idle_s = redrive_idle_s(backlog, oldest, s.stuck_after_s)
+    if idle_s is None:
         return {"redrive_deferred_backlog": backlog}
     async with maintenance_tx(run.pool) as conn:
-        stuck = await stuck_drawers(conn, s.stuck_after_s, MAX_REDRIVES)
+        stuck = await stuck_drawers(conn, idle_s, MAX_REDRIVES)
     by_ws: dict[tuple[str, int], list[str]] = defaultdict(list)
     for ws, did, n in stuck:
         by_ws[(ws, n)].append(did)
@@ -212,7 +223,7 @@ async def redrive(run: JobRun) -> dict[str, int]:
                 event_id=event_id_for("drawer.redrive", ws, str(n), *chunk), workspace_id=ws, drawer_ids=chunk))
     await run.checkpoint(len(stuck))
     async with maintenance_tx(run.pool) as conn:
-        failed = await fail_exhausted(conn, s.stuck_after_s, MAX_REDRIVES)
+        failed = await fail_exhausted(conn, idle_s, MAX_REDRIVES)
     DRAWERS.labels("maintain", "redriven").inc(len(stuck))
     DRAWERS.labels("maintain", "failed").inc(failed)
     return {"redriven": len(stuck), "failed": failed}
