@@ -45,7 +45,7 @@ test: install tools
 	$(BIN)/ruff check .
 	$(BIN)/palace schemas --check
 	$(BIN)/python tools/audit_deps.py
-	$(BIN)/pytest -ra
+	$(BIN)/pytest -ra --durations=25
 
 ## The tests whose length is their point, at full length: a producer publishing for ten minutes from the
 ## moment `palace up` is ready (one minute in `make test`), never a session classified later than 5 s.
