@@ -464,7 +464,8 @@ def mcp(workspace: Annotated[str | None, typer.Option(
     """MCP server over stdio for one workspace (for Claude Desktop, Claude Code, Cursor ...).
 
     Uses the configured servers (PALACE_DATABASE_URL / PALACE_NATS_URL) or the running embedded stack;
-    with neither, it starts the embedded stack and the pipeline services, and stops them on exit.
+    with neither, it starts the embedded stack and the pipeline services in the background, where they run
+    until no palace mcp has used them for PALACE_MCP_STACK_IDLE_S.
     Nothing but MCP messages is written to stdout; logs go to stderr.
     """
     from pydantic import TypeAdapter, ValidationError
@@ -484,34 +485,33 @@ def mcp(workspace: Annotated[str | None, typer.Option(
     except ValidationError:
         err.print("[red]palace mcp needs a valid workspace: --workspace or PALACE_MCP_WORKSPACE[/red]")
         raise typer.Exit(2) from None
-    sup = None
-    try:
-        db, nats_url = resolve_urls(s)
-    except StackNotRunning:
-        if not s.embedded:
-            raise
-        _require_dev("mcp (without a running stack)", err)
-        from palace_dev.supervisor import ALL_SERVICES, Supervisor
+    client = None
+    if s.embedded:
+        # Every palace mcp on the embedded stack registers while it runs: the stack one of them started
+        # (in a detached keeper, not in this process) stays up until the last of them has gone.
+        _require_dev("mcp (on the embedded stack)", err)
+        from palace_dev.keeper import KeeperFailed, stack_for_client
+        from palace_dev.supervisor import ALL_SERVICES
 
-        sup = Supervisor(s, services=[n for n in ALL_SERVICES if n != "api"], log_dir=s.devstack_dir / "logs")
-        sup.start_servers()
-        sup.start_services()
-        sup.wait_healthy()
-        db, nats_url = sup.database_url, sup.nats_url
-        # MCP clients end a server by closing stdin, then SIGTERM, then SIGKILL a few seconds later:
-        # SIGTERM must reach the finally below, and the stack must be down before the SIGKILL (what
-        # one leaves behind, the next start recovers).
-        signal.signal(signal.SIGTERM, _interrupt)
+        signal.signal(signal.SIGTERM, _interrupt)  # MCP clients end a server by closing stdin, then SIGTERM
+        try:
+            client, db, nats_url = stack_for_client(s, [n for n in ALL_SERVICES if n != "api"])
+        except KeeperFailed as e:
+            err.print(Text(f"palace mcp: {e}", style="red"))
+            raise typer.Exit(1) from None
+    else:
+        try:
+            db, nats_url = resolve_urls(s)
+        except StackNotRunning as e:  # one server configured, the other not
+            err.print(Text(f"palace mcp: {e}", style="red"))
+            raise typer.Exit(2) from None
     try:
         asyncio.run(run_stdio(s, ws, db, nats_url))
     except KeyboardInterrupt:
         pass
     finally:
-        if sup is not None:
-            signal.signal(signal.SIGTERM, signal.SIG_IGN)
-            sup.stop_services(grace=1.0)
-            if sup.stack is not None:
-                sup.stack.stop()
+        if client is not None:
+            client.unlink(missing_ok=True)
 
 
 def _interrupt(*_: Any) -> None:

@@ -257,6 +257,10 @@ class Settings(BaseSettings):
     mcp_workspace: str | None = Field(
         None, description="The one workspace 'palace mcp' (stdio) serves; every tool call is bound to it.",
     )
+    mcp_stack_idle_s: float = Field(
+        10.0, ge=0, description="Seconds the embedded stack that 'palace mcp' started keeps running after the last "
+        "'palace mcp' using it exits (a client restarting within them finds it still up).",
+    )
     api_allow_unauthenticated_bind: bool = Field(
         False, description="Let the API listen on a non-loopback address with authentication off. Only for a network "
         "you trust: anyone who can connect reads and writes every workspace. Without it the API refuses to start, "

@@ -344,33 +344,61 @@ async def test_http_session_calls_every_tool_and_is_bound_to_its_key(stack: Stac
         assert (await client.post(f"{stack.api_url}/mcp", json=body, headers=revoked)).status_code == 401
 
 
-async def test_stdio_starts_and_stops_the_embedded_stack_when_none_is_configured(tmp_path: Path) -> None:
-    """No server URLs and no running stack: ``palace mcp`` brings up the embedded servers and the pipeline,
-    serves, and takes everything down when the client ends the session."""
+async def test_stdio_clients_share_the_embedded_stack_until_the_last_one_ends(tmp_path: Path) -> None:
+    """No server URLs and no running stack: the first ``palace mcp`` brings up the embedded servers and the
+    pipeline in the background; a second client uses them; the first one ending (it started them) leaves the
+    second working; once the last has ended, everything is taken down. A registration left by a client
+    killed outright (a dead pid) keeps nothing up."""
     import random
 
     from palace_dev.devstack import DevStack
     from palace_dev.supervisor import free_port_block
 
     stack_dir = tmp_path / "stack"
+    (stack_dir / "clients").mkdir(parents=True)
+    (stack_dir / "clients" / "999999999-1.00").touch()  # a killed client's leftover
     env = {k: v for k, v in os.environ.items() if k.startswith("PALACE_") and k not in (
         "PALACE_DATABASE_URL", "PALACE_NATS_URL")}
     # The services' health ports follow PALACE_METRICS_PORT: a free block below the ephemeral range.
-    env.update(PALACE_DEVSTACK_DIR=str(stack_dir), PALACE_MCP_WORKSPACE="embedded",
+    env.update(PALACE_DEVSTACK_DIR=str(stack_dir), PALACE_MCP_WORKSPACE="embedded", PALACE_MCP_STACK_IDLE_S="1",
                PALACE_METRICS_PORT=str(free_port_block(40, start=random.randrange(20000, 30000))))
     params = StdioServerParameters(command=str(Path(sys.executable).parent / "palace"), args=["mcp"], env=env,
                                    cwd=os.getcwd())
-    with (tmp_path / "err.log").open("w") as errlog:
+    st = DevStack(stack_dir)
+    a_ready, b_up, a_release, a_gone = asyncio.Event(), asyncio.Event(), asyncio.Event(), asyncio.Event()
+
+    async def first(errlog: Any) -> None:
         async with (stdio_client(params, errlog=errlog) as (read, write), ClientSession(read, write) as session):
             await session.initialize()
-            assert DevStack(stack_dir).info() is not None
+            assert st.info() is not None
             await call(session, "memory_add_drawer", content="The embedded stack files this sentence.", wing="w",
                        room="r")
+            a_ready.set()
+            await a_release.wait()
+
+    async def second(errlog: Any) -> None:
+        async with (stdio_client(params, errlog=errlog) as (read, write), ClientSession(read, write) as session):
+            await session.initialize()
+            b_up.set()
+            await a_gone.wait()
             for _ in range(120):
                 if (await call(session, "memory_status"))["drawers"] == 1:
                     break
                 await asyncio.sleep(0.5)
             hits = (await call(session, "memory_search", query="embedded stack sentence"))["hits"]
             assert hits and hits[0]["citation"].startswith("w/r/")
-    st = DevStack(stack_dir)
-    assert not st.pg_alive() and not st.nats_alive(), "servers stopped with the session"
+
+    with (tmp_path / "a.log").open("w") as a_log, (tmp_path / "b.log").open("w") as b_log:
+        task_a = asyncio.create_task(first(a_log))
+        await asyncio.wait_for(a_ready.wait(), 300)
+        task_b = asyncio.create_task(second(b_log))
+        await asyncio.wait_for(b_up.wait(), 60)
+        a_release.set()
+        await task_a
+        await asyncio.sleep(3)  # three times PALACE_MCP_STACK_IDLE_S
+        assert st.pg_alive() and st.nats_alive(), "the stack stays up while the second client uses it"
+        a_gone.set()
+        await task_b
+    await asyncio.to_thread(wait_for, lambda: not st.pg_alive() and not st.nats_alive(), 60,
+                            "the stack stopped once the last client ended")
+    assert not list((stack_dir / "clients").iterdir()), "every registration removed"
