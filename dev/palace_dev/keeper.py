@@ -93,17 +93,28 @@ def stack_for_client(settings: Settings, services: list[str], *, timeout_s: floa
     root = settings.devstack_dir
     with _locked(root):
         me = register_client(root)
-        try:
-            db, bus = resolve_urls(settings)
-            return me, db, bus
-        except StackNotRunning:
-            pass
+        if not _keeper_died(root):
+            with contextlib.suppress(StackNotRunning):
+                db, bus = resolve_urls(settings)
+                return me, db, bus
         try:
             db, bus = _start_keeper(settings, services, timeout_s)
         except BaseException:
             me.unlink(missing_ok=True)
             raise
         return me, db, bus
+
+
+def _keeper_died(root: Path) -> bool:
+    """A keeper that was killed outright leaves its servers running without the pipeline (its services end
+    with it): a client would file memories nothing processes. Such a stack is started again, recovering."""
+    pid = DevStack(root).read_state().get("keeper_pid")
+    if not pid:
+        return False
+    with contextlib.suppress(psutil.Error, ValueError, TypeError):
+        p = psutil.Process(int(pid))  # type: ignore[call-overload]
+        return not (p.is_running() and p.status() != psutil.STATUS_ZOMBIE)
+    return True
 
 
 def _start_keeper(settings: Settings, services: list[str], timeout_s: float) -> tuple[str, str]:
@@ -151,6 +162,7 @@ def run(settings: Settings, services: list[str], log_dir: Path) -> None:
     signal.signal(signal.SIGINT, _stop)
     sup = Supervisor(settings, services=services, log_dir=log_dir)
     stopped = False
+    DevStack(root).write_state(keeper_pid=os.getpid())
     try:
         sup.start_servers()
         sup.start_services()
@@ -181,7 +193,10 @@ def run(settings: Settings, services: list[str], log_dir: Path) -> None:
 def _shutdown(sup: Any, root: Path) -> None:
     """Drain the services, then stop the servers; the stack is not ready from the first step."""
     (root / READY).unlink(missing_ok=True)
-    sup.stop()
+    try:
+        sup.stop()
+    finally:
+        DevStack(root).write_state(keeper_pid=None)
 
 
 def main() -> None:
@@ -191,7 +206,6 @@ def main() -> None:
     args = ap.parse_args()
     s = Settings()
     configure_logging(s.log_level, s.log_json)
-    DevStack(s.devstack_dir)  # the directory is this stack's
     run(s, [n for n in args.services.split(",") if n], args.log_dir)
 
 

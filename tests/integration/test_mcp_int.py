@@ -344,26 +344,32 @@ async def test_http_session_calls_every_tool_and_is_bound_to_its_key(stack: Stac
         assert (await client.post(f"{stack.api_url}/mcp", json=body, headers=revoked)).status_code == 401
 
 
-async def test_stdio_clients_share_the_embedded_stack_until_the_last_one_ends(tmp_path: Path) -> None:
-    """No server URLs and no running stack: the first ``palace mcp`` brings up the embedded servers and the
-    pipeline in the background; a second client uses them; the first one ending (it started them) leaves the
-    second working; once the last has ended, everything is taken down. A registration left by a client
-    killed outright (a dead pid) keeps nothing up."""
+def _embedded_params(stack_dir: Path) -> StdioServerParameters:
+    """``palace mcp`` with no server URLs, on the embedded stack in ``stack_dir``."""
     import random
 
-    from palace_dev.devstack import DevStack
     from palace_dev.supervisor import free_port_block
 
-    stack_dir = tmp_path / "stack"
-    (stack_dir / "clients").mkdir(parents=True)
-    (stack_dir / "clients" / "999999999-1.00").touch()  # a killed client's leftover
     env = {k: v for k, v in os.environ.items() if k.startswith("PALACE_") and k not in (
         "PALACE_DATABASE_URL", "PALACE_NATS_URL")}
     # The services' health ports follow PALACE_METRICS_PORT: a free block below the ephemeral range.
     env.update(PALACE_DEVSTACK_DIR=str(stack_dir), PALACE_MCP_WORKSPACE="embedded", PALACE_MCP_STACK_IDLE_S="1",
                PALACE_METRICS_PORT=str(free_port_block(40, start=random.randrange(20000, 30000))))
-    params = StdioServerParameters(command=str(Path(sys.executable).parent / "palace"), args=["mcp"], env=env,
-                                   cwd=os.getcwd())
+    return StdioServerParameters(command=str(Path(sys.executable).parent / "palace"), args=["mcp"], env=env,
+                                 cwd=os.getcwd())
+
+
+async def test_stdio_clients_share_the_embedded_stack_until_the_last_one_ends(tmp_path: Path) -> None:
+    """No server URLs and no running stack: the first ``palace mcp`` brings up the embedded servers and the
+    pipeline in the background; a second client uses them; the first one ending (it started them) leaves the
+    second working; once the last has ended, everything is taken down. A registration left by a client
+    killed outright (a dead pid) keeps nothing up."""
+    from palace_dev.devstack import DevStack
+
+    stack_dir = tmp_path / "stack"
+    (stack_dir / "clients").mkdir(parents=True)
+    (stack_dir / "clients" / "999999999-1.00").touch()  # a killed client's leftover
+    params = _embedded_params(stack_dir)
     st = DevStack(stack_dir)
     a_ready, b_up, a_release, a_gone = asyncio.Event(), asyncio.Event(), asyncio.Event(), asyncio.Event()
 
@@ -402,3 +408,39 @@ async def test_stdio_clients_share_the_embedded_stack_until_the_last_one_ends(tm
     await asyncio.to_thread(wait_for, lambda: not st.pg_alive() and not st.nats_alive(), 60,
                             "the stack stopped once the last client ended")
     assert not list((stack_dir / "clients").iterdir()), "every registration removed"
+
+
+async def test_stdio_brings_back_the_pipeline_of_a_stack_whose_keeper_was_killed(tmp_path: Path) -> None:
+    """The process running the embedded stack killed outright: its services end with it and its servers
+    stay. The next ``palace mcp`` does not file memories into a stack nothing processes: it starts it again."""
+    import signal
+
+    import psutil
+
+    from palace_dev.devstack import DevStack
+
+    stack_dir = tmp_path / "stack"
+    params = _embedded_params(stack_dir)
+    st = DevStack(stack_dir)
+    with (tmp_path / "mcp.log").open("w") as errlog:
+        async with (stdio_client(params, errlog=errlog) as (read, write), ClientSession(read, write) as session):
+            await session.initialize()
+            keeper = int(st.read_state()["keeper_pid"])  # type: ignore[call-overload]
+            os.kill(keeper, signal.SIGKILL)
+            await asyncio.to_thread(wait_for, lambda: not psutil.pid_exists(keeper) or psutil.Process(
+                keeper).status() == psutil.STATUS_ZOMBIE, 30, "the keeper killed")
+        assert st.pg_alive(), "its servers outlive it"
+        async with (stdio_client(params, errlog=errlog) as (read, write), ClientSession(read, write) as session):
+            await session.initialize()
+            assert int(st.read_state()["keeper_pid"]) != keeper  # type: ignore[call-overload]
+            await call(session, "memory_add_drawer", content="A second keeper processes this sentence.", wing="w",
+                       room="r")
+            hits: list[Any] = []
+            for _ in range(120):
+                hits = (await call(session, "memory_search", query="second keeper sentence"))["hits"]
+                if hits:
+                    break
+                await asyncio.sleep(0.5)
+            assert hits and hits[0]["citation"].startswith("w/r/"), "filed, embedded and found"
+    await asyncio.to_thread(wait_for, lambda: not st.pg_alive() and not st.nats_alive(), 60,
+                            "the stack stopped once the client ended")
