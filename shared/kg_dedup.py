@@ -41,12 +41,16 @@ async def dedup_entities(pool: AsyncConnectionPool, workspace_id: str, entity_id
     # The recount commits on its own: inside the dedup transaction below, its row locks on the entities
     # (a speaker's is in every session) were held through the candidate search, and every extraction
     # refreshing the same entities queued behind it.
+    # The entities' dedup keys commit with it, before any search: two new spellings of one entity handled
+    # side by side (batches, replicas), each searching before the other's keys were visible, would never meet;
+    # with the keys committed first, whichever searches last finds the other.
     async with workspace_tx(pool, workspace_id) as conn:
         await refresh_entities(conn, workspace_id, ids)
+        live = [r for r in await sql.live_entities(conn, workspace_id, ids) if r.merged_into is None]
+        await sql.index_entity_keys(conn, workspace_id, live)
     async with workspace_tx(pool, workspace_id) as conn:
         followups = await sql.absorb_followups(conn, workspace_id, ids)
         live = [r for r in await sql.live_entities(conn, workspace_id, ids) if r.merged_into is None]
-        await sql.index_entity_keys(conn, workspace_id, live)
         decided = [(a, b, decide_pair(a, b, context_threshold=context_threshold))
                    for a, b in await sql.candidates_of(conn, workspace_id, live)]
         apart = await sql.kept_apart_pairs(conn, workspace_id,

@@ -428,3 +428,27 @@ async def test_a_merge_whose_survivor_was_merged_since_is_reverted_last_first(
         await revert_merge(conn, w, first, actor="test")
     assert stack.sql("SELECT id FROM entities WHERE workspace_id = %s AND merged_into IS NULL ORDER BY id",
                      (w,)) == sorted([(a,), (b,), (c,)])
+
+
+async def test_two_spellings_deduplicated_side_by_side_still_meet(pool: AsyncConnectionPool, stack: Stack,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two new spellings of one name, each in its own entity.upserted, handled at the same moment (two
+    batches, two replicas): both search for candidates before either is done, and they still merge."""
+    from shared import kg_dedup
+    from shared.db import entity_dedup as dedup_sql
+
+    w = ws()
+    async with workspace_tx(pool, w) as c:
+        await ensure_entities(c, w, [("Zoë Quill", "person"), ("Zoe Quill", "person")])
+    both_searching = asyncio.Barrier(2)
+    real = dedup_sql.candidates_of
+
+    async def side_by_side(*args: Any, **kwargs: Any) -> Any:
+        await asyncio.wait_for(both_searching.wait(), 30)
+        return await real(*args, **kwargs)
+
+    monkeypatch.setattr(dedup_sql, "candidates_of", side_by_side)
+    threshold = stack.settings.entity_context_similarity
+    await asyncio.gather(*(kg_dedup.dedup_entities(pool, w, [entity_id(w, n)], context_threshold=threshold)
+                           for n in ("Zoë Quill", "Zoe Quill")))
+    assert stack.sql("SELECT rule FROM entity_merges WHERE workspace_id = %s", (w,)) == [("same_name",)]
