@@ -36,8 +36,10 @@ log = get_logger("palace.lifecycle")
 Progress = Callable[[int, int | None], None]
 
 MAX_REDRIVES = 3
-# The consumers a re-driven drawer goes through before it leaves 'raw' (their durable names).
-REDRIVE_PATH = ("embed", "classify")
+# The consumers whose queued messages may still carry a raw drawer's work (their durable names): embed and
+# classify, which a (re-)announced drawer goes through before it leaves 'raw', and ingest, whose
+# session.completed stays un-acked from before the drawers' commit until they are announced.
+REDRIVE_PATH = ("ingest", "embed", "classify")
 
 
 class LeaseLost(RuntimeError):
