@@ -121,7 +121,7 @@ def api_key_for(stack: Stack, workspace: str, name: str = "test") -> str:
     return asyncio.run(go())
 
 
-def wait_for(pred: Callable[[], T], timeout: float = 30, what: str = "condition",
+def wait_for(pred: Callable[[], T], timeout: float = 60, what: str = "condition",
              explain: Callable[[], str] | None = None) -> T:
     """Poll ``pred`` until it is truthy; on timeout, fail with ``explain()``'s text (logs, state) appended."""
     deadline = time.monotonic() + timeout

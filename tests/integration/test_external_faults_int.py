@@ -311,7 +311,7 @@ class _Proxy:
 
 def _readyz(port: int) -> int | None:
     try:
-        return httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=2).status_code
+        return httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=10).status_code
     except httpx.HTTPError:
         return None
 

@@ -174,19 +174,20 @@ def test_a_build_whose_builder_died_is_built_again(stack: Stack) -> None:
 def test_the_build_lease_is_renewed_while_a_build_runs_and_released_after(
         stack: Stack, monkeypatch: pytest.MonkeyPatch) -> None:
     """The lease can be short (a builder killed mid-build holds it minutes, not hours) because the
-    builder renews it while it builds: here a 1 s lease outlives a 1.5 s build."""
+    builder renews it while it builds: here a 3 s lease outlives a 4 s build (renewed each 0.5 s, so a renewal
+    delayed by a busy machine does not let it lapse)."""
     import services.maintain.indexes as indexes
     from services._runtime import Deps
 
-    monkeypatch.setattr(indexes, "_LEASE_S", 1.0)
-    monkeypatch.setattr(indexes, "_RENEW_S", 0.2)
+    monkeypatch.setattr(indexes, "_LEASE_S", 3.0)
+    monkeypatch.setattr(indexes, "_RENEW_S", 0.5)
     seen: list[bool] = []
 
     async def wanted(conn: object, limit: int = 10) -> list[tuple[str, str]]:
         return [(ws(), "drawers_hnsw_test_lease")]
 
     async def build(database_url: str, workspace_id: str, index_name: str) -> None:
-        await asyncio.sleep(1.5)  # past the lease's 1 s: held only if it was renewed
+        await asyncio.sleep(4.0)  # past the lease's 3 s: held only if it was renewed
         seen.append(stack.sql("SELECT expires_at > now() FROM job_leases WHERE job = 'vector_indexes'")[0][0])
 
     monkeypatch.setattr(indexes, "wanted_vector_indexes", wanted)
