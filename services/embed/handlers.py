@@ -11,9 +11,10 @@ import psycopg
 from nats.aio.msg import Msg
 
 from services._runtime import Deps, ack_once, decode_batch
-from shared.adapters.space_embedder import pinned
+from shared.adapters.space_embedder import SpaceSwitched, pin_space
 from shared.bus import publish_event
 from shared.db.drawers import cached_embeddings, drawers_by_id, note_failure, save_embeddings
+from shared.db.embedding_spaces import space_switched
 from shared.db.tenancy import workspace_tx
 from shared.events import DrawerCreated, DrawerEmbedded
 from shared.faults import is_transient, to_raise
@@ -45,21 +46,23 @@ def register(deps: Deps) -> None:
         """drawer.created (batched) → (embed, then commit) → drawer.embedded."""
         # The active embedding space, looked up for every batch (one small query): a batch retried after
         # `palace reembed` switched spaces must not fail again on the old one. Pinned for the whole batch.
-        embedder = await pinned(deps.embedder, force=True)
+        embedder, space_id = await pin_space(deps.embedder)
         events = await decode_batch(deps, DrawerCreated, bodies, raws)
         if not events:
             return
         try:
-            await embed_and_save(events, embedder)
+            await embed_and_save(events, embedder, space_id)
         except Exception as e:
-            if is_transient(e) or len(events) == 1:
-                raise  # the endpoint is down for all of them: the loop holds, NAKs or dead-letters them
+            if is_transient(e) or len(events) == 1 or isinstance(e, SpaceSwitched):
+                # The endpoint is down for all of them (the loop holds, NAKs or dead-letters them), or the
+                # space switched under the whole batch (it runs again, in the new one).
+                raise
             # Something in the batch broke the call: each event alone, so one bad text fails only its own
             # event (NAKed, then dead-lettered, by the loop); the others are committed and acked here.
             failed: list[Exception] = []
             for ev, raw in events:
                 try:
-                    await embed_and_save([(ev, raw)], embedder)
+                    await embed_and_save([(ev, raw)], embedder, space_id)
                 except Exception as one:
                     failed.append(one)
                 else:
@@ -67,8 +70,10 @@ def register(deps: Deps) -> None:
             if failed:
                 raise to_raise(failed) from None
 
-    async def embed_and_save(events: list[tuple[DrawerCreated, Msg]], embedder: Embedder) -> None:
-        """Embed every drawer of these events still lacking a vector (one model call), commit, announce."""
+    async def embed_and_save(events: list[tuple[DrawerCreated, Msg]], embedder: Embedder,
+                             space_id: str | None) -> None:
+        """Embed every drawer of these events still lacking a vector (one model call), commit, announce.
+        ``space_id``: the embedding space ``embedder`` is of; a switch meanwhile rolls the save back."""
         by_ws: dict[str, list[DrawerCreated]] = defaultdict(list)
         for ev, _ in events:
             by_ws[ev.workspace_id].append(ev)
@@ -112,6 +117,11 @@ def register(deps: Deps) -> None:
                     r.speaker) for r in rows]
             async with workspace_tx(deps.pool, ws) as conn:
                 await save_embeddings(conn, ws, embedder.model_name, [o for o in out if o[2] is not None])
+                # `palace reembed` switched spaces while this batch embedded: its vectors (same dimension, or
+                # nothing would have stopped them) would sit among the new space's, unnoticed by the switch's
+                # one settle pass. Rolled back; the batch runs again in the new space.
+                if await space_switched(conn, space_id):
+                    raise SpaceSwitched(f"the embedding space changed while {embedder.model_name} embedded")
             DRAWERS.labels(deps.service, "embedded").inc(len(out))
             for ev in evs:
                 await publish_event(deps.broker, s, DrawerEmbedded(

@@ -29,10 +29,16 @@ from shared.db.embedding_spaces import Space, SpaceTarget, active_space
 from shared.logging import get_logger
 from shared.ports import Embedder
 
-__all__ = ["SpaceEmbedder", "embedder_for", "pinned"]
+__all__ = ["SpaceEmbedder", "SpaceSwitched", "embedder_for", "pin_space", "pinned"]
 
 log = get_logger("palace.embedding_space")
 _CLOSE_AFTER_S = 60.0  # an embedder swapped out may still serve calls already under way
+
+
+class SpaceSwitched(RuntimeError):
+    """The active embedding space changed while a batch embedded in the former one: what it computed
+    belongs to a space whose vectors are no longer in the ``embedding`` columns. The batch is rolled back
+    and runs again in the new space."""
 
 
 def embedder_for(settings: Settings, target: SpaceTarget | None) -> Embedder:
@@ -54,6 +60,7 @@ class SpaceEmbedder:
         self._check_s = settings.embed_space_check_s if check_s is None else check_s
         self._current: Embedder | None = None
         self._target: SpaceTarget | None = None
+        self._space_id: str | None = None  # the space the current embedder belongs to (None: not known)
         self._checked = float("-inf")
         self._lock = asyncio.Lock()
         self._closing: set[asyncio.Task[None]] = set()
@@ -98,13 +105,15 @@ class SpaceEmbedder:
             finally:
                 self._checked = time.monotonic()
             target = space.target if space is not None else None
+            space_id = space.id if space is not None else None
             if self._current is not None and target == self._target:
+                self._space_id = space_id
                 return self._current
             new = embedder_for(self._settings, target)
             warm = getattr(new, "warm_up", None)
             if warm is not None:
                 await warm()
-            old, self._current, self._target = self._current, new, target
+            old, self._current, self._target, self._space_id = self._current, new, target, space_id
             log.info("embedding_space_active", space=space.id if space else None, model=new.model_name, dim=new.dim)
             if target is None and space is not None and space.dim != new.dim:
                 log.warning("embedding_space_dimension_differs", configured=new.dim, database=space.dim)
@@ -134,6 +143,15 @@ class SpaceEmbedder:
             t.cancel()
         if self._current is not None:
             await self._current.aclose()
+
+
+async def pin_space(embedder: Any) -> tuple[Any, str | None]:
+    """``pinned(embedder, force=True)`` and the id of the space its vectors belong to (None when not known:
+    an embedder that does not follow the active space, or a database without spaces), read together."""
+    if isinstance(embedder, SpaceEmbedder):
+        current = await embedder.refresh(force=True)
+        return current, embedder._space_id  # read with it: no other task runs between the two
+    return embedder, None
 
 
 async def pinned(embedder: Any, *, force: bool = False) -> Any:

@@ -41,6 +41,7 @@ __all__ = [
     "ready_index_workspaces",
     "save_drawer_vectors",
     "save_vectors",
+    "space_switched",
     "start_space",
     "switch_space",
     "todo_counts", "unsettled_drawers",
@@ -99,6 +100,17 @@ async def _one(conn: AsyncConnection[Any], where: str) -> Space | None:
 async def active_space(conn: AsyncConnection[Any]) -> Space | None:
     """The space whose vectors are in the ``embedding`` columns (None before migration 0032)."""
     return await _one(conn, "state = 'active'")
+
+
+async def space_switched(conn: AsyncConnection[Any], space_id: str | None) -> bool:
+    """Whether the active space is no longer ``space_id`` (None: not known, never switched). Asked in the
+    transaction that saved the vectors, after the save: the switch locks ``drawers`` exclusively, so either
+    it committed before the save (and this statement sees the new space) or it waits for this commit and
+    takes the saved vectors along as former-space ones."""
+    if space_id is None:
+        return False
+    active = await active_space(conn)
+    return active is not None and active.id != space_id
 
 
 async def building_space(conn: AsyncConnection[Any]) -> Space | None:
