@@ -70,7 +70,10 @@ def llm(stack: Stack) -> Iterator[ChatStub]:
     saved_env = dict(stack.supervisor.env)
     with serve_stub(state) as url:
         llm_env = {**saved_env, "PALACE_LLM_BASE_URL": url, "PALACE_LLM_MODEL": "stub-chat",
-                   "PALACE_LLM_TIMEOUT_S": "1", "PALACE_LLM_ATTEMPTS": "3", "PALACE_DECISIONS_MODE": "full"}
+                   "PALACE_LLM_TIMEOUT_S": "3", "PALACE_LLM_ATTEMPTS": "3", "PALACE_DECISIONS_MODE": "full"}
+        # A timeout of 3 s, and "slow" twice that: a good answer delayed by a busy machine is not taken for
+        # a slow one (the exact call counts below would shift).
+        state.chat.slow_s = 6.0
         _swap(stack, llm_env)
         state.chat.env = llm_env  # type: ignore[attr-defined]
         try:

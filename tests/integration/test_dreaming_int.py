@@ -185,10 +185,10 @@ async def test_llm_answers_good_partial_malformed_slow_and_failing(
         stack: Stack, runner: Runner, chat: tuple[ChatStub, str], mode: str, source: str,
         memories: list[str] | None, warned: str) -> None:
     stub, url = chat
-    stub.dreaming, stub.slow_s = mode, 2.0
+    stub.dreaming, stub.slow_s = mode, 6.0  # twice the timeout: a busy machine cannot make "ok" look "slow"
     w = ws()
     eps = _episodes(stack, w, "a", "u", 5)
-    llm = {"llm_base_url": url, "llm_model": "stub-chat", "llm_timeout_s": 1.0, "llm_attempts": 1}
+    llm = {"llm_base_url": url, "llm_model": "stub-chat", "llm_timeout_s": 3.0, "llm_attempts": 1}
     r = await dream_pair(runner.run("t", **llm), w, "a", "u")
     assert r["outcome"] == "done" and r["source"] == source
     (run,) = _runs(stack, w)

@@ -451,8 +451,8 @@ def test_a_sweep_round_keeps_its_lease_while_it_runs(stack: Stack) -> None:
     from shared.db.maintenance import take_lease
     from shared.db.tenancy import maintenance_tx
 
-    # A lease of 3 s, renewed each second: a renewal delayed by a busy machine does not let it lapse.
-    s = stack.settings.model_copy(update={"maintain_interval_s": 3.0})
+    # A lease of 2 s, renewed every 0.7 s: a renewal delayed by a busy machine does not let it lapse.
+    s = stack.settings.model_copy(update={"maintain_interval_s": 2.0})
     every = s.maintain_interval_s
     lease = f"{ws()}-sweep"
 

@@ -5,9 +5,10 @@ a key of one workspace never reaches another's drawers."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -344,6 +345,39 @@ async def test_http_session_calls_every_tool_and_is_bound_to_its_key(stack: Stac
         assert (await client.post(f"{stack.api_url}/mcp", json=body, headers=revoked)).status_code == 401
 
 
+def _tear_down(stack_dir: Path) -> None:
+    """Whatever a failed test left in ``stack_dir``: its keeper, then its servers."""
+    import signal
+
+    from palace_dev.devstack import DevStack
+
+    st = DevStack(stack_dir)
+    keeper = st.read_state().get("keeper_pid")
+    if keeper:
+        with contextlib.suppress(OSError, ValueError, TypeError):
+            os.kill(int(keeper), signal.SIGTERM)  # type: ignore[call-overload]
+    wait_for(lambda: st.read_state().get("keeper_pid") is None or not _alive(keeper), 60, "the keeper gone")
+    st.stop()
+
+
+def _alive(pid: object) -> bool:
+    try:
+        os.kill(int(pid), 0)  # type: ignore[call-overload]
+    except (OSError, ValueError, TypeError):
+        return False
+    return True
+
+
+@contextlib.contextmanager
+def _cleaned(stack_dir: Path) -> Iterator[None]:
+    """Run the block; if it fails, take down what it left running."""
+    try:
+        yield
+    except BaseException:
+        _tear_down(stack_dir)
+        raise
+
+
 def _embedded_params(stack_dir: Path) -> StdioServerParameters:
     """``palace mcp`` with no server URLs, on the embedded stack in ``stack_dir``."""
     import random
@@ -394,7 +428,7 @@ async def test_stdio_clients_share_the_embedded_stack_until_the_last_one_ends(tm
             hits = (await call(session, "memory_search", query="embedded stack sentence"))["hits"]
             assert hits and hits[0]["citation"].startswith("w/r/")
 
-    with (tmp_path / "a.log").open("w") as a_log, (tmp_path / "b.log").open("w") as b_log:
+    with (tmp_path / "a.log").open("w") as a_log, (tmp_path / "b.log").open("w") as b_log, _cleaned(stack_dir):
         task_a = asyncio.create_task(first(a_log))
         await asyncio.wait_for(a_ready.wait(), 300)
         task_b = asyncio.create_task(second(b_log))
@@ -405,8 +439,9 @@ async def test_stdio_clients_share_the_embedded_stack_until_the_last_one_ends(tm
         assert st.pg_alive() and st.nats_alive(), "the stack stays up while the second client uses it"
         a_gone.set()
         await task_b
-    await asyncio.to_thread(wait_for, lambda: not st.pg_alive() and not st.nats_alive(), 60,
-                            "the stack stopped once the last client ended")
+    with _cleaned(stack_dir):
+        await asyncio.to_thread(wait_for, lambda: not st.pg_alive() and not st.nats_alive(), 60,
+                                "the stack stopped once the last client ended")
     assert not list((stack_dir / "clients").iterdir()), "every registration removed"
 
 
@@ -422,7 +457,7 @@ async def test_stdio_brings_back_the_pipeline_of_a_stack_whose_keeper_was_killed
     stack_dir = tmp_path / "stack"
     params = _embedded_params(stack_dir)
     st = DevStack(stack_dir)
-    with (tmp_path / "mcp.log").open("w") as errlog:
+    with (tmp_path / "mcp.log").open("w") as errlog, _cleaned(stack_dir):
         async with (stdio_client(params, errlog=errlog) as (read, write), ClientSession(read, write) as session):
             await session.initialize()
             keeper = int(st.read_state()["keeper_pid"])  # type: ignore[call-overload]
@@ -442,5 +477,6 @@ async def test_stdio_brings_back_the_pipeline_of_a_stack_whose_keeper_was_killed
                     break
                 await asyncio.sleep(0.5)
             assert hits and hits[0]["citation"].startswith("w/r/"), "filed, embedded and found"
-    await asyncio.to_thread(wait_for, lambda: not st.pg_alive() and not st.nats_alive(), 60,
-                            "the stack stopped once the client ended")
+    with _cleaned(stack_dir):
+        await asyncio.to_thread(wait_for, lambda: not st.pg_alive() and not st.nats_alive(), 60,
+                                "the stack stopped once the client ended")

@@ -217,7 +217,7 @@ async def test_a_dead_letter_nats_cannot_take_yet_is_held_then_stored_before_the
     another reason is not acked: JetStream delivers it again, and it is dead-lettered then."""
     from nats.errors import ConnectionReconnectingError
 
-    nc, js, settings, c = await _setup(stack, fetch_wait_s=0.5, ack_wait_s=1.0, dependency_retry_max_s=0.2)
+    nc, js, settings, c = await _setup(stack, fetch_wait_s=0.5, ack_wait_s=2.0, dependency_retry_max_s=0.2)
     calls: dict[bytes, int] = {}
 
     async def flaky_dead_letter(broker: Any, settings: Settings, *, raw: Any, reason: str, error_type: str,
@@ -239,8 +239,8 @@ async def test_a_dead_letter_nats_cannot_take_yet_is_held_then_stored_before_the
     try:
         await js.publish(c.subject, b"reconnecting")
         await js.publish(c.subject, b"refused")
-        await _until(lambda: len(dead) == 2, 15)
-        await asyncio.sleep(1.5)  # past ack_wait: anything left un-acked would come back
+        await _until(lambda: len(dead) == 2, 30)
+        await asyncio.sleep(2.5)  # past ack_wait: anything left un-acked would come back
     finally:
         stop.set()
         await task
@@ -273,7 +273,9 @@ async def test_a_handler_past_its_budget_is_cancelled_never_run_twice_at_once(st
     """An attempt that outlives PALACE_HANDLER_TIMEOUT_S is cancelled where the heartbeat stops keeping its
     message alive: JetStream redelivers it only after, so two attempts never overlap. Each timed-out attempt
     uses one delivery; the last is dead-lettered with the reason. A fast message beside it is unaffected."""
-    nc, js, settings, c = await _setup(stack, fetch_wait_s=0.3, ack_wait_s=0.6, handler_timeout_s=1.5,
+    # ack_wait 1.2 s (heartbeats every 0.4 s): a pause of the test process shorter than 0.8 s cannot let
+    # JetStream hand the message out again while its attempt still runs.
+    nc, js, settings, c = await _setup(stack, fetch_wait_s=0.3, ack_wait_s=1.2, handler_timeout_s=3.0,
                                        consumer_concurrency=2)
     running: dict[bytes, int] = {}
     overlap = 0
@@ -301,7 +303,7 @@ async def test_a_handler_past_its_budget_is_cancelled_never_run_twice_at_once(st
     try:
         await js.publish(c.subject, b"slow")
         await js.publish(c.subject, b"fast")
-        await _until(lambda: len(dead) == 1, 20)
+        await _until(lambda: len(dead) == 1, 40)
     finally:
         stop.set()
         await task
