@@ -82,6 +82,7 @@ class ChatStub:
     # id; LOWCONF answers under the confidence gate. Contradiction checks answer ``contradicts``.
     decision: str = "ADD"
     decision_calls: int = 0
+    decision_latency_s: float = 0.0  # a write decision's answer waits this long first
     contradicts: bool = False
     contradiction_calls: int = 0
     # Dreaming syntheses: ok (two memories citing the first episodes, in a <think> block and a fence),
@@ -148,6 +149,8 @@ def build_app(state: StubState) -> FastAPI:
         if isinstance(items, dict) and "session" in items:
             return _summary_answer(body, st, items["session"])
         if isinstance(items, dict):
+            if "older" not in items and st.decision_latency_s > 0:
+                await asyncio.sleep(st.decision_latency_s)
             return _chat_reply(body, json.dumps(_side_answer(st, items)))
         if items and isinstance(items[0], dict) and "turn" in items[0]:
             return await _extract_answer(st, body, items)

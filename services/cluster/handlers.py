@@ -16,7 +16,7 @@ from shared.adapters.llm import LlmClient, Usage
 from shared.bus import decode_event
 from shared.db.clustering import cluster_candidates, merge_many, record_history_many, said_when, supersede_many
 from shared.db.curation import record_usage
-from shared.db.decisions import apply_proposal, decided_sources
+from shared.db.decisions import apply_proposal, decided_sources, lock_decision_sources
 from shared.db.drawers import (
     drawers_by_id,
     drawers_missing_bands,
@@ -246,6 +246,13 @@ def register(deps: Deps) -> None:
                 decisions = [(did, d) for did, d in decisions if did not in gone and d.target not in gone]
                 proposals = [(r, p, cands) for r, p, cands in proposals
                              if r.id not in gone and not {c for c, _ in cands} & gone]
+        if proposals:
+            # Another event naming the same drawer (announced again) may have been decided side by side with
+            # this one: written one after the other, the second finds the drawer decided and writes nothing
+            # (a second UPDATE or DELETE, or a second held proposal, from the model's second answer).
+            await lock_decision_sources(conn, ws, [r.id for r, _, _ in proposals])
+            done = await decided_sources(conn, ws, [r.id for r, _, _ in proposals])
+            proposals = [(r, p, cands) for r, p, cands in proposals if r.id not in done]
         history: list[dict[str, Any]] = []
         # The event's supersessions, then its merges: one statement each, whatever their number.
         marked = await supersede_many(conn, ws, [(old, new) for old, new, _, _ in supersede_])

@@ -19,7 +19,7 @@ from shared.memory.decisions import Proposal, content_hash, outcome_for
 from shared.memory.dedup import wording_bands
 
 __all__ = ["DECIDED_SQL", "RESTORABLE", "RevertError", "apply_proposal", "decided_sources", "list_history",
-           "restore_columns", "revert", "snapshot"]
+           "lock_decision_sources", "restore_columns", "revert", "snapshot"]
 
 # Columns a decision may change, hence archived before it does and restored by a revert.
 RESTORABLE = ("content", "content_hash", "embedding", "memory_type", "importance", "summary", "state",
@@ -116,6 +116,18 @@ async def decided_sources(conn: AsyncConnection[Any], workspace_id: str, drawer_
         return set()
     cur = await conn.execute(DECIDED_SQL, {"ws": workspace_id, "ids": drawer_ids})
     return {r[0] for r in await cur.fetchall()}
+
+
+async def lock_decision_sources(conn: AsyncConnection[Any], workspace_id: str, drawer_ids: list[str]) -> None:
+    """Hold the write decision on each of these drawers until this transaction ends, taken in one order (no
+    deadlock): two events naming the same drawer, each having asked the model outside any transaction,
+    write one after the other, and the second sees the first's decision (``decided_sources``, asked after
+    this)."""
+    ids = sorted(set(drawer_ids))
+    if ids:
+        await conn.execute(
+            "SELECT count(pg_advisory_xact_lock(hashtextextended('palace.decision:' || %s || '/' || k, 0)))"
+            " FROM unnest(%s::text[]) AS k", (workspace_id, ids))
 
 
 async def apply_proposal(

@@ -463,6 +463,35 @@ def test_a_redelivered_decision_event_neither_asks_the_model_again_nor_updates_t
     assert len(_history(stack, w, "UPDATE")) == 1
 
 
+def test_two_events_naming_one_drawer_at_once_decide_it_once(stack: Stack, llm: ChatStub) -> None:
+    """A drawer announced twice (its sentence said again in another session, or its session re-published)
+    is named by two drawer.classified events that cluster handles side by side: both read it undecided
+    and ask the model. Only the first answer is written; the second finds it decided and writes nothing."""
+    from shared.events import DrawerClassified
+
+    _reset(llm, decision="UPDATE")
+    llm.decision_latency_s = 3.0
+    try:
+        w = ws()
+        first, second = "Maria prefers green tea in the morning", "Maria now prefers black coffee in the morning"
+        stack.publish(session(w, "s1", [first]))
+        stack.wait_processed(w, 1)
+        wait_for(lambda: _history(stack, w, "ADD"), 60, "the first drawer's decision")
+        stack.publish(session(w, "s2", [second]))
+        stack.wait_processed(w, 2)
+        (source,) = stack.sql("SELECT id FROM drawers WHERE workspace_id = %s AND seq = 0 AND session_id = 's2'",
+                              (w,))[0]
+        # While cluster waits on the model for the drawer's own event, another event names it.
+        stack.redeliver(DrawerClassified(event_id=f"again-{source}", workspace_id=w, drawer_ids=[source]),
+                        "cluster", timeout=60)
+    finally:
+        llm.decision_latency_s = 0.0
+    wait_for(lambda: _history(stack, w, "UPDATE"), 60, "the UPDATE")
+    decided = stack.sql("SELECT count(*) FROM memory_history WHERE workspace_id = %s"
+                        " AND new_value ->> 'source_drawer' = %s", (w, source))[0][0]
+    assert decided == 1, f"{decided} decisions on one drawer"
+
+
 def test_forgetting_the_source_of_an_update_reverts_its_target_and_the_proof_sees_it(
         stack: Stack, llm: ChatStub) -> None:
     """The UPDATE is filed under its target and wrote the forgotten session's fact into it: forgetting
