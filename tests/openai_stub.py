@@ -83,6 +83,7 @@ class ChatStub:
     decision: str = "ADD"
     decision_calls: int = 0
     decision_latency_s: float = 0.0  # a write decision's answer waits this long first
+    decision_requests: int = 0
     contradicts: bool = False
     contradiction_calls: int = 0
     # Dreaming syntheses: ok (two memories citing the first episodes, in a <think> block and a fence),
@@ -149,8 +150,10 @@ def build_app(state: StubState) -> FastAPI:
         if isinstance(items, dict) and "session" in items:
             return _summary_answer(body, st, items["session"])
         if isinstance(items, dict):
-            if "older" not in items and st.decision_latency_s > 0:
-                await asyncio.sleep(st.decision_latency_s)
+            if "older" not in items:
+                st.decision_requests += 1  # asked (the answer, after decision_latency_s, counts as a call)
+                if st.decision_latency_s > 0:
+                    await asyncio.sleep(st.decision_latency_s)
             return _chat_reply(body, json.dumps(_side_answer(st, items)))
         if items and isinstance(items[0], dict) and "turn" in items[0]:
             return await _extract_answer(st, body, items)

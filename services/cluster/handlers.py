@@ -280,7 +280,8 @@ def register(deps: Deps) -> None:
             for r, p, cands in proposals:
                 why = writes.validate(p, {c for c, _ in cands}, gate=s.decisions_gate)
                 await apply_proposal(conn, ws, p, source_drawer=r.id, source_embedding=r.embedding,
-                                     mode=s.decisions_mode, event_id=ev.event_id, dropped=why, audit=history)
+                                     mode=s.decisions_mode, event_id=ev.event_id, dropped=why, audit=history,
+                                     judged=None if checked else dict(cands).get(p.target or ""))
         await record_history_many(conn, ws, history)
         if usage:
             await record_usage(conn, ws, s.llm_model, usage)

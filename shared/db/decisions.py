@@ -134,9 +134,14 @@ async def apply_proposal(
     conn: AsyncConnection[Any], workspace_id: str, p: Proposal, *, source_drawer: str,
     source_embedding: np.ndarray | None, mode: str, event_id: str, dropped: str | None = None,
     actor: str = "cluster", extra: dict[str, Any] | None = None, audit: list[dict[str, Any]] | None = None,
+    judged: str | None = None,
 ) -> str:
     """Audit a proposal and apply it as far as ``mode`` allows. Returns the outcome:
     applied | held | shadow | dropped.
+
+    ``judged``: the target's content as the model was shown it, read before it was asked (outside this
+    transaction). A target whose content changed since (an UPDATE applied or approved meanwhile, a revert)
+    is not what the model judged: the proposal is dropped, never applied or held against the new words.
 
     ``audit``: where the caller collects the audit rows of many proposals, to write them in one
     statement later in the same transaction (``shared.db.drawers.insert_history``); without it the
@@ -148,6 +153,12 @@ async def apply_proposal(
     reason = dropped or p.reason
     old_value = None
     target_hash = None
+    if outcome in ("held", "applied") and p.action in ("UPDATE", "DELETE") and p.target and judged is not None:
+        cur = await conn.execute("SELECT content FROM drawers WHERE workspace_id = %s AND id = %s",
+                                 (workspace_id, p.target))
+        row = await cur.fetchone()
+        if row is not None and row[0] != judged:
+            outcome, reason = "dropped", "the target changed while the proposal was made"
     if outcome == "held" and p.target:
         cur = await conn.execute("SELECT content_hash FROM drawers WHERE workspace_id = %s AND id = %s",
                                  (workspace_id, p.target))

@@ -492,6 +492,31 @@ def test_two_events_naming_one_drawer_at_once_decide_it_once(stack: Stack, llm: 
     assert decided == 1, f"{decided} decisions on one drawer"
 
 
+def test_a_target_changed_while_the_model_answered_is_not_overwritten(stack: Stack, llm: ChatStub) -> None:
+    """The model is shown the target's words; while it answers, the target changes (an update approved, a
+    revert). Its UPDATE was judged against words that are gone: dropped and audited, the new words kept."""
+    _reset(llm, decision="UPDATE")
+    llm.decision_latency_s = 3.0
+    try:
+        w = ws()
+        first, second = "Maria prefers green tea in the morning", "Maria now prefers black coffee in the morning"
+        stack.publish(session(w, "s1", [first]))
+        stack.wait_processed(w, 1)
+        wait_for(lambda: _history(stack, w, "ADD"), 60, "the first drawer's decision")
+        (target,) = stack.sql("SELECT id FROM drawers WHERE workspace_id = %s", (w,))[0]
+        asked = llm.decision_requests
+        stack.publish(session(w, "s2", [second]))
+        wait_for(lambda: llm.decision_requests > asked, 60, "the model asked about the second drawer")
+        meanwhile = "Maria prefers jasmine tea in the morning"
+        stack.sql("UPDATE drawers SET content = %s WHERE workspace_id = %s AND id = %s RETURNING 1",
+                  (meanwhile, w, target))
+        (row,) = wait_for(lambda: _history(stack, w, "UPDATE"), 60, "the UPDATE audited")
+    finally:
+        llm.decision_latency_s = 0.0
+    assert row[2] == "dropped: the target changed while the proposal was made", row[2]
+    assert stack.sql("SELECT content FROM drawers WHERE workspace_id = %s AND id = %s", (w, target)) == [(meanwhile,)]
+
+
 def test_forgetting_the_source_of_an_update_reverts_its_target_and_the_proof_sees_it(
         stack: Stack, llm: ChatStub) -> None:
     """The UPDATE is filed under its target and wrote the forgotten session's fact into it: forgetting
