@@ -72,7 +72,8 @@ async def dedup_entities(pool: AsyncConnectionPool, workspace_id: str, entity_id
     done = []
     for d in merges:
         async with workspace_tx(pool, workspace_id) as conn:
-            mid = await sql.merge_entities(conn, workspace_id, d, actor=actor, event_id=event_id)
+            mid = await sql.merge_entities(conn, workspace_id, d, actor=actor, event_id=event_id,
+                                           unless_kept_apart=True)
         if mid is not None:
             done.append(mid)
             log.info("entity_merged", workspace_id=workspace_id, merge_id=mid, rule=d.rule, reason=d.reason)

@@ -402,13 +402,18 @@ async def _lock_pair(conn: AsyncConnection[Any], ws: str, a: str, b: str) -> dic
 
 
 async def merge_entities(
-    conn: AsyncConnection[Any], workspace_id: str, d: Decision, *, actor: str, event_id: str | None
+    conn: AsyncConnection[Any], workspace_id: str, d: Decision, *, actor: str, event_id: str | None,
+    unless_kept_apart: bool = False,
 ) -> str | None:
     """Merge ``d.loser`` into ``d.survivor`` (audited, reversible); the merge id, or None when either
-    is gone or already merged (a replica or an earlier delivery did it)."""
+    is gone or already merged (a replica or an earlier delivery did it), or, with ``unless_kept_apart``
+    (dedup's own merges, decided before this transaction), when an operator or a revert has kept the pair
+    apart since: asked under the pair's row locks, which ``keep_apart`` takes too."""
     assert d.survivor and d.loser and d.survivor != d.loser
     rows = await _lock_pair(conn, workspace_id, d.survivor, d.loser)
     if len(rows) != 2 or any(r["merged_into"] is not None for r in rows.values()):
+        return None
+    if unless_kept_apart and await kept_apart(conn, workspace_id, d.survivor, d.loser):
         return None
     loser_row, surv_row = rows[d.loser], rows[d.survivor]
     cur = await conn.execute("SELECT embedding::text FROM entities WHERE workspace_id = %s AND id = %s",
@@ -607,8 +612,10 @@ async def revert_merge(conn: AsyncConnection[Any], workspace_id: str, merge_id: 
 
 async def keep_apart(conn: AsyncConnection[Any], workspace_id: str, a: str, b: str, *, actor: str,
                      reason: str) -> None:
-    """Record that ``a`` and ``b`` are different entities: dedup never merges them again."""
+    """Record that ``a`` and ``b`` are different entities: dedup never merges them again (a merge of theirs
+    decided before waits for this, then finds them kept apart)."""
     lo, hi = sorted((a, b))
+    await _lock_pair(conn, workspace_id, lo, hi)
     await conn.execute(
         """INSERT INTO entity_flags (workspace_id, entity_a, entity_b, status, rule, reason, resolved_by)
            VALUES (%s, %s, %s, 'kept_apart', 'operator', %s, %s)

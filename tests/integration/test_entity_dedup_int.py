@@ -452,3 +452,24 @@ async def test_two_spellings_deduplicated_side_by_side_still_meet(pool: AsyncCon
     await asyncio.gather(*(kg_dedup.dedup_entities(pool, w, [entity_id(w, n)], context_threshold=threshold)
                            for n in ("Zoë Quill", "Zoe Quill")))
     assert stack.sql("SELECT rule FROM entity_merges WHERE workspace_id = %s", (w,)) == [("same_name",)]
+
+
+async def test_a_merge_decided_before_the_pair_was_kept_apart_is_not_written(pool: AsyncConnectionPool,
+                                                                              stack: Stack) -> None:
+    """Dedup decides a merge in one transaction and writes it in another; an operator keeping the pair apart
+    in between wins. An operator's own merge of the pair is still theirs to make."""
+    from shared.db.entity_dedup import keep_apart, merge_entities
+    from shared.kg_dedup import operator_merge
+    from shared.memory.entity_dedup import Decision
+
+    w = ws()
+    a, b = entity_id(w, "Ines Duarte"), entity_id(w, "Inês Duarte")
+    async with workspace_tx(pool, w) as c:
+        await ensure_entities(c, w, [("Ines Duarte", "person"), ("Inês Duarte", "person")])
+    decided = Decision("merge", "same_name", "same name", survivor=a, loser=b, score=1.0)
+    async with workspace_tx(pool, w) as c:
+        await keep_apart(c, w, a, b, actor="operator", reason="two people")
+    async with workspace_tx(pool, w) as c:
+        assert await merge_entities(c, w, decided, actor="cluster", event_id=None, unless_kept_apart=True) is None
+    assert stack.sql("SELECT count(*) FROM entity_merges WHERE workspace_id = %s", (w,)) == [(0,)]
+    assert await operator_merge(pool, w, a, b, actor="operator")
