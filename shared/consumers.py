@@ -184,6 +184,7 @@ class PullConsumer:
         self.fetch_size = settings.fetch_batch if c.batch else self.window
         self._tasks: set[asyncio.Task[None]] = set()
         self._live: dict[int, tuple[Msg, float]] = {}  # id(msg) → (msg, started) for heartbeats
+        self._inbox_seen: dict[int, float] = {}  # id(msg) → when first seen waiting in the inbox (heartbeats)
         self._slot = asyncio.Event()
         self._sub: Any = None
         self._backoff: Sequence[float] = settings.backoff_s or [1.0]
@@ -319,6 +320,23 @@ class PullConsumer:
                 if not msg._ackd and now - started < give_up:
                     with contextlib.suppress(Exception):  # a lost heartbeat only risks a redelivery
                         await msg.in_progress()
+            for msg, seen in self._inbox(now):
+                if now - seen < give_up:
+                    with contextlib.suppress(Exception):
+                        await msg.in_progress()
+
+    def _inbox(self, now: float) -> list[tuple[Msg, float]]:
+        """Messages delivered to this subscription that no fetch has taken yet, and since when each waits.
+        The server answers a fetch that the client has already given up on: its message lands in the inbox,
+        delivered, and the next fetch takes it first. While every slot is busy (a batch longer than
+        ``ack_wait``) that fetch does not come, and without a heartbeat JetStream would hand the message to
+        another replica while it still waits here: the same work twice, and a delivery used up."""
+        sub = self._sub
+        queue = getattr(getattr(sub, "_sub", None), "_pending_queue", None)
+        waiting = [m for m in list(getattr(queue, "_queue", ())) if m.data and m.reply and not m._ackd]
+        seen = {id(m): self._inbox_seen.get(id(m), now) for m in waiting}
+        self._inbox_seen = seen
+        return [(m, seen[id(m)]) for m in waiting]
 
     # --- one unit of work ------------------------------------------------------------------------
     async def _process(self, raws: list[Msg]) -> None:

@@ -346,3 +346,45 @@ async def test_a_handler_cut_by_a_stop_hands_its_message_back_at_once(stack: Sta
         await task2
     assert len(got) == 2 and got[1] - stopped < 5, "redelivered only after ack_wait"
     await nc.close()
+
+
+async def test_a_message_left_in_the_inbox_while_every_slot_is_busy_is_kept_alive(stack: Stack) -> None:
+    """The server answered a fetch the client had given up on: the message waits in this subscription's inbox,
+    delivered, until the next fetch, which does not come while the one slot works on a batch longer than
+    ack_wait. Kept alive meanwhile, it is not handed out again: handled once, on its first delivery."""
+    nc, js, settings, c = await _setup(stack, fetch_wait_s=0.3, ack_wait_s=1.2, consumer_concurrency=1)
+    handled: list[tuple[bytes, int]] = []
+    release = asyncio.Event()
+
+    async def handler(body: bytes, raw: Any) -> None:
+        handled.append((body, raw.metadata.num_delivered))
+        if body == b"long":
+            await release.wait()
+
+    pc = PullConsumer(js=js, broker=[], settings=settings, c=c, handler=handler, dead_letter=_dead_letter)
+    stop = asyncio.Event()
+    task = asyncio.create_task(pc.run(stop))
+    # Another replica, idle, pulling all along: where JetStream would hand a message whose ack_wait ran out.
+    other = PullConsumer(js=js, broker=[], settings=settings, c=c, handler=handler, dead_letter=_dead_letter)
+    other_task: asyncio.Task[None] | None = None
+    try:
+        await js.publish(c.subject, b"long")
+        await _until(lambda: handled, 10)
+        # A late answer to a fetch: "late" delivered to the subscription, left in its inbox.
+        await js.publish(c.subject, b"late")
+        (late,) = await pc._sub.fetch(1, timeout=5)
+        pc._sub._sub._pending_queue.put_nowait(late)
+        other_task = asyncio.create_task(other.run(stop))
+        await asyncio.sleep(3 * settings.ack_wait_s)  # the long batch outlives ack_wait, twice over
+        release.set()
+        await _until(lambda: len(handled) >= 2, 10)
+        await asyncio.sleep(2 * settings.ack_wait_s)  # anything handed out again would come back by now
+    finally:
+        stop.set()
+        await task
+        if other_task is not None:
+            await other_task
+    assert handled == [(b"long", 1), (b"late", 1)], handled
+    info = await js.consumer_info(settings.stream_name, c.durable)
+    assert info.num_ack_pending == 0 and info.num_pending == 0 and info.num_redelivered == 0
+    await nc.close()
