@@ -48,7 +48,7 @@ test: install tools
 	$(BIN)/pytest -ra --durations=25
 
 ## The tests whose length is their point, at full length: a producer publishing for ten minutes from the
-## moment `palace up` is ready (one minute in `make test`), never a session classified later than 5 s.
+## moment `palace up` is ready (thirty seconds in `make test`), never a session classified later than 5 s.
 test-long: install
 	PALACE_STALL_TEST_S=600 $(BIN)/pytest -ra --timeout 900 tests/integration/test_no_stall_int.py
 

@@ -470,15 +470,16 @@ def test_two_events_naming_one_drawer_at_once_decide_it_once(stack: Stack, llm: 
     from shared.events import DrawerClassified
 
     _reset(llm, decision="UPDATE")
-    llm.decision_latency_s = 3.0
+    llm.decision_latency_s = 1.5  # well under the 3 s timeout
     try:
         w = ws()
         first, second = "Maria prefers green tea in the morning", "Maria now prefers black coffee in the morning"
         stack.publish(session(w, "s1", [first]))
         stack.wait_processed(w, 1)
         wait_for(lambda: _history(stack, w, "ADD"), 60, "the first drawer's decision")
+        asked = llm.decision_requests
         stack.publish(session(w, "s2", [second]))
-        stack.wait_processed(w, 2)
+        wait_for(lambda: llm.decision_requests > asked, 60, "the model asked about the second drawer")
         (source,) = stack.sql("SELECT id FROM drawers WHERE workspace_id = %s AND seq = 0 AND session_id = 's2'",
                               (w,))[0]
         # While cluster waits on the model for the drawer's own event, another event names it.
@@ -496,7 +497,7 @@ def test_a_target_changed_while_the_model_answered_is_not_overwritten(stack: Sta
     """The model is shown the target's words; while it answers, the target changes (an update approved, a
     revert). Its UPDATE was judged against words that are gone: dropped and audited, the new words kept."""
     _reset(llm, decision="UPDATE")
-    llm.decision_latency_s = 3.0
+    llm.decision_latency_s = 1.5  # well under the 3 s timeout
     try:
         w = ws()
         first, second = "Maria prefers green tea in the morning", "Maria now prefers black coffee in the morning"

@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import socket
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -81,7 +80,6 @@ def authed_api(stack: Stack) -> Iterator[str]:
 def test_browse_search_and_delete_in_chromium(stack: Stack, chromium: str, authed_api: str) -> None:
     from playwright.sync_api import expect, sync_playwright
 
-    t0 = time.monotonic()
     w = ws()
     key = api_key_for(stack, w, "browser-test")
     stack.publish(session(w, "s-browser-1", TEXTS))
@@ -225,7 +223,6 @@ def test_browse_search_and_delete_in_chromium(stack: Stack, chromium: str, authe
         finally:
             browser.close()
     assert SCREENSHOT.stat().st_size > 10_000
-    assert time.monotonic() - t0 < 60, "the browser test stays fast"
 
 
 def test_palace_endpoints_scope_and_page(stack: Stack, authed_api: str) -> None:
