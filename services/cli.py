@@ -511,7 +511,7 @@ def mcp(workspace: Annotated[str | None, typer.Option(
         pass
     finally:
         if client is not None:
-            client.unlink(missing_ok=True)
+            client.close()
 
 
 def _interrupt(*_: Any) -> None:

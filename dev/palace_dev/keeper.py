@@ -5,8 +5,10 @@ An MCP client starts one server process per session and ends it when it closes, 
 clients side by side (Claude Desktop, Claude Code, Cursor). Were the stack run by the first ``palace mcp``,
 its exit would take the servers and the pipeline from under the others (the services die with their
 supervisor). So the stack runs in a process no client owns; each ``palace mcp`` on the embedded stack
-registers itself while it runs (a file named by its pid and start time under ``<devstack>/clients``), and
-the keeper stops everything once none has been alive for ``PALACE_MCP_STACK_IDLE_S``.
+registers itself while it runs (a file under ``<devstack>/clients`` it holds a lock on), and the keeper stops
+everything once none has been alive for ``PALACE_MCP_STACK_IDLE_S``. The keeper holds ``keeper.alive``
+locked the same way: a lock, unlike a pid or a start time, cannot outlive its process or be faked by a
+reused pid or a stepped clock.
 
 Registering and deciding to stop happen under one file lock, so a client either registers before the
 keeper's last look (and keeps the stack) or finds it stopped and starts another.
@@ -26,19 +28,18 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import psutil
-
 from palace_dev.devstack import DevStack
 from shared.config import Settings
 from shared.endpoints import StackNotRunning, resolve_urls
 from shared.logging import configure_logging, get_logger
 
-__all__ = ["KeeperFailed", "live_clients", "register_client", "stack_for_client"]
+__all__ = ["KeeperFailed", "Registration", "live_clients", "stack_for_client"]
 
 log = get_logger("palace.keeper")
 CLIENTS = "clients"
 LOCK = "keeper.lock"
 READY = "keeper.ready"
+ALIVE = "keeper.alive"
 
 
 class KeeperFailed(RuntimeError):
@@ -56,65 +57,96 @@ def _locked(root: Path) -> Iterator[None]:
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
-def _stamp(p: psutil.Process) -> str:
-    """pid and start time: a pid reused by another process after a crash does not count as the client."""
-    return f"{p.pid}-{p.create_time():.2f}"
+class Registration:
+    """This process's registration as a user of the stack: a file it holds a shared lock on for as long as
+    it runs. Liveness is the lock, not a pid or a start time: the kernel drops it when the process ends,
+    however it ends, and neither a reused pid nor a stepped clock can fake it."""
+
+    def __init__(self, root: Path) -> None:
+        d = root / CLIENTS
+        d.mkdir(parents=True, exist_ok=True)
+        # Locked under a temporary name, then renamed into place: the keeper never sees it unlocked.
+        tmp = d / f".{os.getpid()}-{time.monotonic_ns()}"
+        self._file = tmp.open("w")
+        fcntl.flock(self._file, fcntl.LOCK_SH)
+        self.path = d / f"{os.getpid()}-{time.monotonic_ns()}"
+        tmp.rename(self.path)
+
+    def close(self) -> None:
+        self.path.unlink(missing_ok=True)
+        self._file.close()
 
 
-def register_client(root: Path) -> Path:
-    """Register this process as a user of the stack in ``root``; the caller removes the file on exit
-    (a client killed outright is recognised as gone by its pid and start time)."""
-    d = root / CLIENTS
-    d.mkdir(parents=True, exist_ok=True)
-    f = d / _stamp(psutil.Process())
-    f.touch()
-    return f
+def _held(path: Path) -> bool:
+    """Whether another process holds a lock on ``path`` (False: nobody, or the file is gone)."""
+    try:
+        with path.open("r") as f:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return True
+            fcntl.flock(f, fcntl.LOCK_UN)
+            return False
+    except FileNotFoundError:
+        return False
 
 
 def live_clients(root: Path) -> int:
     """Registered clients still running; the files of those that are gone are removed."""
     n = 0
-    for f in (root / CLIENTS).glob("*-*"):
-        pid = f.name.split("-", 1)[0]
-        try:
-            alive = _stamp(psutil.Process(int(pid))) == f.name
-        except (psutil.Error, ValueError):
-            alive = False
-        if alive:
+    for f in (root / CLIENTS).glob("[0-9]*-*"):
+        if _held(f):
             n += 1
         else:
             f.unlink(missing_ok=True)
     return n
 
 
-def stack_for_client(settings: Settings, services: list[str], *, timeout_s: float = 300.0) -> tuple[Path, str, str]:
+def stack_for_client(settings: Settings, services: list[str], *,
+                     timeout_s: float = 300.0) -> tuple[Registration, str, str]:
     """Register this ``palace mcp`` and return (its registration, database URL, NATS URL): the running
     embedded stack's, or those of a keeper started here. Raises ``KeeperFailed`` with the keeper's log."""
     root = settings.devstack_dir
     with _locked(root):
-        me = register_client(root)
-        if not _keeper_died(root):
-            with contextlib.suppress(StackNotRunning):
-                db, bus = resolve_urls(settings)
-                return me, db, bus
+        me = Registration(root)
         try:
+            if _keeper_alive(root):
+                # Running, or still starting (a client that gave up waiting for it left it so): wait for it
+                # rather than start a second one on the same directory.
+                _wait_ready(root, timeout_s)
+            if not _keeper_died(root):
+                with contextlib.suppress(StackNotRunning):
+                    db, bus = resolve_urls(settings)
+                    return me, db, bus
             db, bus = _start_keeper(settings, services, timeout_s)
         except BaseException:
-            me.unlink(missing_ok=True)
+            me.close()
             raise
         return me, db, bus
 
 
+def _keeper_alive(root: Path) -> bool:
+    """Whether a keeper process runs for this directory: it holds ``keeper.alive`` locked for its life."""
+    return _held(root / ALIVE)
+
+
 def _keeper_died(root: Path) -> bool:
     """A keeper that was killed outright leaves its servers running without the pipeline (its services end
-    with it): a client would file memories nothing processes. Such a stack is started again, recovering."""
-    pid = DevStack(root).read_state().get("keeper_pid")
-    if not pid:
+    with it): a client would file memories nothing processes. Such a stack is started again, recovering.
+    Not a stack someone else has run since (``palace up``: the owner recorded is not the keeper)."""
+    state = DevStack(root).read_state()
+    pid = state.get("keeper_pid")
+    if not pid or state.get("owner_pid") not in (None, pid):
         return False
-    with contextlib.suppress(psutil.Error, ValueError, TypeError):
-        p = psutil.Process(int(pid))  # type: ignore[call-overload]
-        return not (p.is_running() and p.status() != psutil.STATUS_ZOMBIE)
-    return True
+    return not _keeper_alive(root)
+
+
+def _wait_ready(root: Path, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while _keeper_alive(root) and not (root / READY).exists():
+        if time.monotonic() > deadline:
+            raise KeeperFailed(f"the embedded stack was not ready within {timeout_s:.0f} s:\n{_tail(root / 'logs')}")
+        time.sleep(0.2)
 
 
 def _start_keeper(settings: Settings, services: list[str], timeout_s: float) -> tuple[str, str]:
@@ -160,6 +192,12 @@ def run(settings: Settings, services: list[str], log_dir: Path) -> None:
 
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
+    root.mkdir(parents=True, exist_ok=True)
+    alive = (root / ALIVE).open("a")  # locked for this process's life: what clients take as "a keeper runs"
+    try:
+        fcntl.flock(alive, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise SystemExit(f"another keeper runs the stack in {root}") from None
     sup = Supervisor(settings, services=services, log_dir=log_dir)
     stopped = False
     DevStack(root).write_state(keeper_pid=os.getpid())
@@ -167,6 +205,8 @@ def run(settings: Settings, services: list[str], log_dir: Path) -> None:
         sup.start_servers()
         sup.start_services()
         sup.wait_healthy()
+        if stopping:
+            return  # stopped while starting: never announced ready
         (root / READY).write_text(str(os.getpid()))
         log.info("keeper_ready", services=services, idle_s=settings.mcp_stack_idle_s)
         idle_since: float | None = None
@@ -196,7 +236,9 @@ def _shutdown(sup: Any, root: Path) -> None:
     try:
         sup.stop()
     finally:
-        DevStack(root).write_state(keeper_pid=None)
+        st = DevStack(root)
+        if st.read_state().get("keeper_pid") == os.getpid():
+            st.write_state(keeper_pid=None)
 
 
 def main() -> None:
