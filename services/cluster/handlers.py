@@ -16,7 +16,7 @@ from shared.adapters.llm import LlmClient, Usage
 from shared.bus import decode_event
 from shared.db.clustering import cluster_candidates, merge_many, record_history_many, said_when, supersede_many
 from shared.db.curation import record_usage
-from shared.db.decisions import apply_proposal, decided_sources, lock_decision_sources
+from shared.db.decisions import apply_proposal, decided_sources, lock_decision_sources, lock_targets
 from shared.db.drawers import (
     drawers_by_id,
     drawers_missing_bands,
@@ -253,6 +253,8 @@ def register(deps: Deps) -> None:
             await lock_decision_sources(conn, ws, [r.id for r, _, _ in proposals])
             done = await decided_sources(conn, ws, [r.id for r, _, _ in proposals])
             proposals = [(r, p, cands) for r, p, cands in proposals if r.id not in done]
+            await lock_targets(conn, ws, [p.target for _, p, _ in proposals
+                                          if p.action in ("UPDATE", "DELETE") and p.target])
         history: list[dict[str, Any]] = []
         # The event's supersessions, then its merges: one statement each, whatever their number.
         marked = await supersede_many(conn, ws, [(old, new) for old, new, _, _ in supersede_])

@@ -51,11 +51,17 @@ def register(deps: Deps) -> None:
         if not events:
             return
         try:
-            await embed_and_save(events, embedder, space_id)
+            try:
+                await embed_and_save(events, embedder, space_id)
+            except SpaceSwitched:
+                # Once more at once, in the space active now (what earlier workspaces saved stays: their
+                # drawers have vectors and are left out), rather than a NAK that costs every message a delivery.
+                embedder, space_id = await pin_space(deps.embedder)
+                await embed_and_save(events, embedder, space_id)
         except Exception as e:
             if is_transient(e) or len(events) == 1 or isinstance(e, SpaceSwitched):
                 # The endpoint is down for all of them (the loop holds, NAKs or dead-letters them), or the
-                # space switched under the whole batch (it runs again, in the new one).
+                # space switched under the whole batch twice running (it runs again later, in the new one).
                 raise
             # Something in the batch broke the call: each event alone, so one bad text fails only its own
             # event (NAKed, then dead-lettered, by the loop); the others are committed and acked here.

@@ -19,7 +19,7 @@ from shared.memory.decisions import Proposal, content_hash, outcome_for
 from shared.memory.dedup import wording_bands
 
 __all__ = ["DECIDED_SQL", "RESTORABLE", "RevertError", "apply_proposal", "decided_sources", "list_history",
-           "lock_decision_sources", "restore_columns", "revert", "snapshot"]
+           "lock_decision_sources", "lock_targets", "restore_columns", "revert", "snapshot"]
 
 # Columns a decision may change, hence archived before it does and restored by a revert.
 RESTORABLE = ("content", "content_hash", "embedding", "memory_type", "importance", "summary", "state",
@@ -128,6 +128,16 @@ async def lock_decision_sources(conn: AsyncConnection[Any], workspace_id: str, d
         await conn.execute(
             "SELECT count(pg_advisory_xact_lock(hashtextextended('palace.decision:' || %s || '/' || k, 0)))"
             " FROM unnest(%s::text[]) AS k", (workspace_id, ids))
+
+
+async def lock_targets(conn: AsyncConnection[Any], workspace_id: str, drawer_ids: list[str]) -> None:
+    """Lock the drawers proposals would change, in id order, before any is checked or written: two events
+    updating the same target side by side then write one after the other, and the second's check
+    (``apply_proposal``'s ``judged``) sees the first's words, not the ones both were shown."""
+    ids = sorted(set(drawer_ids))
+    if ids:
+        await conn.execute("SELECT id FROM drawers WHERE workspace_id = %s AND id = ANY(%s) ORDER BY id FOR UPDATE",
+                           (workspace_id, ids))
 
 
 async def apply_proposal(
