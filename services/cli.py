@@ -84,7 +84,7 @@ def up(services: ServicesOpt = "all", log_dir: Annotated[Path, typer.Option(help
         ".devstack/logs")) -> None:
     """Run the stack in the foreground until Ctrl-C (or SIGTERM), then stop everything cleanly."""
     _require_dev("up")
-    from palace_dev.supervisor import ALL_SERVICES, Supervisor
+    from palace_dev.supervisor import ALL_SERVICES, Supervisor, stop_on_signals
 
     s = _settings()
     names = ALL_SERVICES if services == "all" else [n.strip() for n in services.split(",") if n.strip()]
@@ -93,14 +93,7 @@ def up(services: ServicesOpt = "all", log_dir: Annotated[Path, typer.Option(help
         raise typer.BadParameter(f"unknown service(s) {', '.join(unknown) or '(none given)'}; "
                                  f"choose from {', '.join(ALL_SERVICES)} or 'all'", param_hint="--services")
     sup = Supervisor(s, services=names, log_dir=log_dir)
-    stopping = False
-
-    def _stop(*_: Any) -> None:
-        nonlocal stopping
-        stopping = True
-
-    signal.signal(signal.SIGTERM, _stop)
-    signal.signal(signal.SIGINT, _stop)
+    stop = stop_on_signals()
     # Everything started is stopped on the way out, a start-up that failed or was interrupted included.
     try:
         with console.status("starting PostgreSQL and NATS ..."):
@@ -112,11 +105,11 @@ def up(services: ServicesOpt = "all", log_dir: Annotated[Path, typer.Option(help
         console.print(_services_table(sup.endpoints()))
         console.print(f"[green]ready.[/green] API http://{s.api_host}:{s.api_port} (docs at /docs) · "
                       f"NATS {sup.nats_url} · logs in {log_dir}. Ctrl-C to stop.", soft_wrap=True)
-        while not stopping:
+        while not stop.is_set():
             sup.poll()
             time.sleep(0.5)
     except RuntimeError as e:  # a server or service that would not start (or Ctrl-C meanwhile)
-        if not stopping:
+        if not stop.is_set():
             console.print(Text(f"palace up: {e}", style="red"))
             raise typer.Exit(1) from None
     finally:

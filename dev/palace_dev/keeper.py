@@ -20,7 +20,6 @@ import argparse
 import contextlib
 import fcntl
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -181,17 +180,10 @@ def _tail(logs: Path, n: int = 20) -> str:
 def run(settings: Settings, services: list[str], log_dir: Path) -> None:
     """The keeper itself: bring the stack up, mark it ready, and stop it once no client has been alive for
     ``PALACE_MCP_STACK_IDLE_S`` (or on SIGTERM / SIGINT)."""
-    from palace_dev.supervisor import Supervisor
+    from palace_dev.supervisor import Supervisor, stop_on_signals
 
     root = settings.devstack_dir
-    stopping = False
-
-    def _stop(*_: Any) -> None:
-        nonlocal stopping
-        stopping = True
-
-    signal.signal(signal.SIGTERM, _stop)
-    signal.signal(signal.SIGINT, _stop)
+    stop = stop_on_signals()
     root.mkdir(parents=True, exist_ok=True)
     alive = (root / ALIVE).open("a")  # locked for this process's life: what clients take as "a keeper runs"
     try:
@@ -205,12 +197,12 @@ def run(settings: Settings, services: list[str], log_dir: Path) -> None:
         sup.start_servers()
         sup.start_services()
         sup.wait_healthy()
-        if stopping:
+        if stop.is_set():
             return  # stopped while starting: never announced ready
         (root / READY).write_text(str(os.getpid()))
         log.info("keeper_ready", services=services, idle_s=settings.mcp_stack_idle_s)
         idle_since: float | None = None
-        while not stopping:
+        while not stop.is_set():
             sup.poll()
             if live_clients(root):
                 idle_since = None

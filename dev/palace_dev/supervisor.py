@@ -15,6 +15,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,7 +25,7 @@ from shared.config import Settings
 from shared.db.migrate import apply_migrations
 from shared.logging import get_logger
 
-__all__ = ["ALL_SERVICES", "Supervisor", "free_port_block"]
+__all__ = ["ALL_SERVICES", "Supervisor", "free_port_block", "stop_on_signals"]
 
 
 ALL_SERVICES = ["ingest", "embed", "classify", "cluster", "enrich", "maintain", "api"]
@@ -46,6 +47,15 @@ def free_port_block(n: int, start: int = 9101, stop: int = 60000) -> int:
         if free:
             return base
     raise RuntimeError(f"no block of {n} free ports in {start}..{stop}")
+
+
+def stop_on_signals() -> threading.Event:
+    """An event set by SIGTERM or SIGINT (installed here, in the main thread): a foreground stack runs until
+    it is set, then stops everything it started."""
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    return stop
 
 
 def _die_with_parent() -> None:

@@ -8,6 +8,7 @@ stub (decisions in full mode) for this module, and put back afterwards.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -463,30 +464,39 @@ def test_a_redelivered_decision_event_neither_asks_the_model_again_nor_updates_t
     assert len(_history(stack, w, "UPDATE")) == 1
 
 
-def test_two_events_naming_one_drawer_at_once_decide_it_once(stack: Stack, llm: ChatStub) -> None:
-    """A drawer announced twice (its sentence said again in another session, or its session re-published)
-    is named by two drawer.classified events that cluster handles side by side: both read it undecided
-    and ask the model. Only the first answer is written; the second finds it decided and writes nothing."""
-    from shared.events import DrawerClassified
-
+@contextlib.contextmanager
+def _model_answering_about_a_second_drawer(stack: Stack, llm: ChatStub) -> Iterator[tuple[str, str]]:
+    """A first drawer filed and decided (ADD), then a second one whose UPDATE the model is answering (in
+    1.5 s, well under the 3 s timeout): yields (workspace, the first drawer's id) while it answers."""
     _reset(llm, decision="UPDATE")
-    llm.decision_latency_s = 1.5  # well under the 3 s timeout
+    llm.decision_latency_s = 1.5
     try:
         w = ws()
         first, second = "Maria prefers green tea in the morning", "Maria now prefers black coffee in the morning"
         stack.publish(session(w, "s1", [first]))
         stack.wait_processed(w, 1)
         wait_for(lambda: _history(stack, w, "ADD"), 60, "the first drawer's decision")
+        (first_id,) = stack.sql("SELECT id FROM drawers WHERE workspace_id = %s", (w,))[0]
         asked = llm.decision_requests
         stack.publish(session(w, "s2", [second]))
         wait_for(lambda: llm.decision_requests > asked, 60, "the model asked about the second drawer")
+        yield w, first_id
+    finally:
+        llm.decision_latency_s = 0.0
+
+
+def test_two_events_naming_one_drawer_at_once_decide_it_once(stack: Stack, llm: ChatStub) -> None:
+    """A drawer announced twice (its sentence said again in another session, or its session re-published)
+    is named by two drawer.classified events that cluster handles side by side: both read it undecided
+    and ask the model. Only the first answer is written; the second finds it decided and writes nothing."""
+    from shared.events import DrawerClassified
+
+    with _model_answering_about_a_second_drawer(stack, llm) as (w, _):
         (source,) = stack.sql("SELECT id FROM drawers WHERE workspace_id = %s AND seq = 0 AND session_id = 's2'",
                               (w,))[0]
         # While cluster waits on the model for the drawer's own event, another event names it.
         stack.redeliver(DrawerClassified(event_id=f"again-{source}", workspace_id=w, drawer_ids=[source]),
                         "cluster", timeout=60)
-    finally:
-        llm.decision_latency_s = 0.0
     wait_for(lambda: _history(stack, w, "UPDATE"), 60, "the UPDATE")
     decided = stack.sql("SELECT count(*) FROM memory_history WHERE workspace_id = %s"
                         " AND new_value ->> 'source_drawer' = %s", (w, source))[0][0]
@@ -496,24 +506,11 @@ def test_two_events_naming_one_drawer_at_once_decide_it_once(stack: Stack, llm: 
 def test_a_target_changed_while_the_model_answered_is_not_overwritten(stack: Stack, llm: ChatStub) -> None:
     """The model is shown the target's words; while it answers, the target changes (an update approved, a
     revert). Its UPDATE was judged against words that are gone: dropped and audited, the new words kept."""
-    _reset(llm, decision="UPDATE")
-    llm.decision_latency_s = 1.5  # well under the 3 s timeout
-    try:
-        w = ws()
-        first, second = "Maria prefers green tea in the morning", "Maria now prefers black coffee in the morning"
-        stack.publish(session(w, "s1", [first]))
-        stack.wait_processed(w, 1)
-        wait_for(lambda: _history(stack, w, "ADD"), 60, "the first drawer's decision")
-        (target,) = stack.sql("SELECT id FROM drawers WHERE workspace_id = %s", (w,))[0]
-        asked = llm.decision_requests
-        stack.publish(session(w, "s2", [second]))
-        wait_for(lambda: llm.decision_requests > asked, 60, "the model asked about the second drawer")
-        meanwhile = "Maria prefers jasmine tea in the morning"
+    meanwhile = "Maria prefers jasmine tea in the morning"
+    with _model_answering_about_a_second_drawer(stack, llm) as (w, target):
         stack.sql("UPDATE drawers SET content = %s WHERE workspace_id = %s AND id = %s RETURNING 1",
                   (meanwhile, w, target))
         (row,) = wait_for(lambda: _history(stack, w, "UPDATE"), 60, "the UPDATE audited")
-    finally:
-        llm.decision_latency_s = 0.0
     assert row[2] == "dropped: the target changed while the proposal was made", row[2]
     assert stack.sql("SELECT content FROM drawers WHERE workspace_id = %s AND id = %s", (w, target)) == [(meanwhile,)]
 
