@@ -40,12 +40,17 @@ tools: $(BIN)/promtool $(CHROMIUM)
 demo: install
 	$(BIN)/palace demo
 
+## How many pytest-xdist workers `make test` runs, each with its own embedded stack (the suite mostly
+## waits on servers, so two workers share two cores well). External servers (PALACE_DATABASE_URL) are
+## one stack for everyone: one worker then.
+TEST_WORKERS ?= $(if $(PALACE_DATABASE_URL),0,2)
+
 ## Lint, schema drift check, and the whole test suite against real embedded servers.
 test: install tools
 	$(BIN)/ruff check .
 	$(BIN)/palace schemas --check
 	$(BIN)/python tools/audit_deps.py
-	$(BIN)/pytest -ra --durations=25
+	$(BIN)/pytest -ra --durations=25 -n $(TEST_WORKERS) --dist loadfile
 
 ## The tests whose length is their point, at full length: a producer publishing for ten minutes from the
 ## moment `palace up` is ready (thirty seconds in `make test`), never a session classified later than 5 s.

@@ -46,6 +46,9 @@ def _free_port() -> int:
 def stack() -> Iterator[Stack]:
     saved = dict(os.environ)
     os.environ.update({k: v for k, v in TEST_ENV.items() if k not in os.environ or k == "PALACE_DEVSTACK_DIR"})
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker:  # one stack per pytest-xdist worker, each in its own directory
+        os.environ["PALACE_DEVSTACK_DIR"] = f"{TEST_ENV['PALACE_DEVSTACK_DIR']}-{worker}"
     os.environ["PALACE_API_PORT"] = str(_free_port())
     # Every service exports its spans to a receiver in this process, as it would to a collector.
     otlp = OtlpReceiver().start()
