@@ -72,7 +72,7 @@ class _Plan:
     """The writes decided for an event's drawers, and the model's usage that decided them."""
 
     rows: list[Any]
-    decisions: list[tuple[str, Any]] = field(default_factory=list)  # (drawer, its MERGE decision)
+    decisions: list[tuple[str, Any]] = field(default_factory=list)  # (drawer merged, its MERGE decision)
     supersede: list[tuple[str, str, float, str]] = field(default_factory=list)  # (older, newer, cosine, why)
     proposals: list[tuple[Any, writes.Proposal, list[tuple[str, str]]]] = field(default_factory=list)
     usage: list[Usage] = field(default_factory=list)
@@ -169,33 +169,48 @@ def register(deps: Deps) -> None:
             n = found[r.id]
             # "enabled" and "disabled" differ by one word: a negation is never a duplicate to merge away. Nor is
             # another person's same words: "I love hiking" said by two people is two memories, each its
-            # speaker's (merged, the younger one would leave recall).
-            d = decide(r.content, [t for t in n.twins
-                                   if contradiction.same_voice(voices.get(t[0]), r.speaker)
+            # speaker's (merged, the younger one would leave recall). A pair merges into the one filed first,
+            # whichever of the two is processed last (and finds the other).
+            twins = [t for t in n.twins if contradiction.same_voice(voices.get(t[0]), r.speaker)]
+            d = decide(r.content, [t for t in twins if t[0] not in n.newer
                                    and not contradiction.lexical_contradiction(t[2], r.content).contradicts],
                        s.dedup_threshold)
             if d.action == "MERGE":
                 plan.decisions.append((r.id, d))
                 continue
+            absorbed = set()
+            for tid, sim, tcontent in twins:
+                if tid in n.newer and not contradiction.lexical_contradiction(r.content, tcontent).contradicts:
+                    d = decide(tcontent, [(r.id, sim, r.content)], s.dedup_threshold)
+                    if d.action == "MERGE":
+                        plan.decisions.append((tid, d))
+                        absorbed.add(tid)
             # The band's upper end is the merge rule: a neighbour that is not near-verbatim may still be
             # its negation ("enabled" / "disabled" sit very close in embedding space). Neighbours by
             # embedding here, not by wording: a contradiction may be worded differently.
             # And said by the same person: two people disagreeing is two facts, not a correction.
-            band = [t for t in n.near if t[1] >= s.contradiction_low
+            band = [t for t in n.near if t[1] >= s.contradiction_low and t[0] not in absorbed
                     and contradiction.same_voice(voices.get(t[0]), r.speaker)]
             if band:
-                checks.append((r.id, r.content, band))
-            proposing.append((r, [(nid, content) for nid, _, content in n.near]))
-        for did, content, band in checks:
+                checks.append((r.id, r.content, band, n.newer))
+            # A write decision concerns what was known before the drawer: its older neighbours.
+            proposing.append((r, [(nid, content) for nid, _, content in n.near if nid not in n.newer]))
+        compared: set[frozenset[str]] = set()
+        for did, content, band, newer in checks:
             for tid, sim, tcontent in band:
-                v = await verdict(tcontent, content, plan.usage)
+                if frozenset((did, tid)) in compared:  # two drawers of the event, each the other's neighbour
+                    continue
+                compared.add(frozenset((did, tid)))
+                # Compared in filing order; the one said last supersedes (a drawer filed first may have
+                # been said after: a later turn of the same session, or history imported late).
+                first, then = (did, tid) if tid in newer else (tid, did)
+                texts = {did: content, tid: tcontent}
+                v = await verdict(texts[first], texts[then], plan.usage)
                 if v.contradicts:
-                    # The candidate was filed first, but may have been said after (a later turn of the same
-                    # session, or history imported late): the one said last supersedes.
-                    if _said_later(got.said.get(tid), got.said.get(did)):
-                        plan.supersede.append((did, tid, sim, v.reason))
+                    if _said_later(got.said.get(first), got.said.get(then)):
+                        plan.supersede.append((then, first, sim, v.reason))
                     else:
-                        plan.supersede.append((tid, did, sim, v.reason))
+                        plan.supersede.append((first, then, sim, v.reason))
         plan.proposals = [(r, await propose(r.content, cands, plan.usage), cands) for r, cands in proposing]
         return plan
 
@@ -239,7 +254,8 @@ def register(deps: Deps) -> None:
             # and no decision involving it is written (one would name it, or carry its text into
             # another drawer); a forget starting now waits for this transaction and sees what it wrote.
             involved = {r.id for r in rows} | {t for old, new, _, _ in supersede_ for t in (old, new)}
-            involved |= {d.target for _, d in decisions} | {c for _, _, cands in proposals for c, _ in cands}
+            involved |= {t for did, d in decisions for t in (did, d.target)}
+            involved |= {c for _, _, cands in proposals for c, _ in cands}
             gone = involved - await existing_drawers(conn, ws, sorted(involved))
             if gone:
                 supersede_ = [x for x in supersede_ if not {x[0], x[1]} & gone]

@@ -1,11 +1,14 @@
 """The cluster stage's reads and writes, one statement per event rather than several per drawer.
 
-For every drawer of a ``drawer.classified`` event the stage needs two neighbour lists, both limited to
-live, processed drawers of the workspace filed before it (so two drawers classified together never
-merge into each other): its *twins* (drawers sharing a wording band, from the GIN index of migration
-0017, nearest by embedding first) for the near-duplicate merge, and its *neighbours* by embedding,
-whatever their wording, for the contradiction check and as the similar memories a write decision
-(ADD/UPDATE/DELETE/NONE) is taken against. The decision's candidates used to come from a full hybrid
+For every drawer of a ``drawer.classified`` event the stage needs two neighbour lists, both of live,
+processed drawers of the workspace, each marked *newer* when filed after it: its *twins* (drawers
+sharing a wording band, from the GIN index of migration 0017, nearest by embedding first) for the
+near-duplicate merge, and its *neighbours* by embedding, whatever their wording, for the contradiction
+check and as the similar memories a write decision (ADD/UPDATE/DELETE/NONE) is taken against (the
+older ones only). Drawers filed later are candidates too because drawers are not always processed in
+the order they were filed (a batch retried, a slow model, several replicas): a pair is found by
+whichever of its two drawers is processed last, and the filing order, not the processing order, says
+which one merges into which. The decision's candidates used to come from a full hybrid
 search per drawer, whose full-text half matched an OR of word pairs across the workspace; the nearest
 older memories by embedding are what the decision compares against (as in Mem0), and they are already
 fetched here.
@@ -71,34 +74,34 @@ WITH q AS MATERIALIZED (
 )
 """
 _TWINS = """
-SELECT q.i, true AS twin, t.id, t.sim, t.content, t.speaker
+SELECT q.i, true AS twin, t.id, t.sim, t.content, t.speaker, t.newer
   FROM q CROSS JOIN LATERAL (
-       SELECT d.id, 1 - (d.embedding <=> q.emb) AS sim, d.content, d.speaker
+       SELECT d.id, 1 - (d.embedding <=> q.emb) AS sim, d.content, d.speaker,
+              (d.filed_at, d.id) > (q.filed_at, q.id) AS newer
          FROM drawers d
         WHERE d.workspace_id = %(ws)s
           AND d.id = ANY(ARRAY(SELECT c.id FROM palace_wording_candidates(%(ws)s, q.bands, 200) c))
-          AND d.id <> q.id AND (d.filed_at, d.id) < (q.filed_at, q.id)
+          AND d.id <> q.id
           AND CASE WHEN d.state = 'processed' AND d.deleted_at IS NULL AND d.embedding IS NOT NULL
                    THEN true END  -- by key only: docs/scale.md
         ORDER BY d.embedding <=> q.emb LIMIT %(n)s) t
 """
 _NEIGHBOURS = """
-SELECT q.i, false, n.id, n.sim, n.content, n.speaker
+SELECT q.i, false, n.id, n.sim, n.content, n.speaker, n.newer
   FROM q CROSS JOIN LATERAL (
-       SELECT d.id, 1 - (d.embedding <=> q.emb) AS sim, d.content, d.speaker
+       SELECT d.id, 1 - (d.embedding <=> q.emb) AS sim, d.content, d.speaker,
+              (d.filed_at, d.id) > (q.filed_at, q.id) AS newer
          FROM drawers d
         WHERE d.workspace_id = %(ws)s AND d.id <> q.id AND d.state = 'processed' AND d.deleted_at IS NULL
-          AND d.embedding IS NOT NULL AND (d.filed_at, d.id) < (q.filed_at, q.id)
+          AND d.embedding IS NOT NULL
         ORDER BY d.embedding <=> q.emb LIMIT %(n)s) n
 """
-# The exact scan, once per event: the workspace's candidates (filed no later than the event's newest
-# drawer) are read once into a work table, which every drawer of the event then ranks; contents are
-# fetched for the winners only.
+# The exact scan, once per event: the workspace's candidates are read once into a work table, which
+# every drawer of the event then ranks; contents are fetched for the winners only.
 _SCANNED = """
 , w AS MATERIALIZED (
     SELECT d.id, d.filed_at, d.embedding FROM drawers d
      WHERE d.workspace_id = %(ws)s AND d.state = 'processed' AND d.deleted_at IS NULL AND d.embedding IS NOT NULL
-       AND d.filed_at <= (SELECT max(q.filed_at) FROM q)
 )
 """
 # Each (drawer, candidate) distance is computed once: written as the sort key and again inside the
@@ -106,11 +109,11 @@ _SCANNED = """
 # OFFSET 0 keeps the inner query from being flattened into the outer one, which would bring the
 # second evaluation back.
 _SCANNED_NEIGHBOURS = """
-SELECT q.i, false, n.id, 1 - n.dist, d.content, d.speaker
+SELECT q.i, false, n.id, 1 - n.dist, d.content, d.speaker, n.newer
   FROM q CROSS JOIN LATERAL (
-       SELECT r.id, r.dist FROM (
-              SELECT w.id, w.embedding <=> q.emb AS dist FROM w
-               WHERE w.id <> q.id AND (w.filed_at, w.id) < (q.filed_at, q.id) OFFSET 0) r
+       SELECT r.id, r.dist, r.newer FROM (
+              SELECT w.id, w.embedding <=> q.emb AS dist, (w.filed_at, w.id) > (q.filed_at, q.id) AS newer
+                FROM w WHERE w.id <> q.id OFFSET 0) r
         ORDER BY r.dist LIMIT %(n)s) n
   JOIN drawers d ON d.workspace_id = %(ws)s AND d.id = n.id
 """
@@ -157,12 +160,14 @@ _WALK_EF = 40
 
 @dataclass
 class Neighbours:
-    """(drawer id, cosine, content), nearest first, and who said each (``speakers``, by drawer id: a merge
-    and a contradiction concern one speaker's words), read with them."""
+    """(drawer id, cosine, content), nearest first, who said each (``speakers``, by drawer id: a merge
+    and a contradiction concern one speaker's words), and which of them were filed after the drawer
+    (``newer``), read with them."""
 
     twins: list[tuple[str, float, str]] = field(default_factory=list)
     near: list[tuple[str, float, str]] = field(default_factory=list)
     speakers: dict[str, str | None] = field(default_factory=dict)
+    newer: set[str] = field(default_factory=set)
 
 
 async def cluster_candidates(
@@ -200,22 +205,24 @@ async def cluster_candidates(
 
 def _collect(out: dict[str, Neighbours], drawers: list[tuple[str, np.ndarray, list[int]]],
              rows: list[Any]) -> dict[str, Neighbours]:
-    """(event drawer's ordinal, twin?, id, similarity, content, speaker) rows into each drawer's lists,
-    nearest first."""
+    """(event drawer's ordinal, twin?, id, similarity, content, speaker, filed after it?) rows into each
+    drawer's lists, nearest first."""
     ids = [d for d, _, _ in drawers]
-    for i, twin, nid, sim, content, speaker in sorted(rows, key=lambda r: (r[0], not r[1], -float(r[3]), r[2])):
+    for i, twin, nid, sim, content, speaker, newer in sorted(rows, key=lambda r: (r[0], not r[1], -float(r[3]), r[2])):
         n = out[ids[i - 1]]
         (n.twins if twin else n.near).append((nid, float(sim), content))
         n.speakers[nid] = speaker
+        if newer:
+            n.newer.add(nid)
     return out
 
 
 async def _ranked_here(conn: AsyncConnection[Any], workspace_id: str,
                        drawers: list[tuple[str, np.ndarray, list[int]]], limit: int,
-                       cache: VectorCache) -> list[tuple[int, bool, str, float, str, str | None]] | None:
+                       cache: VectorCache) -> list[tuple[int, bool, str, float, str, str | None, bool]] | None:
     """Each drawer's twins and neighbours, as the candidate statements' rows (drawer's ordinal, twin?,
-    id, cosine, content, speaker), ranked from what the cache holds once the workspace's entry has read what
-    changed. None where the database should rank instead: the workspace does not fit the cache, a
+    id, cosine, content, speaker, filed after it?), ranked from what the cache holds once the workspace's
+    entry has read what changed. None where the database should rank instead: the workspace does not fit the cache, a
     vector of other dimensions, or a drawer of the event no longer a candidate."""
     queries = [(d, as_array(e), bands) for d, e, bands in drawers]
     dims = len(queries[0][1])
@@ -253,7 +260,7 @@ async def _ranked_here(conn: AsyncConnection[Any], workspace_id: str,
             gone = [i for i in winners if i not in contents]
             if not gone:
                 cache.trim()
-                return [(q, twin, i, sim, *contents[i]) for q, r in enumerate(ranked, 1)
+                return [(q, twin, i, sim, *contents[i], i in r.newer) for q, r in enumerate(ranked, 1)
                         for twin, found in ((True, r.twins), (False, r.near)) for i, sim in found]
             wv.drop(gone)
     return None

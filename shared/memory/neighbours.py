@@ -1,6 +1,6 @@
 """Exact near-duplicate and neighbour candidates of small workspaces, ranked in the cluster process.
 
-Cluster needs, for every drawer it processes, the few nearest older live drawers of its workspace: those
+Cluster needs, for every drawer it processes, the few nearest other live drawers of its workspace: those
 sharing a wording band with it (its twins, for the near-duplicate merge) and those of all (for the
 contradiction check and the write decision). A workspace without an HNSW index of its own is ranked
 exactly; in PostgreSQL that visits every heap page holding a live drawer of the workspace and evaluates
@@ -66,10 +66,11 @@ class Change:
 @dataclass
 class Ranked:
     """One drawer's candidates: its twins (drawers sharing a wording band) and its neighbours by vector,
-    each (id, cosine similarity), nearest first."""
+    each (id, cosine similarity), nearest first; and which of them were filed after it."""
 
     twins: list[tuple[str, float]]
     near: list[tuple[str, float]]
+    newer: frozenset[str] = frozenset()
 
 
 @dataclass
@@ -171,10 +172,10 @@ class WorkspaceVectors:
         self.banded = np.concatenate([self.banded, np.zeros(extra, dtype=bool)])
 
     def rank(self, queries: Sequence[tuple[str, np.ndarray, Sequence[int]]], limit: int) -> list[Ranked] | None:
-        """For each query (drawer id, vector, wording bands): among the held drawers filed before it (by
-        filing time, then id: the database's order), the ``limit`` nearest sharing a wording band with it
-        and the ``limit`` nearest of all. None when a query's drawer is not held (its filing time is not
-        known here)."""
+        """For each query (drawer id, vector, wording bands): among the other held drawers, the ``limit``
+        nearest sharing a wording band with it and the ``limit`` nearest of all, with those filed after it
+        (by filing time, then id: the database's order). None when a query's drawer is not held (its
+        filing time is not known here)."""
         if any(q not in self.slot for q, _, _ in queries):
             return None
         if not queries:
@@ -185,15 +186,13 @@ class WorkspaceVectors:
         # on the left the BLAS kernel streams it once, where queries × drawersᵀ read it the slower way.
         sims = np.ascontiguousarray((self.unit[:n] @ np.stack([_unit(v) for _, v, _ in queries]).T).T)
         # The ranking score: the cosine; a zero vector's (NaN in the database, which sorts it last) below
-        # every cosine; a drawer that is not filed before the query, below that.
+        # every cosine; the query itself, below that.
         score = np.where(np.isnan(sims), -2.0, sims)
         out = []
         for j, (qid, _, qbands) in enumerate(queries):
             qs = self.slot[qid]
             row = score[j]
-            row[filed > filed[qs]] = -np.inf
-            same = np.flatnonzero(filed == filed[qs])  # filed together: the id decides
-            row[same[ids[same] >= ids[qs]]] = -np.inf
+            row[qs] = -np.inf
             qb = np.asarray(qbands, dtype=np.int64)
             if len(qb) == BANDS:
                 share = self.banded[:n] & (self.bands[:, :n] == qb[:, None]).any(axis=0)
@@ -203,8 +202,12 @@ class WorkspaceVectors:
                 qset = set(qbands)
                 share[[self.slot[i] for i, b in self.odd_bands.items() if b & qset]] = True
             # The drawers sharing a band are few: ranked among themselves, not as the whole row masked.
-            out.append(Ranked(self._top(row, ids, sims[j], limit, among=np.flatnonzero(share)),
-                              self._top(row, ids, sims[j], limit)))
+            twins, near = (self._top(row, ids, sims[j], limit, among=np.flatnonzero(share)),
+                           self._top(row, ids, sims[j], limit))
+            qkey = (int(filed[qs]), ids[qs])
+            newer = frozenset(i for i, _ in twins + near
+                              if (int(filed[self.slot[i]]), ids[self.slot[i]]) > qkey)  # filed later: time, then id
+            out.append(Ranked(twins, near, newer))
         return out
 
     @staticmethod

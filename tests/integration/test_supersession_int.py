@@ -187,3 +187,30 @@ def test_a_correction_later_in_the_same_session_supersedes_what_it_corrects(stac
                                (w,)) == [(1,)], 60, "one drawer superseded")
     assert stack.sql("SELECT id, superseded_by FROM drawers WHERE workspace_id = %s AND superseded_by IS NOT NULL",
                      (w,)) == [(old_id, new_id)]
+
+
+def test_a_pair_is_found_by_whichever_of_its_drawers_is_processed_last(stack: Stack) -> None:
+    """Drawers are not always processed in the order they were filed (a retried batch, a slow model): here
+    the drawers filed last are processed first, and find nothing. The pair is found when the drawer filed
+    first is processed, and the filing order still says which one merges into which (the later into the
+    earlier) and, said at the same time in two sessions, which one is superseded."""
+    w = ws()
+    twin, negated = "we moved the weekly sync to thursdays at 10am!", "The nightly backup job is disabled on staging"
+    stack.publish(session(w, "s2", [twin, negated]))
+    stack.wait_processed(w, 2)
+    # Filed an hour from now: the drawers below are filed before them, but processed after.
+    stack.sql("UPDATE drawers SET filed_at = now() + interval '1 hour' WHERE workspace_id = %s RETURNING 1", (w,))
+    original, stated = "We moved the weekly sync to Thursdays at 10am.", "The nightly backup job is enabled on staging"
+    stack.publish(session(w, "s1", [original, stated]))
+    stack.wait_processed(w, 4)
+    twin_id, negated_id, original_id, stated_id = (_id_of(stack, w, t) for t in (twin, negated, original, stated))
+    wait_for(lambda: stack.sql("SELECT count(*) FROM drawers WHERE workspace_id = %s AND (state = 'merged'"
+                               " OR superseded_by IS NOT NULL)", (w,)) == [(2,)], 60, "a merge and a supersession")
+    got = {i: (st, c, sb) for i, st, c, sb in stack.sql(
+        "SELECT id, state, cluster_id, superseded_by FROM drawers WHERE workspace_id = %s", (w,))}
+    assert got == {original_id: ("processed", None, None), twin_id: ("merged", original_id, None),
+                   stated_id: ("processed", None, negated_id), negated_id: ("processed", None, None)}
+    # Audited under the event that found them, with the prior state `palace revert` restores.
+    assert sorted(stack.sql("SELECT action, drawer_id FROM memory_history WHERE workspace_id = %s"
+                            " AND action IN ('MERGE', 'SUPERSEDE')", (w,))) == [("MERGE", twin_id),
+                                                                                  ("SUPERSEDE", stated_id)]
