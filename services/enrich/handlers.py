@@ -26,7 +26,7 @@ from shared.db.episodes import (
     sessions_awaiting_episode,
     unannounced_episode,
 )
-from shared.db.extraction_queue import due_drawers, due_turns, mark_extracted
+from shared.db.extraction_queue import due_drawers, due_turns, lock_unread, mark_extracted
 from shared.db.forget import forgotten, writer_tx
 from shared.db.kg import ExtractionStored, ensure_extracted_entities, record_extraction, refresh_entities
 from shared.db.tenancy import maintenance_tx, retry_conflicts, workspace_tx, workspace_write, workspaces_tx
@@ -478,7 +478,9 @@ async def extract_due_drawers(
             await record_usage(conn, workspace_id, s.llm_model, usage)
         gone = {sid for sid in groups if sid and await forgotten(conn, workspace_id, session_id=sid)}
         alive = await existing_drawers(conn, workspace_id, sorted(wanted))
-        found = [sg for sg in found if sg.drawer_id in alive and sg.session_id not in gone]
+        # Read by their session's extraction meanwhile: its reading stands, this one is not stored.
+        unread = await lock_unread(conn, workspace_id, sorted(wanted))
+        found = [sg for sg in found if sg.drawer_id in alive and sg.drawer_id in unread and sg.session_id not in gone]
         if found:
             stored = await record_extraction(conn, workspace_id, found, types=types)
             if warnings or stored.skipped:

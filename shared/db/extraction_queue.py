@@ -14,7 +14,7 @@ from typing import Any
 
 from psycopg import AsyncConnection
 
-__all__ = ["DUE_SQL", "DUE_TURNS_SQL", "due_drawers", "due_turns", "mark_extracted"]
+__all__ = ["DUE_SQL", "DUE_TURNS_SQL", "due_drawers", "due_turns", "lock_unread", "mark_extracted"]
 
 
 # The sweep's read (tests check its plan): drawers queued, unread, past their grace; oldest first.
@@ -51,12 +51,29 @@ DUE_TURNS_SQL = """SELECT d.id, d.speaker, d.content, COALESCE(m.created_at, d.o
              LEFT JOIN messages m ON m.workspace_id = d.workspace_id AND m.session_id = d.session_id AND m.seq = d.seq
             WHERE d.workspace_id = %(ws)s AND d.id = ANY(%(ids)s)
               AND CASE WHEN d.state = 'processed' AND d.deleted_at IS NULL THEN true END  -- by key only: docs/scale.md
+              AND NOT EXISTS (SELECT 1 FROM drawer_extraction x WHERE x.workspace_id = d.workspace_id
+                                 AND x.drawer_id = d.id AND x.extracted_at IS NOT NULL)
             ORDER BY d.session_id NULLS LAST, d.seq, d.id"""
 
 
 async def due_turns(conn: AsyncConnection[Any], workspace_id: str, drawer_ids: Sequence[str]) -> list[dict[str, Any]]:
-    """The queued drawers that are still worth reading (processed, not archived), with the message of
-    their first sighting: its time is when the drawer's facts were said."""
+    """The queued drawers that are still worth reading (processed, not archived, and not read by an
+    extractor since the sweep listed them: their session's extraction may have come first), with the
+    message of their first sighting: its time is when the drawer's facts were said."""
     cur = await conn.execute(DUE_TURNS_SQL, {"ws": workspace_id, "ids": sorted(set(drawer_ids))})
     cols = ("id", "speaker", "content", "said_at", "seq", "session_id")
     return [dict(zip(cols, r, strict=True)) for r in await cur.fetchall()]
+
+
+async def lock_unread(conn: AsyncConnection[Any], workspace_id: str, drawer_ids: Sequence[str]) -> set[str]:
+    """Of these queued drawers, those no extractor has read, their queue rows locked until the caller's
+    transaction ends (in id order). A session's extraction marks its drawers read in the transaction that
+    stores what it found: one that committed while the sweep was reading (or asking the model) is seen
+    here, and one still writing is waited for, so the sweep does not store a second reading of them."""
+    ids = sorted(set(drawer_ids))
+    if not ids:
+        return set()
+    cur = await conn.execute(
+        """SELECT drawer_id FROM drawer_extraction WHERE workspace_id = %s AND drawer_id = ANY(%s)
+              AND extracted_at IS NULL ORDER BY drawer_id FOR UPDATE""", (workspace_id, ids))
+    return {str(r[0]) for r in await cur.fetchall()}

@@ -229,6 +229,32 @@ def test_llm_sweep_uses_a_good_answer_and_falls_back_on_a_malformed_or_slow_one(
                          " AND reason LIKE '%%LLM extraction failed%%'", (w_slow,))[0][0] == 1
 
 
+def test_drawers_their_session_extraction_reads_while_the_model_answers_are_not_stored_twice(
+        stack: Stack, chat: tuple[ChatStub, str]) -> None:
+    """The sweep lists the queued drawers, then asks the model; their session's extraction (enrich back)
+    reads and marks them meanwhile. The sweep's reading is then not stored, nor announced."""
+    import threading
+
+    stub, url = chat
+    w = ws()
+    with _enrich_down(stack):  # the test plays the session's extraction, at the moment it chooses
+        _stored_unextracted(stack, w)
+        stub.extract_mode, stub.extract_calls, stub.extract_delay_s = "ok", 0, 1.0
+        events: list[dict[str, Any]] = []
+        sweep = threading.Thread(target=lambda: events.extend(_sweep(stack, llm_url=url)))
+        sweep.start()
+        try:
+            wait_for(lambda: stub.extract_calls >= 1, 30, "the sweep asking the model")
+            stack.sql("UPDATE drawer_extraction SET extracted_at = now() WHERE workspace_id = %s RETURNING 1", (w,))
+        finally:
+            sweep.join(60)
+            stub.extract_delay_s = 0.0
+    assert not sweep.is_alive()
+    assert [e for e in events if e["workspace_id"] == w] == []
+    # No fact from the sweep (those of the episode's extraction, enrich back, name their episode).
+    assert stack.sql("SELECT count(*) FROM triples WHERE workspace_id = %s AND source_episode IS NULL", (w,)) == [(0,)]
+
+
 def test_the_sweep_reads_the_partial_index(stack: Stack) -> None:
     import psycopg
 
