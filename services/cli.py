@@ -138,11 +138,16 @@ def stack_start() -> None:
 
 @stack_app.command("stop")
 def stack_stop() -> None:
-    """Stop the embedded servers (and any services a crashed supervisor left behind)."""
+    """Stop the embedded servers, the pipeline a `palace mcp` started on them, and any services a crashed
+    supervisor left behind."""
     _require_dev("stack stop")
     from palace_dev.devstack import DevStack
+    from palace_dev.keeper import stop_keeper
 
-    DevStack(_settings().devstack_dir).stop()
+    root = _settings().devstack_dir
+    with console.status("draining the pipeline and stopping servers ..."):
+        stop_keeper(root)  # drains its services first, then stops the servers itself
+        DevStack(root).stop()
     console.print("stopped")
 
 

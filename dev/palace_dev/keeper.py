@@ -32,7 +32,7 @@ from shared.config import Settings
 from shared.endpoints import StackNotRunning, resolve_urls
 from shared.logging import configure_logging, get_logger
 
-__all__ = ["KeeperFailed", "Registration", "live_clients", "stack_for_client"]
+__all__ = ["KeeperFailed", "Registration", "live_clients", "stack_for_client", "stop_keeper"]
 
 log = get_logger("palace.keeper")
 CLIENTS = "clients"
@@ -113,7 +113,7 @@ def stack_for_client(settings: Settings, services: list[str], *,
                 # Running, or still starting (a client that gave up waiting for it left it so): wait for it
                 # rather than start a second one on the same directory.
                 _wait_ready(root, timeout_s)
-            if not _keeper_died(root):
+            if not _unattended(root):
                 with contextlib.suppress(StackNotRunning):
                     db, bus = resolve_urls(settings)
                     return me, db, bus
@@ -129,15 +129,30 @@ def _keeper_alive(root: Path) -> bool:
     return _held(root / ALIVE)
 
 
-def _keeper_died(root: Path) -> bool:
-    """A keeper that was killed outright leaves its servers running without the pipeline (its services end
-    with it): a client would file memories nothing processes. Such a stack is started again, recovering.
-    Not a stack someone else has run since (``palace up``: the owner recorded is not the keeper)."""
-    state = DevStack(root).read_state()
-    pid = state.get("keeper_pid")
-    if not pid or state.get("owner_pid") not in (None, pid):
+def _unattended(root: Path) -> bool:
+    """Servers running that no live process runs the pipeline on: a keeper or ``palace up`` killed outright
+    (their services end with them, their servers stay), or servers started alone (``palace stack start``).
+    A client would file memories nothing processes: such a stack is started again, recovering, by a keeper.
+    Not one that ``palace up``, a keeper, a demo or a test session runs (its owner is alive)."""
+    st = DevStack(root)
+    return bool(st.read_state().get("database_url")) and st.running_owner() is None
+
+
+def stop_keeper(root: Path, timeout_s: float = 60.0) -> bool:
+    """Stop the keeper running the stack in ``root``, if one does (``palace stack stop``): it drains its
+    services and stops the servers, as when its last client goes. Returns whether one was running."""
+    import signal
+
+    if not _keeper_alive(root):
         return False
-    return not _keeper_alive(root)
+    pid = DevStack(root).read_state().get("keeper_pid")
+    if pid:
+        with contextlib.suppress(ProcessLookupError, ValueError, TypeError):
+            os.kill(int(pid), signal.SIGTERM)  # type: ignore[call-overload]
+    deadline = time.monotonic() + timeout_s
+    while _keeper_alive(root) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return True
 
 
 def _wait_ready(root: Path, timeout_s: float) -> None:

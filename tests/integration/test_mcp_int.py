@@ -480,3 +480,44 @@ async def test_stdio_brings_back_the_pipeline_of_a_stack_whose_keeper_was_killed
     with _cleaned(stack_dir):
         await asyncio.to_thread(wait_for, lambda: not st.pg_alive() and not st.nats_alive(), 60,
                                 "the stack stopped once the client ended")
+
+
+async def test_stdio_runs_the_pipeline_on_servers_started_alone_and_stack_stop_ends_it(tmp_path: Path) -> None:
+    """``palace stack start`` runs the servers only: ``palace mcp`` does not file memories nothing would
+    process, it runs the pipeline on them (through a keeper). ``palace stack stop`` then stops that keeper,
+    its services and the servers, not the servers alone under a keeper restarting what dies."""
+    import subprocess
+
+    import psutil
+
+    from palace_dev.devstack import DevStack
+
+    stack_dir = tmp_path / "stack"
+    params = _embedded_params(stack_dir)
+    assert params.env is not None
+    palace = [params.command]
+    env = {**{k: v for k, v in os.environ.items() if k not in ("PALACE_DATABASE_URL", "PALACE_NATS_URL")},
+           **params.env}
+    st = DevStack(stack_dir)
+    with (tmp_path / "mcp.log").open("w") as errlog, _cleaned(stack_dir):
+        out = await asyncio.to_thread(subprocess.run, [*palace, "stack", "start"], env=env, capture_output=True,
+                                      text=True, timeout=180)
+        assert out.returncode == 0, out.stderr
+        assert st.pg_alive() and not st.read_state().get("keeper_pid")
+        async with (stdio_client(params, errlog=errlog) as (read, write), ClientSession(read, write) as session):
+            await session.initialize()
+            keeper = int(st.read_state()["keeper_pid"])  # type: ignore[call-overload]
+            await call(session, "memory_add_drawer", content="Servers started alone still get a pipeline.",
+                       wing="w", room="r")
+            hits: list[Any] = []
+            for _ in range(120):
+                hits = (await call(session, "memory_search", query="servers started alone pipeline"))["hits"]
+                if hits:
+                    break
+                await asyncio.sleep(0.5)
+            assert hits, "filed, embedded and found"
+            out = await asyncio.to_thread(subprocess.run, [*palace, "stack", "stop"], env=env, capture_output=True,
+                                          text=True, timeout=120)
+            assert out.returncode == 0, out.stderr
+            assert not psutil.pid_exists(keeper) or psutil.Process(keeper).status() == psutil.STATUS_ZOMBIE
+            assert not st.pg_alive() and not st.nats_alive()
