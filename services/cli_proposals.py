@@ -63,6 +63,29 @@ def _resolve(history_id: str, workspace: str, *, approve: bool, note: str | None
     why = f" ({out.reason})" if out.outcome == "dropped" else ""
     Console().print(f"{out.action} {history_id} on drawer {out.target}: {out.outcome}{why}; audit {out.audit_id}",
                     soft_wrap=True)
+    if out.outcome == "applied" and out.action == "UPDATE" and out.target:
+        try:
+            asyncio.run(_announce(workspace, out.target, out.audit_id))
+        except Exception as e:  # the drawer is raw: maintain's re-drive announces it later
+            Console(stderr=True).print(f"[yellow]the rewritten drawer is embedded again at maintain's next re-drive "
+                                       f"(announcing it now failed: {type(e).__name__})[/yellow]")
+
+
+async def _announce(workspace: str, drawer_id: str, cause: str) -> None:
+    """Announce the drawer an approved UPDATE rewrote, so its new words are embedded and classified now."""
+    from services.cli import _settings
+    from shared.bus import announce_rewritten, build_broker
+    from shared.endpoints import resolve_urls
+
+    s = _settings()
+    _, nats_url = resolve_urls(s, database=False)
+    broker = build_broker(s, "cli", nats_url)
+    await broker.connect()
+    try:
+        await announce_rewritten(broker, s.model_copy(update={"dependency_wait_s": 5.0}), workspace, [drawer_id],
+                                 cause)
+    finally:
+        await broker.stop()
 
 
 @proposals_app.command("approve")

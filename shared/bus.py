@@ -37,6 +37,7 @@ from shared.nats_client import nats_options
 __all__ = [
     "EventTooLarge",
     "Poison",
+    "announce_rewritten",
     "build_broker",
     "dead_letter",
     "dead_letter_info",
@@ -203,6 +204,21 @@ async def publish_held(
     ):
         with attempt:
             await publish_event(broker, settings, event, caused_by=caused_by)
+
+
+async def announce_rewritten(broker: NatsBroker, settings: Settings, workspace_id: str, drawer_ids: list[str],
+                             cause: str, *, caused_by: Event | None = None) -> None:
+    """Drawers whose words a curation UPDATE rewrote (left raw, without a vector: ``apply_proposal``),
+    announced to embed after the commit, so their new words are embedded and classified at once. Should the
+    announcement be lost (a crash just after the commit), maintain's re-drive finds them raw."""
+    from shared.events import DrawerCreated
+    from shared.ids import event_id_for
+
+    ids = sorted(set(drawer_ids))
+    if ids:
+        await publish_held(broker, settings, DrawerCreated(
+            event_id=event_id_for("drawer.rewritten", workspace_id, cause, *ids), workspace_id=workspace_id,
+            drawer_ids=ids), caused_by=caused_by)
 
 
 def _header_value(value: object) -> str:

@@ -7,10 +7,13 @@ from datetime import datetime
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Body, HTTPException, Path, Query
+from faststream.nats import NatsBroker
 from pydantic import BaseModel, Field
 
-from services.api.deps import PoolDep, WorkspacePath
+from services.api.deps import BrokerDep, PoolDep, SettingsDep, WorkspacePath
 from services.api.errors import ERROR_RESPONSES
+from shared.bus import announce_rewritten
+from shared.config import Settings
 from shared.db.proposals import ProposalNotFound, ProposalResolved, list_proposals, resolve_proposal
 from shared.db.quality import quality_report
 from shared.db.tenancy import workspace_tx
@@ -77,7 +80,8 @@ async def proposals(
 
 
 async def _resolve(pool: PoolDep, workspace_id: str, history_id: str, body: ResolveIn | None,
-                   approve: bool) -> ResolutionOut:
+                   approve: bool, broker: NatsBroker | None = None, settings: Settings | None = None,
+                   ) -> ResolutionOut:
     try:
         async with workspace_tx(pool, workspace_id) as conn:
             out = await resolve_proposal(conn, workspace_id, history_id, approve=approve, actor=ACTOR,
@@ -86,17 +90,20 @@ async def _resolve(pool: PoolDep, workspace_id: str, history_id: str, body: Reso
         raise HTTPException(404, str(e)) from None
     except ProposalResolved as e:
         raise HTTPException(409, str(e)) from None
+    if out.outcome == "applied" and out.action == "UPDATE" and out.target and broker is not None and settings:
+        await announce_rewritten(broker, settings, workspace_id, [out.target], out.audit_id)
     return ResolutionOut(**vars(out))
 
 
 @router.post("/v1/workspaces/{workspace_id}/proposals/{history_id}/approve", tags=["quality"],
              response_model=ResolutionOut, responses=ERROR_RESPONSES)
-async def approve(workspace_id: WorkspacePath, pool: PoolDep, history_id: HistoryId,
-                  body: Annotated[ResolveIn | None, Body()] = None) -> ResolutionOut:
+async def approve(workspace_id: WorkspacePath, pool: PoolDep, broker: BrokerDep, settings: SettingsDep,
+                  history_id: HistoryId, body: Annotated[ResolveIn | None, Body()] = None) -> ResolutionOut:
     """Apply a held proposal as full mode would: the target's prior state is archived in the audit row
     (``palace revert`` restores it). A target that changed, went or is pinned (DELETE) is left alone and
-    the approval recorded as dropped."""
-    return await _resolve(pool, workspace_id, history_id, body, True)
+    the approval recorded as dropped. An applied UPDATE's new words are embedded and classified again
+    through the pipeline."""
+    return await _resolve(pool, workspace_id, history_id, body, True, broker, settings)
 
 
 @router.post("/v1/workspaces/{workspace_id}/proposals/{history_id}/reject", tags=["quality"],

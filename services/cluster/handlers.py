@@ -13,7 +13,7 @@ from threadpoolctl import threadpool_limits
 
 from services._runtime import Deps, ack_once, decode_batch
 from shared.adapters.llm import LlmClient, Usage
-from shared.bus import decode_event
+from shared.bus import announce_rewritten, decode_event
 from shared.db.clustering import cluster_candidates, merge_many, record_history_many, said_when, supersede_many
 from shared.db.curation import record_usage
 from shared.db.decisions import apply_proposal, decided_sources, lock_decision_sources, lock_targets
@@ -225,6 +225,7 @@ def register(deps: Deps) -> None:
         transaction and a write transaction, and the write checks what was forgotten meanwhile."""
         ev: DrawerClassified = decode_event(DrawerClassified, body, s)
         ws = ev.workspace_id
+        rewritten: list[str] = []
         if llm is None:
             async with writer_tx(deps.pool, ws) as conn:
                 # A forget waits for this transaction (and one under way finishes first): nothing read
@@ -232,20 +233,23 @@ def register(deps: Deps) -> None:
                 await lock_for_write(conn, ws)
                 plan = await decide_reading(await read_event(conn, ev))
                 if not plan.empty:
-                    await write_plan(conn, ev, plan, checked=True)
-            return
-        async with workspace_tx(deps.pool, ws) as conn:
-            got = await read_event(conn, ev)
-        plan = await decide_reading(got)  # the model's calls, outside any transaction
-        if plan.empty:
-            return
-        async with writer_tx(deps.pool, ws) as conn:
-            await lock_for_write(conn, ws)
-            await write_plan(conn, ev, plan, checked=False)
+                    rewritten = await write_plan(conn, ev, plan, checked=True)
+        else:
+            async with workspace_tx(deps.pool, ws) as conn:
+                got = await read_event(conn, ev)
+            plan = await decide_reading(got)  # the model's calls, outside any transaction
+            if plan.empty:
+                return
+            async with writer_tx(deps.pool, ws) as conn:
+                await lock_for_write(conn, ws)
+                rewritten = await write_plan(conn, ev, plan, checked=False)
+        # Committed: the targets of applied UPDATEs have their new words embedded and classified.
+        await announce_rewritten(deps.broker, s, ws, rewritten, ev.event_id or "", caused_by=ev)
 
-    async def write_plan(conn: Any, ev: DrawerClassified, plan: _Plan, *, checked: bool) -> None:
+    async def write_plan(conn: Any, ev: DrawerClassified, plan: _Plan, *, checked: bool) -> list[str]:
         """Write the plan in the caller's transaction, which holds the forget lock. ``checked``: the drawers
-        were read in this same transaction, after the lock (none can have been forgotten since)."""
+        were read in this same transaction, after the lock (none can have been forgotten since). Returns the
+        drawers an applied UPDATE rewrote."""
         ws = ev.workspace_id
         rows, decisions, supersede_, proposals, usage = (plan.rows, plan.decisions, plan.supersede,
                                                          plan.proposals, plan.usage)
@@ -294,15 +298,19 @@ def register(deps: Deps) -> None:
         # Pipelined: an audit-only decision (ADD, NONE) waits for no answer, so the event's decisions
         # travel in one round trip instead of one each; their audit rows are collected, and written with
         # the merges' and supersessions' in one statement.
+        rewritten = []
         async with conn.pipeline():
             for r, p, cands in proposals:
                 why = writes.validate(p, {c for c, _ in cands}, gate=s.decisions_gate)
-                await apply_proposal(conn, ws, p, source_drawer=r.id, source_embedding=r.embedding,
-                                     mode=s.decisions_mode, event_id=ev.event_id, dropped=why, audit=history,
-                                     judged=None if checked else dict(cands).get(p.target or ""))
+                outcome = await apply_proposal(conn, ws, p, source_drawer=r.id, mode=s.decisions_mode,
+                                               event_id=ev.event_id, dropped=why, audit=history,
+                                               judged=None if checked else dict(cands).get(p.target or ""))
+                if outcome == "applied" and p.action == "UPDATE" and p.target:
+                    rewritten.append(p.target)
         await record_history_many(conn, ws, history)
         if usage:
             await record_usage(conn, ws, s.llm_model, usage)
+        return rewritten
 
     @deps.handle(EntityUpserted)
     async def on_entity_upserted(bodies: list[bytes], raws: list[Msg]) -> None:

@@ -142,7 +142,7 @@ async def lock_targets(conn: AsyncConnection[Any], workspace_id: str, drawer_ids
 
 async def apply_proposal(
     conn: AsyncConnection[Any], workspace_id: str, p: Proposal, *, source_drawer: str,
-    source_embedding: np.ndarray | None, mode: str, event_id: str, dropped: str | None = None,
+    mode: str, event_id: str, dropped: str | None = None,
     actor: str = "cluster", extra: dict[str, Any] | None = None, audit: list[dict[str, Any]] | None = None,
     judged: str | None = None,
 ) -> str:
@@ -158,7 +158,13 @@ async def apply_proposal(
     row is written here.
 
     A held proposal records the target's content hash as it was, so approving it later can tell
-    whether the memory it was judged against has changed since (shared/db/proposals.py)."""
+    whether the memory it was judged against has changed since (shared/db/proposals.py).
+
+    An applied UPDATE leaves the target ``raw`` without a vector, as forget leaves a drawer whose text it
+    changes: its new words are embedded (with its speaker and context, as any drawer's) and classified
+    again through the pipeline, announced by the caller after its commit (``announce_rewritten``) or, after
+    a crash, by maintain's re-drive. The vector of the drawer that prompted it (or of the old words) would
+    otherwise sit under words it was not made from."""
     outcome = "dropped" if dropped else outcome_for(mode, p.action)
     reason = dropped or p.reason
     old_value = None
@@ -183,10 +189,11 @@ async def apply_proposal(
     if outcome == "applied" and old_value is not None:
         if p.action == "UPDATE":
             await conn.execute(
-                "UPDATE drawers SET content = %s, content_hash = %s, embedding = coalesce(%s, embedding),"
-                " dedup_bands = %s, updated_at = now() WHERE workspace_id = %s AND id = %s",
-                (p.content, content_hash(p.content or ""), source_embedding,
-                 wording_bands(workspace_id, p.content or ""), workspace_id, p.target))  # bands of the new words
+                "UPDATE drawers SET content = %s, content_hash = %s, embedding = NULL, summary = NULL,"
+                " state = 'raw', retry_count = 0, failure_reason = NULL, dedup_bands = %s, updated_at = now()"
+                " WHERE workspace_id = %s AND id = %s",
+                (p.content, content_hash(p.content or ""), wording_bands(workspace_id, p.content or ""),
+                 workspace_id, p.target))  # bands of the new words
         else:
             await conn.execute("UPDATE drawers SET deleted_at = now(), updated_at = now()"
                                " WHERE workspace_id = %s AND id = %s", (workspace_id, p.target))

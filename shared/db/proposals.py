@@ -19,7 +19,7 @@ from psycopg import AsyncConnection, sql
 from psycopg.rows import dict_row
 
 from shared.db.decisions import apply_proposal, snapshot
-from shared.db.drawers import as_array, history_id_for, record_history
+from shared.db.drawers import history_id_for, record_history
 from shared.db.forget import lock_for_write
 from shared.memory.decisions import Proposal
 
@@ -139,16 +139,10 @@ async def resolve_proposal(
     reason = (row["reason"] or "").removeprefix("held: ")
     if approve:
         why = await _why_not(conn, workspace_id, row)
-        emb = None
-        if why is None and action == "UPDATE" and source:
-            cur = await conn.execute("SELECT embedding FROM drawers WHERE workspace_id = %s AND id = %s",
-                                     (workspace_id, source))
-            got = await cur.fetchone()
-            emb = as_array(got[0]) if got and got[0] is not None else None
         p = Proposal(action=action, target=target, reason=reason, confidence=float(nv.get("confidence") or 0.0),
                      content=nv.get("content"), source=nv.get("by") or "llm")
         outcome = await apply_proposal(
-            conn, workspace_id, p, source_drawer=source, source_embedding=emb, mode="full", event_id=event_id,
+            conn, workspace_id, p, source_drawer=source, mode="full", event_id=event_id,
             dropped=why, actor=actor, extra={"approved": history_id, **({"note": note} if note else {})})
         audit_id = history_id_for(workspace_id, f"{event_id}:{source}", target, action)
         reason = why or reason

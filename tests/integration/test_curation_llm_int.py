@@ -26,9 +26,11 @@ import pytest
 from shared.db.centroids import load_centroids
 from shared.db.pool import open_pool
 from shared.db.tenancy import workspace_tx
+from shared.ids import content_hash
 from shared.lifecycle import JOBS, run_job
 from shared.memory.centroids import nearest_type
 from shared.memory.dedup import wording_bands
+from shared.memory.filing import embedding_text
 from tests.integration.helpers import Stack, session, wait_for, ws
 from tests.openai_stub import ChatStub, StubState, serve_stub
 
@@ -381,6 +383,20 @@ def _cli(stack: Stack, *args: str) -> subprocess.CompletedProcess[str]:
                           timeout=120)
 
 
+def _embedded_again(stack: Stack, w: str, did: str) -> str:
+    """Wait until a drawer an UPDATE rewrote is processed again with a vector, and check that the vector was
+    made from its new words (with its speaker and context, as embed makes every drawer's). Returns it."""
+    wait_for(lambda: stack.sql("SELECT state, embedding IS NOT NULL FROM drawers WHERE workspace_id = %s"
+                               " AND id = %s", (w, did)) == [("processed", True)], 60,
+             "the rewritten drawer embedded and classified again")
+    content, speaker, context, emb = stack.sql("SELECT content, speaker, context, embedding::text FROM drawers"
+                                               " WHERE workspace_id = %s AND id = %s", (w, did))[0]
+    made = stack.sql("SELECT embedding::text FROM embedding_cache WHERE workspace_id = %s AND content_hash = %s",
+                     (w, content_hash(embedding_text(content, speaker, context))))
+    assert made == [(emb,)], "the vector of its new words"
+    return str(emb)
+
+
 def _two_sessions(stack: Stack, llm: ChatStub, decision: str, *, pin_first: bool = False) -> tuple[str, str, str]:
     _reset(llm, decision=decision)
     w = ws()
@@ -411,7 +427,10 @@ def test_update_in_full_mode_is_archived_and_revert_restores_the_exact_prior_sta
     content, chash, emb = stack.sql("SELECT content, content_hash, embedding::text FROM drawers"
                                     " WHERE workspace_id = %s AND id = %s", (w, old_id))[0]
     assert content.startswith(first + " (now: ") and chash != before[1]
-    assert emb == new_emb  # the embedding follows the new content (the newer drawer's vector)
+    # Its new words are embedded (and classified) again through the pipeline: neither the vector of the
+    # old words nor the newer drawer's.
+    emb = _embedded_again(stack, w, old_id)
+    assert emb != new_emb and not np.array_equal(np.asarray(json.loads(emb), dtype=np.float32), before[0])
     bands = "SELECT dedup_bands FROM drawers WHERE workspace_id = %s AND id = %s"
     assert stack.sql(bands, (w, old_id)) == [(wording_bands(w, content),)]  # and so do the wording bands
     assert llm.decision_calls >= 1
@@ -639,10 +658,9 @@ def test_held_proposals_are_listed_approved_as_full_mode_would_or_rejected(stack
     assert r.status_code == 200, r.text
     res = r.json()
     assert res["outcome"] == "applied" and res["target"] == old_id
-    new_content, new_emb = stack.sql("SELECT content, embedding::text FROM drawers WHERE workspace_id = %s"
-                                     " AND id = %s", (w, old_id))[0]
+    new_content = stack.sql("SELECT content FROM drawers WHERE workspace_id = %s AND id = %s", (w, old_id))[0][0]
     src_emb = stack.sql("SELECT embedding::text FROM drawers WHERE workspace_id = %s AND id <> %s", (w, old_id))[0][0]
-    assert new_content == p["content"] and new_emb == src_emb
+    assert new_content == p["content"] and _embedded_again(stack, w, old_id) != src_emb
     applied = [h for h in _history(stack, w, "UPDATE") if h[0] != hid]
     assert [h[0] for h in applied] == [res["audit_id"]]
     assert applied[0][2].startswith("applied: ") and applied[0][3]["content"] == first
