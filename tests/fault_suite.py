@@ -252,7 +252,7 @@ def run_suite(cfg: SuiteConfig, extra_env: dict[str, str] | None = None) -> Suit
             DevStack(settings.devstack_dir).stop()
             shutil.rmtree(settings.devstack_dir, ignore_errors=True)
             sup = Supervisor(settings, services=cfg.services, log_dir=Path(settings.devstack_dir) / "logs",
-                             metrics_base_port=free_port_block(40, start=random.randrange(20000, 30000)))
+                             metrics_base_port=free_port_block(40, start=Settings().metrics_port + 1))
             try:
                 return _run(cfg, sup, settings, run_id)
             finally:

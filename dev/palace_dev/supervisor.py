@@ -109,7 +109,9 @@ class Supervisor:
 
     def __post_init__(self) -> None:
         if self.metrics_base_port is None:
-            self.metrics_base_port = free_port_block(10 * 4, start=9101)
+            # From PALACE_METRICS_PORT's next port (9101 by default), so that two stacks side by side (tests in
+            # parallel, two checkouts) can be kept apart.
+            self.metrics_base_port = free_port_block(10 * 4, start=self.settings.metrics_port + 1)
 
     def port_of(self, name: str) -> int:
         """The health/metrics port of a service process: the api's own port, else one per worker in

@@ -17,9 +17,11 @@ from shared.config import Settings
 from shared.db.proposals import ProposalNotFound, ProposalResolved, list_proposals, resolve_proposal
 from shared.db.quality import quality_report
 from shared.db.tenancy import workspace_tx
+from shared.logging import get_logger
 
 __all__ = ["router"]
 
+log = get_logger("palace.api")
 router = APIRouter()
 ACTOR = "api"
 
@@ -91,7 +93,12 @@ async def _resolve(pool: PoolDep, workspace_id: str, history_id: str, body: Reso
     except ProposalResolved as e:
         raise HTTPException(409, str(e)) from None
     if out.outcome == "applied" and out.action == "UPDATE" and out.target and broker is not None and settings:
-        await announce_rewritten(broker, settings, workspace_id, [out.target], out.audit_id)
+        try:  # committed: a bus that does not answer soon leaves it to maintain's re-drive, never fails the request
+            await announce_rewritten(broker, settings.model_copy(update={"dependency_wait_s": 5.0}), workspace_id,
+                                     [out.target], out.audit_id)
+        except Exception as e:
+            log.warning("rewritten_announce_failed", workspace_id=workspace_id, drawer_id=out.target,
+                        error=repr(e)[:300])
     return ResolutionOut(**vars(out))
 
 

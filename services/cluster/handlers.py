@@ -273,8 +273,12 @@ def register(deps: Deps) -> None:
             await lock_decision_sources(conn, ws, [r.id for r, _, _ in proposals])
             done = await decided_sources(conn, ws, [r.id for r, _, _ in proposals])
             proposals = [(r, p, cands) for r, p, cands in proposals if r.id not in done]
-            await lock_targets(conn, ws, [p.target for _, p, _ in proposals
-                                          if p.action in ("UPDATE", "DELETE") and p.target])
+        # Every drawer this plan writes, locked in id order before the first write: two events writing the
+        # same drawers (a supersession, a merge of a twin filed later, an UPDATE's target) side by side then
+        # write one after the other instead of deadlocking; and an UPDATE's check (``judged``) sees the
+        # words the other wrote, not the ones both were shown.
+        await lock_targets(conn, ws, [old for old, _, _, _ in supersede_] + [did for did, _ in decisions]
+                           + [p.target for _, p, _ in proposals if p.action in ("UPDATE", "DELETE") and p.target])
         history: list[dict[str, Any]] = []
         # The event's supersessions, then its merges: one statement each, whatever their number.
         marked = await supersede_many(conn, ws, [(old, new) for old, new, _, _ in supersede_])

@@ -1,7 +1,8 @@
 """The cluster stage's reads and writes, one statement per event rather than several per drawer.
 
 For every drawer of a ``drawer.classified`` event the stage needs two neighbour lists, both of live,
-processed drawers of the workspace, each marked *newer* when filed after it: its *twins* (drawers
+processed drawers of the workspace, each ranked among those filed before it and again among those filed
+after it (marked *newer*): its *twins* (drawers
 sharing a wording band, from the GIN index of migration 0017, nearest by embedding first) for the
 near-duplicate merge, and its *neighbours* by embedding, whatever their wording, for the contradiction
 check and as the similar memories a write decision (ADD/UPDATE/DELETE/NONE) is taken against (the
@@ -68,34 +69,50 @@ __all__ = [
 _EVENT = """
 WITH q AS MATERIALIZED (
     SELECT u.id, u.emb, u.i, me.filed_at,
-           (%(bands)s::bigint[])[(u.i - 1) * %(nb)s + 1 : u.i * %(nb)s] AS bands
+           ARRAY(SELECT c.id FROM palace_wording_candidates(
+                 %(ws)s, (%(bands)s::bigint[])[(u.i - 1) * %(nb)s + 1 : u.i * %(nb)s], 200) c) AS cands
       FROM unnest(%(ids)s::text[], %(embs)b::vector[]) WITH ORDINALITY AS u(id, emb, i)
       JOIN drawers me ON me.workspace_id = %(ws)s AND me.id = u.id
 )
 """
+# Each list is ranked twice, among the drawers filed before the event's drawer and among those filed after
+# it (time, then id), ``n`` each: ranked together, drawers filed after it (a session's other turns, filed
+# in the same instant) would take the places of the older ones a write decision is taken against.
 _TWINS = """
-SELECT q.i, true AS twin, t.id, t.sim, t.content, t.speaker, t.newer
+SELECT q.i, true AS twin, t.id, t.sim, t.content, t.speaker, {newer}
   FROM q CROSS JOIN LATERAL (
-       SELECT d.id, 1 - (d.embedding <=> q.emb) AS sim, d.content, d.speaker,
-              (d.filed_at, d.id) > (q.filed_at, q.id) AS newer
+       SELECT d.id, 1 - (d.embedding <=> q.emb) AS sim, d.content, d.speaker
          FROM drawers d
-        WHERE d.workspace_id = %(ws)s
-          AND d.id = ANY(ARRAY(SELECT c.id FROM palace_wording_candidates(%(ws)s, q.bands, 200) c))
-          AND d.id <> q.id
+        WHERE d.workspace_id = %(ws)s AND d.id = ANY(q.cands) AND (d.filed_at, d.id) {op} (q.filed_at, q.id)
           AND CASE WHEN d.state = 'processed' AND d.deleted_at IS NULL AND d.embedding IS NOT NULL
                    THEN true END  -- by key only: docs/scale.md
         ORDER BY d.embedding <=> q.emb LIMIT %(n)s) t
 """
+_BOTH_TWINS = _TWINS.format(newer="false", op="<") + "UNION ALL" + _TWINS.format(newer="true", op=">")
+# The older neighbours through the workspace's HNSW index. The newer ones are few (drawers are processed
+# about in the order they were filed), so they are read in filing order (drawers_state) and ranked
+# exactly; at most ``_NEWER_SCAN`` of them, the first filed after the drawer (a backlog processed out of
+# order is the only way to have more).
+_NEWER_SCAN = 5000
 _NEIGHBOURS = """
-SELECT q.i, false, n.id, n.sim, n.content, n.speaker, n.newer
+SELECT q.i, false, n.id, n.sim, n.content, n.speaker, false
   FROM q CROSS JOIN LATERAL (
-       SELECT d.id, 1 - (d.embedding <=> q.emb) AS sim, d.content, d.speaker,
-              (d.filed_at, d.id) > (q.filed_at, q.id) AS newer
+       SELECT d.id, 1 - (d.embedding <=> q.emb) AS sim, d.content, d.speaker
          FROM drawers d
         WHERE d.workspace_id = %(ws)s AND d.id <> q.id AND d.state = 'processed' AND d.deleted_at IS NULL
-          AND d.embedding IS NOT NULL
+          AND d.embedding IS NOT NULL AND (d.filed_at, d.id) < (q.filed_at, q.id)
         ORDER BY d.embedding <=> q.emb LIMIT %(n)s) n
-"""
+UNION ALL
+SELECT q.i, false, n.id, 1 - n.dist, d.content, d.speaker, true
+  FROM q CROSS JOIN LATERAL (
+       SELECT r.id, r.dist FROM (
+              SELECT c.id, c.embedding <=> q.emb AS dist FROM drawers c
+               WHERE c.workspace_id = %(ws)s AND c.state = 'processed' AND c.filed_at >= q.filed_at
+                 AND (c.filed_at, c.id) > (q.filed_at, q.id) AND c.deleted_at IS NULL AND c.embedding IS NOT NULL
+               ORDER BY c.filed_at LIMIT {cap}) r
+        ORDER BY r.dist LIMIT %(n)s) n
+  JOIN drawers d ON d.workspace_id = %(ws)s AND d.id = n.id
+""".replace("{cap}", str(_NEWER_SCAN))
 # The exact scan, once per event: the workspace's candidates are read once into a work table, which
 # every drawer of the event then ranks; contents are fetched for the winners only.
 _SCANNED = """
@@ -107,23 +124,26 @@ _SCANNED = """
 # Each (drawer, candidate) distance is computed once: written as the sort key and again inside the
 # similarity, the planner evaluated the cosine twice per pair, and the cosine is most of a pair's cost.
 # OFFSET 0 keeps the inner query from being flattened into the outer one, which would bring the
-# second evaluation back.
+# second evaluation back. The filing order is compared first, so each side computes the distances of its
+# own drawers only.
 _SCANNED_NEIGHBOURS = """
-SELECT q.i, false, n.id, 1 - n.dist, d.content, d.speaker, n.newer
+SELECT q.i, false, n.id, 1 - n.dist, d.content, d.speaker, {newer}
   FROM q CROSS JOIN LATERAL (
-       SELECT r.id, r.dist, r.newer FROM (
-              SELECT w.id, w.embedding <=> q.emb AS dist, (w.filed_at, w.id) > (q.filed_at, q.id) AS newer
-                FROM w WHERE w.id <> q.id OFFSET 0) r
+       SELECT r.id, r.dist FROM (
+              SELECT w.id, w.embedding <=> q.emb AS dist
+                FROM w WHERE (w.filed_at, w.id) {op} (q.filed_at, q.id) OFFSET 0) r
         ORDER BY r.dist LIMIT %(n)s) n
   JOIN drawers d ON d.workspace_id = %(ws)s AND d.id = n.id
 """
+_BOTH_SCANNED = (_SCANNED_NEIGHBOURS.format(newer="false", op="<") + "UNION ALL"
+                 + _SCANNED_NEIGHBOURS.format(newer="true", op=">"))
 # The vectors travel in binary (``%(embs)b``): an array of vectors goes as text otherwise, hundreds of
 # decimal numbers per vector for the client to format and the server to parse.
 # The twins alone (the plan test checks they never scan the workspace), and the whole statement: the
 # exact one, and the one for a workspace with its own HNSW index.
-TWINS_SQL = _EVENT + _TWINS
-CANDIDATES_SQL = _EVENT + _SCANNED + _TWINS + "UNION ALL" + _SCANNED_NEIGHBOURS
-INDEXED_CANDIDATES_SQL = _EVENT + _TWINS + "UNION ALL" + _NEIGHBOURS
+TWINS_SQL = _EVENT + _BOTH_TWINS
+CANDIDATES_SQL = _EVENT + _SCANNED + _BOTH_TWINS + "UNION ALL" + _BOTH_SCANNED
+INDEXED_CANDIDATES_SQL = _EVENT + _BOTH_TWINS + "UNION ALL" + _NEIGHBOURS
 # For ranking in the cluster process (``shared.memory.neighbours``). A drawer is a candidate while
 # processed, not deleted and embedded; migration 0050 stamps ``rev`` with the id of the transaction that
 # last changed one of those (or its vector, or its filing time). Each read returns its snapshot's bounds:
@@ -282,7 +302,7 @@ async def record_history_many(conn: AsyncConnection[Any], workspace_id: str, row
 MERGE_SQL = """UPDATE drawers d SET state = 'merged', cluster_id = m.target, updated_at = now()
       FROM unnest(%(ids)s::text[], %(targets)s::text[]) AS m(id, target)
      WHERE d.workspace_id = %(ws)s AND d.id = ANY(%(ids)s) AND d.id = m.id
-       AND CASE WHEN d.state = 'processed' THEN true END  -- by key only: docs/scale.md
+       AND CASE WHEN d.state = 'processed' AND NOT d.pinned THEN true END  -- by key only: docs/scale.md
        AND EXISTS (SELECT 1 FROM drawers t WHERE t.workspace_id = %(ws)s AND t.id = m.target
                       AND CASE WHEN t.state = 'processed' AND t.deleted_at IS NULL THEN true END)
     RETURNING d.id"""
@@ -298,8 +318,8 @@ SUPERSEDE_SQL = """UPDATE drawers d SET superseded_by = s.new, updated_at = now(
 
 async def merge_many(conn: AsyncConnection[Any], workspace_id: str, pairs: list[tuple[str, str]]) -> set[str]:
     """Merge each (drawer, older twin) pair in one statement (``MERGE_SQL``). Returns the drawers merged:
-    one already merged, or whose twin is gone or merged already, is left as it is; a drawer named twice
-    is merged into its first twin."""
+    one already merged or pinned (a memory someone chose to keep as it is), or whose twin is gone or merged
+    already, is left as it is; a drawer named twice is merged into its first twin."""
     first: dict[str, str] = {}
     for drawer, twin in pairs:
         first.setdefault(drawer, twin)  # one twin per drawer: a drawer named twice keeps the first

@@ -184,6 +184,8 @@ async def apply_proposal(
         old_value = await snapshot(conn, workspace_id, p.target)
         if old_value is None or old_value["deleted_at"] is not None:
             outcome, reason, old_value = "dropped", "target no longer live", None
+        elif old_value["state"] != "processed":  # merged into a twin meanwhile, or rewritten and re-embedding
+            outcome, reason, old_value = "dropped", f"target is {old_value['state']} now", None
         elif p.action == "DELETE" and old_value["pinned"]:
             outcome, reason, old_value = "dropped", "pinned memories are never deleted", None
     if outcome == "applied" and old_value is not None:

@@ -108,6 +108,8 @@ async def _why_not(conn: AsyncConnection[Any], workspace_id: str, row: dict[str,
     current = await snapshot(conn, workspace_id, target) if target else None
     if current is None or current["deleted_at"] is not None:
         return "target no longer live"
+    if current["state"] != "processed":  # merged into a twin since, or rewritten and not yet embedded again
+        return f"target is {current['state']} now, not a live processed memory"
     if row["action"] == "DELETE" and current["pinned"]:
         return "pinned memories are never deleted"
     if nv.get("target_hash") and nv["target_hash"] != current["content_hash"]:

@@ -172,10 +172,10 @@ class WorkspaceVectors:
         self.banded = np.concatenate([self.banded, np.zeros(extra, dtype=bool)])
 
     def rank(self, queries: Sequence[tuple[str, np.ndarray, Sequence[int]]], limit: int) -> list[Ranked] | None:
-        """For each query (drawer id, vector, wording bands): among the other held drawers, the ``limit``
-        nearest sharing a wording band with it and the ``limit`` nearest of all, with those filed after it
-        (by filing time, then id: the database's order). None when a query's drawer is not held (its
-        filing time is not known here)."""
+        """For each query (drawer id, vector, wording bands): the ``limit`` nearest drawers sharing a wording
+        band with it and the ``limit`` nearest of all, each among the held drawers filed before it and again
+        among those filed after it (by filing time, then id: the database's order), and which are the latter.
+        None when a query's drawer is not held (its filing time is not known here)."""
         if any(q not in self.slot for q, _, _ in queries):
             return None
         if not queries:
@@ -191,8 +191,11 @@ class WorkspaceVectors:
         out = []
         for j, (qid, _, qbands) in enumerate(queries):
             qs = self.slot[qid]
-            row = score[j]
-            row[qs] = -np.inf
+            later = (filed > filed[qs]) | ((filed == filed[qs]) & (ids > ids[qs]))  # filed after it
+            older, newer = score[j].copy(), score[j]
+            older[later] = -np.inf
+            older[qs] = -np.inf
+            newer[~later] = -np.inf
             qb = np.asarray(qbands, dtype=np.int64)
             if len(qb) == BANDS:
                 share = self.banded[:n] & (self.bands[:, :n] == qb[:, None]).any(axis=0)
@@ -202,12 +205,11 @@ class WorkspaceVectors:
                 qset = set(qbands)
                 share[[self.slot[i] for i, b in self.odd_bands.items() if b & qset]] = True
             # The drawers sharing a band are few: ranked among themselves, not as the whole row masked.
-            twins, near = (self._top(row, ids, sims[j], limit, among=np.flatnonzero(share)),
-                           self._top(row, ids, sims[j], limit))
-            qkey = (int(filed[qs]), ids[qs])
-            newer = frozenset(i for i, _ in twins + near
-                              if (int(filed[self.slot[i]]), ids[self.slot[i]]) > qkey)  # filed later: time, then id
-            out.append(Ranked(twins, near, newer))
+            among = np.flatnonzero(share)
+            after = [self._top(newer, ids, sims[j], limit, among=among), self._top(newer, ids, sims[j], limit)]
+            out.append(Ranked(_nearest_first(self._top(older, ids, sims[j], limit, among=among) + after[0]),
+                              _nearest_first(self._top(older, ids, sims[j], limit) + after[1]),
+                              frozenset(i for i, _ in after[0] + after[1])))
         return out
 
     @staticmethod
@@ -227,6 +229,10 @@ class WorkspaceVectors:
             top = among[top]
         top = top[np.lexsort((ids[top], -row[top]))][:k]
         return [(ids[t].decode(), _clip(float(sims[t]))) for t in top]
+
+
+def _nearest_first(found: list[tuple[str, float]]) -> list[tuple[str, float]]:
+    return sorted(found, key=lambda x: (-x[1], x[0]))
 
 
 def _clip(x: float) -> float:

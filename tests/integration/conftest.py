@@ -36,6 +36,13 @@ TEST_ENV = {
 }
 
 
+# Health/metrics ports: each pytest-xdist worker draws from a range of its own, for its stack (below) and
+# for the stacks its tests start (palace up, palace mcp's keeper, benches, fault suites: they follow
+# PALACE_METRICS_PORT), so two workers starting one at the same moment never take the same block.
+_PORTS = 20000 + 5000 * (int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0) % 2)
+os.environ.setdefault("PALACE_METRICS_PORT", str(_PORTS + 2999))
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -49,6 +56,7 @@ def stack() -> Iterator[Stack]:
     worker = os.environ.get("PYTEST_XDIST_WORKER")
     if worker:  # one stack per pytest-xdist worker, each in its own directory
         os.environ["PALACE_DEVSTACK_DIR"] = f"{TEST_ENV['PALACE_DEVSTACK_DIR']}-{worker}"
+    base = free_port_block(40, start=random.randrange(_PORTS, _PORTS + 2000))  # a free block, not just a random one
     os.environ["PALACE_API_PORT"] = str(_free_port())
     # Every service exports its spans to a receiver in this process, as it would to a collector.
     otlp = OtlpReceiver().start()
@@ -59,7 +67,6 @@ def stack() -> Iterator[Stack]:
         DevStack(settings.devstack_dir).stop()
         shutil.rmtree(settings.devstack_dir, ignore_errors=True)
     log_dir = Path(settings.devstack_dir) / "logs"
-    base = free_port_block(40, start=random.randrange(20000, 30000))  # a free block, not just a random one
     sup = Supervisor(settings, log_dir=log_dir, metrics_base_port=base)
     try:
         sup.start_servers()

@@ -629,6 +629,7 @@ def test_held_proposals_are_listed_approved_as_full_mode_would_or_rejected(stack
         w, old_id, first = _two_sessions(stack, llm, "UPDATE")
         wd, del_id, del_first = _two_sessions(stack, llm, "DELETE")
         ws_stale, stale_id, _ = _two_sessions(stack, llm, "UPDATE")
+        ws_merged, merged_id, merged_first = _two_sessions(stack, llm, "UPDATE")
         ws_race, race_id, _ = _two_sessions(stack, llm, "DELETE")
         ws_gone, gone_target, gone_first = _two_sessions(stack, llm, "DELETE")
     finally:
@@ -707,6 +708,17 @@ def test_held_proposals_are_listed_approved_as_full_mode_would_or_rejected(stack
                      (ws_stale, stale_id)) == [("edited by hand",)]
     dropped = [h for h in _history(stack, ws_stale, "UPDATE") if h[0] != sheld[0]]
     assert len(dropped) == 1 and dropped[0][2] == "dropped: target changed since the proposal was made"
+
+    # A target merged into its twin since (a pair found late) is no longer a live memory: left merged, not
+    # brought back by the approval.
+    (mheld,) = _history(stack, ws_merged, "UPDATE")
+    stack.sql("UPDATE drawers SET state = 'merged' WHERE workspace_id = %s AND id = %s RETURNING 1",
+              (ws_merged, merged_id))
+    out = _cli(stack, "proposals", "approve", mheld[0], "-w", ws_merged)
+    assert out.returncode == 0, out.stderr
+    assert "dropped (target is merged now" in out.stdout
+    assert stack.sql("SELECT state, content FROM drawers WHERE workspace_id = %s AND id = %s",
+                     (ws_merged, merged_id)) == [("merged", merged_first)]
 
     # Approve and reject of one DELETE at the same moment: exactly one wins, the other is told so.
     (rheld,) = _history(stack, ws_race, "DELETE")

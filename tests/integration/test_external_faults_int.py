@@ -16,7 +16,6 @@ import asyncio
 import contextlib
 import itertools
 import os
-import random
 import shutil
 import signal
 import socket
@@ -88,7 +87,7 @@ def ext() -> Iterator[Ext]:
         DevStack(settings.devstack_dir).stop()
         shutil.rmtree(settings.devstack_dir, ignore_errors=True)
         sup = Supervisor(settings, services=list(SERVICES), log_dir=Path(EXT_DIR) / "logs",
-                         metrics_base_port=free_port_block(40, start=random.randrange(20000, 30000)), env=env)
+                         metrics_base_port=free_port_block(40, start=Settings().metrics_port + 1), env=env)
         try:
             sup.start_servers()
             sup.start_services()
@@ -230,7 +229,7 @@ def test_slow_embedder_backlog_stays_in_jetstream_bounded_and_nothing_dropped(ex
     # A second embed replica on the same durable: an idle replica is where JetStream would hand
     # a message whose ack_wait ran out while the first one was still embedding it.
     replica = Supervisor(st.settings, services=["embed"], log_dir=Path(EXT_DIR) / "logs-replica",
-                         metrics_base_port=free_port_block(40, start=random.randrange(20000, 30000)), env=ext.env,
+                         metrics_base_port=free_port_block(40, start=Settings().metrics_port + 1), env=ext.env,
                          database_url=st.database_url, nats_url=st.nats_url)
     inputs0 = len(stub.inputs)
     try:
@@ -323,7 +322,7 @@ def test_database_unreachable_at_start_up_service_waits_then_works(ext: Ext) -> 
     assert sockets, "the embedded PostgreSQL listens on a unix socket"
     proxy = _Proxy(sockets[0].resolve())
     # enrich is not part of this stack, so the work below can only be done by the one started here.
-    base = free_port_block(40, start=random.randrange(20000, 30000))
+    base = free_port_block(40, start=Settings().metrics_port + 1)
     port = base + ALL_SERVICES.index("enrich")
     sup = Supervisor(st.settings, services=["enrich"], log_dir=Path(EXT_DIR) / "logs", metrics_base_port=base,
                      env=ext.env, database_url=f"postgresql://postgres@127.0.0.1:{proxy.port}/palace",

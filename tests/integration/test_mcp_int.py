@@ -380,15 +380,10 @@ def _cleaned(stack_dir: Path) -> Iterator[None]:
 
 def _embedded_params(stack_dir: Path) -> StdioServerParameters:
     """``palace mcp`` with no server URLs, on the embedded stack in ``stack_dir``."""
-    import random
-
-    from palace_dev.supervisor import free_port_block
-
+    # The services' health ports follow PALACE_METRICS_PORT (the test worker's own range: see conftest.py).
     env = {k: v for k, v in os.environ.items() if k.startswith("PALACE_") and k not in (
         "PALACE_DATABASE_URL", "PALACE_NATS_URL")}
-    # The services' health ports follow PALACE_METRICS_PORT: a free block below the ephemeral range.
-    env.update(PALACE_DEVSTACK_DIR=str(stack_dir), PALACE_MCP_WORKSPACE="embedded", PALACE_MCP_STACK_IDLE_S="1",
-               PALACE_METRICS_PORT=str(free_port_block(40, start=random.randrange(20000, 30000))))
+    env.update(PALACE_DEVSTACK_DIR=str(stack_dir), PALACE_MCP_WORKSPACE="embedded", PALACE_MCP_STACK_IDLE_S="1")
     return StdioServerParameters(command=str(Path(sys.executable).parent / "palace"), args=["mcp"], env=env,
                                  cwd=os.getcwd())
 

@@ -60,7 +60,8 @@ async def _both(pool: Any, w: str, event: list[str], cache: VectorCache) -> tupl
             found = await cluster_candidates(conn, w, [(r.id, r.embedding, wording_bands(w, r.content)) for r in rows],
                                              cache=c)
         out.append({d: ([i for i, _, _ in n.near], [s for _, s, _ in n.near], [c for _, _, c in n.near],
-                        [i for i, _, _ in n.twins], [s for _, s, _ in n.twins], [c for _, _, c in n.twins])
+                        [i for i, _, _ in n.twins], [s for _, s, _ in n.twins], [c for _, _, c in n.twins],
+                        n.newer)
                     for d, n in found.items()})
     return out[0], out[1]
 
@@ -73,6 +74,7 @@ async def _vectors(pool: Any, w: str, ids: list[str]) -> list[Any]:
 def _same(db: dict[str, Any], here: dict[str, Any]) -> None:
     assert db.keys() == here.keys()
     for d in db:
+        assert here[d][6] == db[d][6], d  # the same ones filed after the drawer
         for k in (0, 3):  # the neighbours, then the twins: ids, contents, similarities
             assert here[d][k] == db[d][k], d
             assert here[d][k + 2] == db[d][k + 2]
@@ -91,7 +93,9 @@ def test_the_cache_ranks_as_the_database_through_every_kind_of_change(stack: Sta
             event = ids[-10:]
             db, here = await _both(pool, w, event, cache)
             _same(db, here)
-            assert all(len(n[0]) == 5 for n in db.values())
+            # Five filed before each, and as many filed after it as there are (up to five).
+            assert all(len([i for i in n[0] if i not in n[6]]) == 5 for n in db.values())
+            assert [len([i for i in db[d][0] if i in db[d][6]]) for d in event] == [5, 5, 5, 5, 5, 4, 3, 2, 1, 0]
             assert sum(len(n[3]) for n in db.values()) >= 10  # the wording made twins to compare
             assert cache.get(w, DIMS).n == 300
 

@@ -298,7 +298,8 @@ def test_clusters_twins_are_read_by_key_where_liveness_has_no_statistics(databas
     statement = TWINS_SQL.replace("%(embs)b::vector[]", "%(embs)s::vector[]")
     params = {"ws": ws, "ids": [f"d{s}-1" for s in range(1, 11)], "embs": [vec] * 10, "bands": bands, "nb": 1,
               "n": 5}
-    (test,) = _CASE.findall(statement)
+    test, again = _CASE.findall(statement)  # the twins filed before each drawer, and those filed after it
+    assert test == again
     plain = _CASE.sub(lambda m: m.group(1), statement)
     assert _drawer_rows_read(database, plain, params, as_app=True) >= 10 * 1_000, test  # the trap is there
     assert _drawer_rows_read(database, statement, params, as_app=True) <= 10 + 10 * 10 * 2

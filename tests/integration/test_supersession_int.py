@@ -114,10 +114,10 @@ def test_two_people_saying_the_same_words_keep_two_drawers(stack: Stack) -> None
 
 def test_an_events_merges_and_supersessions_are_written_together_with_their_rules(stack: Stack) -> None:
     """Cluster writes an event's supersessions in one statement and its merges in another
-    (shared.db.clustering): each keeps the rule it had one by one. A drawer merges only while processed and
-    only into a live, processed twin; an older drawer named by two newer ones keeps the first; one already
-    superseded keeps its mark; another workspace's drawers are neither touched nor taken for twins (its
-    'gone' is live)."""
+    (shared.db.clustering): each keeps the rule it had one by one. A drawer merges only while processed (and
+    not pinned) and only into a live, processed twin; an older drawer named by two newer ones keeps the
+    first; one already superseded keeps its mark; another workspace's drawers are neither touched nor taken
+    for twins (its 'gone' is live)."""
     import asyncio
 
     import psycopg
@@ -129,8 +129,8 @@ def test_an_events_merges_and_supersessions_are_written_together_with_their_rule
     w, other = ws(), ws()
     rows = {"twin": ("processed", False), "gone": ("processed", True), "merged": ("merged", False),
             "x1": ("processed", False), "x2": ("processed", False), "x3": ("processed", False),
-            "x4": ("merged", False), "y": ("processed", False), "old1": ("processed", False),
-            "old2": ("processed", False), "marked": ("processed", False)}
+            "x4": ("merged", False), "x5": ("processed", False), "y": ("processed", False),
+            "old1": ("processed", False), "old2": ("processed", False), "marked": ("processed", False)}
     with psycopg.connect(stack.database_url, autocommit=True) as conn:
         for workspace in (w, other):
             for did, (state, deleted) in rows.items():
@@ -139,6 +139,7 @@ def test_an_events_merges_and_supersessions_are_written_together_with_their_rule
                              " dedup_bands) VALUES (%s, %s, %s, md5(%s), %s, CASE WHEN %s THEN now() END, '{}')",
                              (workspace, did, did, did, state, deleted and workspace == w))
         conn.execute("UPDATE drawers SET superseded_by = 'y' WHERE id = 'marked'")
+        conn.execute("UPDATE drawers SET pinned = true WHERE id = 'x5'")  # kept as it is: never merged away
 
     async def write() -> tuple[set[str], set[str]]:
         pool = await open_pool(stack.database_url, name="test-cluster-writes", max_size=1)
@@ -147,7 +148,7 @@ def test_an_events_merges_and_supersessions_are_written_together_with_their_rule
                 marked = await supersede_many(conn, w, [("old1", "x1"), ("old1", "x2"), ("old2", "x3"),
                                                         ("marked", "x1"), ("gone", "x1")])
                 merged = await merge_many(conn, w, [("x1", "twin"), ("x2", "gone"), ("x3", "merged"),
-                                                    ("x4", "twin"), ("y", "x1")])
+                                                    ("x4", "twin"), ("x5", "twin"), ("y", "x1")])
                 assert await merge_many(conn, w, []) == set() and await supersede_many(conn, w, []) == set()
                 return marked, merged
         finally:
@@ -162,7 +163,8 @@ def test_an_events_merges_and_supersessions_are_written_together_with_their_rule
     assert got["old1"][2] == "x1" and got["old2"][2] == "x3" and got["marked"][2] == "y"
     assert got["gone"][2] is None
     assert got["x1"][:2] == ("merged", "twin") and got["y"][:2] == ("merged", "x1")
-    assert [got[i][:2] for i in ("x2", "x3", "x4")] == [("processed", None), ("processed", None), ("merged", None)]
+    assert [got[i][:2] for i in ("x2", "x3", "x4", "x5")] == [("processed", None), ("processed", None),
+                                                              ("merged", None), ("processed", None)]
     assert stack.sql("SELECT count(*) FROM drawers WHERE workspace_id = %s AND (state = 'merged' AND id <> 'x4'"
                      " AND id <> 'merged' OR superseded_by IS NOT NULL AND id <> 'marked')", (other,)) == [(0,)]
 

@@ -117,6 +117,8 @@ def test_a_growing_workspace_gets_its_own_index_and_search_uses_it(stack: Stack)
             "ws": w, "ids": [one], "embs": [np.asarray(q, dtype=np.float32)], "bands": [0] * 4, "nb": 4, "n": 5,
         }, prepare=False).fetchall()[0][0]
     assert name in json.dumps(plan)
+    # The drawers filed after the event's drawer are read in filing order from the state index, not scanned.
+    assert "drawers_state" in json.dumps(plan) and '"Seq Scan"' not in json.dumps(plan), json.dumps(plan)
 
     indexed = asyncio.run(search(query, 1000))
     # The same best hit, scored the same. Past it the drawers tie on score here, and the candidate sets

@@ -16,15 +16,21 @@ DIMS = 16
 
 def _reference(held: dict[str, tuple[int, np.ndarray, list[int]]], qid: str, q: np.ndarray, qbands: list[int],
                limit: int) -> tuple[list[str], list[str], set[str]]:
-    """The database's statements, in Python: candidates other than the query, nearest by cosine (in
-    float64), at most ``limit``: those sharing a band (any position, as ``&&``), and all; and which of them
-    were filed after the query (time, then id)."""
+    """The database's statements, in Python: nearest by cosine (in float64), at most ``limit`` among the
+    drawers filed before the query (time, then id) and ``limit`` among those filed after it: those sharing
+    a band (any position, as ``&&``), and all; and which of them were filed after it."""
     qf = held[qid][0]
-    cands = [(i, v, b) for i, (f, v, b) in held.items() if i != qid]
-    cos = sorted(((float(v @ q / np.linalg.norm(v) / np.linalg.norm(q)), i, b) for i, v, b in cands),
-                 key=lambda x: (-x[0], x[1]))
-    twins, near = [i for _, i, b in cos if set(b) & set(qbands)][:limit], [i for _, i, _ in cos[:limit]]
-    return twins, near, {i for i in twins + near if (held[i][0], i) > (qf, qid)}
+    out: dict[bool, tuple[list[str], list[str]]] = {}
+    for later in (False, True):
+        cands = [(i, v, b) for i, (f, v, b) in held.items() if i != qid and ((f, i) > (qf, qid)) == later]
+        cos = sorted(((_cos(v, q), i, b) for i, v, b in cands), key=lambda x: (-x[0], x[1]))
+        out[later] = [i for _, i, b in cos if set(b) & set(qbands)][:limit], [i for _, i, _ in cos[:limit]]
+    newer = set(out[True][0] + out[True][1])
+
+    def nearest(ids: list[str]) -> list[str]:
+        return sorted(ids, key=lambda i: (-_cos(held[i][1], q), i))
+
+    return nearest(out[False][0] + out[True][0]), nearest(out[False][1] + out[True][1]), newer
 
 
 def _cos(v: np.ndarray, q: np.ndarray) -> float:

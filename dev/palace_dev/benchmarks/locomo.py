@@ -30,7 +30,7 @@ from rich.table import Table
 
 from palace_dev.evaluation.locomo import Conversation, load_locomo, to_events
 from palace_dev.evaluation.metrics import QuestionResult, Summary, flatten_units, summarize
-from palace_dev.supervisor import Supervisor
+from palace_dev.supervisor import Supervisor, free_port_block
 from palace_sdk._events import publish_encoded
 from shared.adapters import build_embedder
 from shared.config import Settings
@@ -272,7 +272,8 @@ def run_locomo(run: LocomoRun, settings: Settings, on_stack: Callable[[Superviso
         convs = convs[: run.limit]
     # enrich too: episodes and the knowledge graph are signals recall reads (issue 14, point 6).
     sup = Supervisor(settings, services=["ingest", "embed", "classify", "cluster", "enrich"],
-                     log_dir=Path(settings.devstack_dir) / "logs", metrics_base_port=9301)
+                     log_dir=Path(settings.devstack_dir) / "logs",
+                     metrics_base_port=free_port_block(40, start=settings.metrics_port + 201))
     workspaces = {c.sample_id: _workspace(c.sample_id, settings, run.data) for c in convs}
     with console.status("starting PostgreSQL and NATS ..."):
         sup.start_servers()
