@@ -75,6 +75,7 @@ class ChatStub:
     latency_s: float = 0.0  # every chat answer waits this long first (a model's fixed response time)
     default_type: str = "fact"
     calls: int = 0  # classification calls only (the ones ``script`` and ``mode`` apply to)
+    requests: int = 0  # every chat request, counted as it arrives (``calls`` and the others count answers)
     modes_seen: list[str] = field(default_factory=list)
     items_per_call: list[int] = field(default_factory=list)
     ids_per_call: list[list[str]] = field(default_factory=list)
@@ -142,6 +143,7 @@ def build_app(state: StubState) -> FastAPI:
     async def chat(req: Request) -> Any:
         body = await req.json()
         st = state.chat
+        st.requests += 1
         if st.latency_s > 0:
             await asyncio.sleep(st.latency_s)
         items = json.loads(body["messages"][-1]["content"])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
@@ -13,7 +14,14 @@ from services._runtime import Deps, ack_once, decode_batch
 from shared.adapters.llm import LlmClient, Usage
 from shared.bus import publish_event
 from shared.db.centroids import load_centroids
-from shared.db.curation import LLM_FAILURE_PREFIX, record_llm_failures, record_usage, save_llm_labels
+from shared.db.curation import (
+    LLM_FAILURE_PREFIX,
+    claim_for_llm,
+    record_llm_failures,
+    record_usage,
+    release_llm_claims,
+    save_llm_labels,
+)
 from shared.db.drawers import DrawerRow, drawers_by_id, save_classifications
 from shared.db.tenancy import retry_conflicts, workspace_write, workspaces_tx
 from shared.events import DrawerClassified, DrawerEmbedded
@@ -147,9 +155,14 @@ def register(deps: Deps) -> None:
         decided = [{"id": i, "memory_type": d.memory_type, "confidence": d.confidence, "importance": d.importance,
                     "tier": d.tier, "event_id": owner[i].event_id} for i, d in decisions.items() if d.tier != "llm"]
         saved = await save_classifications(conn, ws, decided, event_id=None, actor="classify") if decided else 0
+        # The drawers for the model, claimed for this batch: one another batch is asking about (another
+        # event naming it, a re-drive) is left to it; that batch announces it once labelled. A claim lasts
+        # as long as a handler may run, so one of a batch that died is taken over afterwards.
+        claimed = await claim_for_llm(conn, ws, [r.id for r in rows if decisions[r.id].tier == "llm"],
+                                      s.handler_timeout_s)
         cold = []
         for ev in evs:
-            mine = [r for r in rows if owner[r.id] is ev and decisions[r.id].tier == "llm"]
+            mine = [r for r in rows if owner[r.id] is ev and r.id in claimed]
             if mine:
                 cold.append((ev, mine, {r.id: decisions[r.id] for r in mine}))
         return saved, cold
@@ -176,7 +189,13 @@ async def _cold_path(
     async def chat(messages: list[dict[str, str]]) -> str:
         return await llm.chat(messages, purpose="classify", usage=usage)
 
-    result = await label_with_llm(chat, [(r.id, r.content) for r in cold], batch=s.llm_batch)
+    try:
+        result = await label_with_llm(chat, [(r.id, r.content) for r in cold], batch=s.llm_batch)
+    except BaseException:
+        # Nothing written: the claims go, so that the retry (or another event) asks at once.
+        with contextlib.suppress(Exception):
+            await workspace_write(deps.pool, ws, lambda conn: release_llm_claims(conn, ws, [r.id for r in cold]))
+        raise
     for w in result.warnings:
         log.warning("llm_label_warning", workspace_id=ws, warning=w[:300])
     failures = {
@@ -190,6 +209,7 @@ async def _cold_path(
         gave_up, again = await record_llm_failures(conn, ws, failures, max_failures=s.llm_max_failures,
                                                    event_id=ev.event_id)
         await record_usage(conn, ws, s.llm_model, usage)
+        await release_llm_claims(conn, ws, [r.id for r in cold])
         return changed, gave_up, again
 
     # A deadlock with another service's writes runs this transaction again, not the model's calls.

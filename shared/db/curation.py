@@ -14,7 +14,8 @@ from shared.db.kg import record_extraction, refresh_entities
 from shared.memory.kg import Sighting
 from shared.memory.llm_labels import LlmLabel
 
-__all__ = ["OTHER_WORKSPACES", "llm_cost_today", "record_llm_failures", "record_usage", "save_llm_labels"]
+__all__ = ["CLAIM_SQL", "OTHER_WORKSPACES", "claim_for_llm", "llm_cost_today", "record_llm_failures", "record_usage",
+           "release_llm_claims", "save_llm_labels"]
 
 LLM_FAILURE_PREFIX = "llm: "
 _LLM_CONFIDENCE = 0.8  # what a model's entity or fact counts for in the running averages
@@ -79,6 +80,34 @@ LLM_FAILURE_SQL = """UPDATE drawers SET metadata = jsonb_set(metadata, '{llm_fai
         WHERE workspace_id = %(ws)s AND id = %(id)s
           AND CASE WHEN state = 'raw' THEN true END  -- by key only: docs/scale.md
     RETURNING (metadata->>'llm_failures')::int"""
+
+
+# Drawers of a batch's cold path claimed for it (migration 0054): those still waiting for a label and not
+# claimed by a batch still within its time. Locked in id order (the primary key's), so two batches claiming
+# side by side wait for each other, and the second sees the first's claims.
+CLAIM_SQL = """UPDATE drawers SET llm_claimed_until = now() + make_interval(secs => %(s)s)
+     WHERE workspace_id = %(ws)s AND id = ANY(%(ids)s)
+       AND CASE WHEN state IN ('raw', 'failed') AND (llm_claimed_until IS NULL OR llm_claimed_until < now())
+                THEN true END  -- by key only: docs/scale.md
+    RETURNING id"""
+
+
+async def claim_for_llm(conn: AsyncConnection[Any], workspace_id: str, drawer_ids: list[str], seconds: float,
+                        ) -> set[str]:
+    """Claim these drawers for one batch's model call, for at most ``seconds``; returns those claimed. One
+    claimed by another batch meanwhile is that batch's to label: asked twice, the model's two answers would
+    both be written, and a failure counted twice."""
+    if not drawer_ids:
+        return set()
+    cur = await conn.execute(CLAIM_SQL, {"s": seconds, "ws": workspace_id, "ids": sorted(set(drawer_ids))})
+    return {str(r[0]) for r in await cur.fetchall()}
+
+
+async def release_llm_claims(conn: AsyncConnection[Any], workspace_id: str, drawer_ids: list[str]) -> None:
+    """Give up this batch's claims (its answers, or failures, are written, or it failed before asking)."""
+    if drawer_ids:
+        await conn.execute("UPDATE drawers SET llm_claimed_until = NULL WHERE workspace_id = %s AND id = ANY(%s)"
+                           " AND llm_claimed_until IS NOT NULL", (workspace_id, sorted(set(drawer_ids))))
 
 
 async def record_llm_failures(

@@ -127,6 +127,49 @@ def test_good_answers_label_in_one_batch_with_entities_triples_and_cost(stack: S
     assert 'palace_llm_tokens_total{direction="in",purpose="classify"}' in metrics
 
 
+def _consumer_idle(stack: Stack, service: str, subject: str) -> bool:
+    """Whether ``service``'s consumer of ``subject`` has nothing waiting and nothing in hand."""
+    import nats
+
+    from shared.consumers import consumer_for
+
+    async def go() -> bool:
+        nc = await nats.connect(stack.nats_url)
+        try:
+            info = await nc.jetstream().consumer_info(stack.settings.stream_name,
+                                                       consumer_for(service, subject).durable)
+            return not info.num_pending and not info.num_ack_pending
+        finally:
+            await nc.close()
+
+    return asyncio.run(go())
+
+
+def test_a_drawer_two_events_name_at_once_is_asked_about_once(stack: Stack, llm: ChatStub) -> None:
+    """The same words in a second session name the same drawer while the model is still answering about it
+    for the first: the second event leaves it to the first (claimed), instead of asking the model again,
+    writing its second answer and counting a failure twice; both events are announced."""
+    _reset(llm)
+    w = ws()
+    llm.latency_s = 2.0
+    try:
+        asked = llm.requests
+        stack.publish(session(w, "s1", [TEXTS[0]]))
+        wait_for(lambda: llm.requests > asked, 60, "the model asked about the drawer")
+        stack.publish(session(w, "s2", [TEXTS[0]]))
+        wait_for(lambda: stack.sql("SELECT count(*) FROM sessions WHERE workspace_id = %s", (w,)) == [(2,)], 60,
+                 "the second session stored")
+        stack.wait_processed(w, 1)
+        wait_for(lambda: _consumer_idle(stack, "classify", "drawer.embedded"), 60, "both events through classify")
+    finally:
+        llm.latency_s = 0.0
+    (did,) = [r[0] for r in _drawers(stack, w)]
+    assert sum(did in ids for ids in llm.ids_per_call) == 1, llm.ids_per_call
+    assert stack.sql("SELECT count(*) FROM memory_history WHERE workspace_id = %s AND action = 'CLASSIFY'",
+                     (w,)) == [(1,)]
+    assert stack.sql("SELECT llm_claimed_until FROM drawers WHERE workspace_id = %s", (w,)) == [(None,)]
+
+
 def test_batches_never_mix_workspaces_and_cost_is_kept_per_workspace(stack: Stack, llm: ChatStub) -> None:
     _reset(llm)
     w1, w2 = ws(), ws()
