@@ -40,7 +40,8 @@ def _summary(title: str, counts: dict[str, int], elapsed_s: float) -> Table:
 
 def register(app: typer.Typer, settings: Callable[[], Settings], urls: Callable[..., tuple[str, str]],
              console: Console) -> None:
-    """Add ``maintain`` (one command per registered job), ``forget`` and ``restore`` to the ``palace`` app."""
+    """Add ``maintain`` (one command per registered job), ``forget``, ``retry-failed`` and ``restore`` to the
+    ``palace`` app."""
     from shared.lifecycle import JOBS
 
     maintain_app = typer.Typer(help="Run one lifecycle job now (under its lease), with progress.",
@@ -96,6 +97,18 @@ def register(app: typer.Typer, settings: Callable[[], Settings], urls: Callable[
                 console.print(f"[red]not fully forgotten: {left}[/red]")
                 raise typer.Exit(1)
             console.print("[green]verified: nothing of it remains[/green]")
+
+    @app.command("retry-failed")
+    def retry_failed_command(
+        workspace: Annotated[str, typer.Option("--workspace", "-w", help="Workspace whose failed drawers to retry.")],
+    ) -> None:
+        """Send a workspace's failed drawers through the pipeline again, once what failed them is fixed (an LLM
+        that was down, an embedding endpoint): their failure is cleared and they are embedded (if they have
+        no vector) and classified anew. `palace quality` lists them with their reasons first."""
+        s = settings()
+        db, nats_url = urls(s)
+        n, elapsed = asyncio.run(_retry_failed(s, db, nats_url, workspace, console))
+        console.print(_summary(f"retry-failed {workspace}", {"drawers sent through again": n}, elapsed))
 
     @app.command()
     def restore(
@@ -177,6 +190,25 @@ async def _run_job(name: str, s: Settings, db: str, nats_url: str,
     finally:
         if broker is not None:
             await broker.stop()
+        await pool.close()
+
+
+async def _retry_failed(s: Settings, db: str, nats_url: str, workspace: str, console: Console) -> tuple[int, float]:
+    from shared.bus import build_broker
+    from shared.db.pool import open_pool
+    from shared.lifecycle import retry_failed
+
+    pool = await open_pool(db, name="cli-retry-failed", max_size=1, role=s.db_role)
+    broker = build_broker(s, "cli-retry-failed", nats_url)
+    await broker.connect()
+    try:
+        t0 = time.perf_counter()
+        with _progress(console) as bar:
+            task = bar.add_task("retry-failed", total=None)
+            n = await retry_failed(pool, broker, s, workspace, progress=lambda k: bar.advance(task, k))
+        return n, time.perf_counter() - t0
+    finally:
+        await broker.stop()
         await pool.close()
 
 

@@ -28,7 +28,7 @@ from shared.logging import get_logger
 if TYPE_CHECKING:  # the CLI imports this module for its job names; faststream is most of its import time
     from faststream.nats import NatsBroker
 
-__all__ = ["JOBS", "Job", "JobRun", "LeaseLost", "redrive_idle_s", "restore", "run_job"]
+__all__ = ["JOBS", "Job", "JobRun", "LeaseLost", "redrive_idle_s", "restore", "retry_failed", "run_job"]
 
 log = get_logger("palace.lifecycle")
 
@@ -229,6 +229,35 @@ async def redrive(run: JobRun) -> dict[str, int]:
     DRAWERS.labels("maintain", "redriven").inc(len(stuck))
     DRAWERS.labels("maintain", "failed").inc(failed)
     return {"redriven": len(stuck), "failed": failed}
+
+
+async def retry_failed(pool: AsyncConnectionPool, broker: NatsBroker, settings: Settings, workspace_id: str,
+                       progress: Callable[[int], None] | None = None) -> int:
+    """Give a workspace's failed drawers another pass through the pipeline once their cause is fixed (the
+    LLM back, the embedding endpoint repaired): each batch is made raw again in one short transaction, then
+    announced to embed (which skips those that have a vector) and classify. Returns how many. A crash
+    between the two leaves them raw, for maintain's re-drive."""
+    import uuid
+
+    from shared.bus import publish_event
+    from shared.db.maintenance import revive_failed
+    from shared.db.tenancy import workspace_tx
+    from shared.events import DrawerCreated
+    from shared.ids import event_id_for
+
+    run_id = uuid.uuid4().hex  # a second retry of the same drawers is announced again, not de-duplicated
+    total = 0
+    while True:
+        async with workspace_tx(pool, workspace_id) as conn:
+            ids = await revive_failed(conn, workspace_id, 256)
+        if not ids:
+            return total
+        await publish_event(broker, settings, DrawerCreated(
+            event_id=event_id_for("drawer.retry", workspace_id, run_id, *ids), workspace_id=workspace_id,
+            drawer_ids=ids))
+        total += len(ids)
+        if progress is not None:
+            progress(len(ids))
 
 
 async def centroids(run: JobRun) -> dict[str, int]:

@@ -8,7 +8,7 @@ from typing import Any
 
 from psycopg import AsyncConnection
 
-__all__ = ["fail_exhausted", "stuck_drawers", "take_lease"]
+__all__ = ["fail_exhausted", "revive_failed", "stuck_drawers", "take_lease"]
 
 
 async def take_lease(conn: AsyncConnection[Any], job: str, holder: str, ttl_s: float, every_s: float) -> bool:
@@ -60,3 +60,18 @@ async def fail_exhausted(conn: AsyncConnection[Any], older_than_s: float, max_re
     )
     return cur.rowcount
 
+
+
+async def revive_failed(conn: AsyncConnection[Any], workspace_id: str, limit: int = 1000) -> list[str]:
+    """Up to ``limit`` of the workspace's failed drawers made raw again, their failure and its counts
+    cleared (``palace retry-failed``, once what failed them is fixed: an LLM that was down, an embedding
+    endpoint). The caller announces them; maintain's re-drive finds any it could not. Through the
+    ``(workspace_id, state, filed_at)`` index: failed drawers are few."""
+    cur = await conn.execute(
+        """UPDATE drawers d SET state = 'raw', failure_reason = NULL, retry_count = 0, llm_claimed_until = NULL,
+                  metadata = d.metadata - 'llm_failures', updated_at = now()
+             FROM (SELECT id FROM drawers WHERE workspace_id = %(ws)s AND state = 'failed' AND deleted_at IS NULL
+                    ORDER BY filed_at LIMIT %(n)s FOR UPDATE SKIP LOCKED) f
+            WHERE d.workspace_id = %(ws)s AND d.id = f.id
+        RETURNING d.id""", {"ws": workspace_id, "n": limit})
+    return [str(r[0]) for r in await cur.fetchall()]

@@ -300,6 +300,14 @@ def test_server_errors_fail_the_drawer_after_three_attempts_never_deleting_it(st
     assert (ok, failed) == (0, 9)
     hist = stack.sql("SELECT reason FROM memory_history WHERE workspace_id = %s AND action = 'FAIL'", (w,))
     assert len(hist) == 1 and "InternalServerError" in hist[0][0]
+    # The model answers again: an operator sends the failed drawer through once more, and it is labelled.
+    _reset(llm)
+    out = _cli(stack, "retry-failed", "-w", w)
+    assert out.returncode == 0, out.stderr
+    wait_for(lambda: [r[1:3] for r in _drawers(stack, w)] == [("processed", "llm")], 60, "the drawer labelled")
+    (row,) = _drawers(stack, w)
+    assert row[6] is None and "llm_failures" not in row[8] and llm.calls == 1
+    assert "retry-failed" in out.stdout and _cli(stack, "retry-failed", "-w", w).returncode == 0  # none left
 
 
 @pytest.mark.parametrize("mode", ["fail400", "fail401", "malformed"])
