@@ -55,6 +55,7 @@ def render(report: dict[str, Any], console: Console) -> None:
         for r in report["failed"]["reasons"]:
             f.add_row(r["reason"], str(r["count"]))
         console.print(f)
+        console.print(f"[dim]once the cause is fixed: palace retry-failed --workspace {report['workspace_id']}[/dim]")
     if report["proposals"]:
         pr = Table(title="Write proposals by decision and outcome")
         for c in ("decision", "outcome", "count"):
