@@ -247,9 +247,10 @@ async def retry_failed(pool: AsyncConnectionPool, broker: NatsBroker, settings: 
 
     run_id = uuid.uuid4().hex  # a second retry of the same drawers is announced again, not de-duplicated
     total = 0
+    after = None
     while True:
         async with workspace_tx(pool, workspace_id) as conn:
-            ids = await revive_failed(conn, workspace_id, 256)
+            ids, after = await revive_failed(conn, workspace_id, after, 256)
         if not ids:
             return total
         await publish_event(broker, settings, DrawerCreated(

@@ -158,8 +158,8 @@ def register(deps: Deps) -> None:
         # The drawers for the model, claimed for this batch: one another batch is asking about (another
         # event naming it, a re-drive) is left to it; that batch announces it once labelled. A claim lasts
         # as long as a handler may run, so one of a batch that died is taken over afterwards.
-        claimed = await claim_for_llm(conn, ws, [r.id for r in rows if decisions[r.id].tier == "llm"],
-                                      s.handler_timeout_s)
+        claimed = await claim_for_llm(conn, ws, {r.id: owner[r.id].event_id or "" for r in rows
+                                                 if decisions[r.id].tier == "llm"}, s.handler_timeout_s)
         cold = []
         for ev in evs:
             mine = [r for r in rows if owner[r.id] is ev and r.id in claimed]
@@ -183,19 +183,31 @@ def _llm_gave_up(reason: str | None) -> bool:
 async def _cold_path(
     deps: Deps, llm: LlmClient, ev: DrawerEmbedded, cold: list[DrawerRow], decisions: dict[str, Decision]
 ) -> None:
+    """The model's labels for an event's claimed drawers, written with their failures; the claims given up
+    either way."""
+    ws = ev.workspace_id
+    try:
+        await _label_and_write(deps, llm, ev, cold, decisions)
+    except LlmPending:
+        raise  # written, claims included: the drawers with attempts left are asked about again later
+    except BaseException:
+        # Nothing written (or not all of it): the claims go, so that another event may ask at once (this
+        # one, delivered again, would take them back anyway).
+        with contextlib.suppress(Exception):
+            await workspace_write(deps.pool, ws, lambda conn: release_llm_claims(conn, ws, [r.id for r in cold]))
+        raise
+
+
+async def _label_and_write(
+    deps: Deps, llm: LlmClient, ev: DrawerEmbedded, cold: list[DrawerRow], decisions: dict[str, Decision]
+) -> None:
     s, ws = deps.settings, ev.workspace_id
     usage: list[Usage] = []
 
     async def chat(messages: list[dict[str, str]]) -> str:
         return await llm.chat(messages, purpose="classify", usage=usage)
 
-    try:
-        result = await label_with_llm(chat, [(r.id, r.content) for r in cold], batch=s.llm_batch)
-    except BaseException:
-        # Nothing written: the claims go, so that the retry (or another event) asks at once.
-        with contextlib.suppress(Exception):
-            await workspace_write(deps.pool, ws, lambda conn: release_llm_claims(conn, ws, [r.id for r in cold]))
-        raise
+    result = await label_with_llm(chat, [(r.id, r.content) for r in cold], batch=s.llm_batch)
     for w in result.warnings:
         log.warning("llm_label_warning", workspace_id=ws, warning=w[:300])
     failures = {

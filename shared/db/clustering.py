@@ -86,14 +86,15 @@ SELECT q.i, true AS twin, t.id, t.sim, t.content, t.speaker, {newer}
         WHERE d.workspace_id = %(ws)s AND d.id = ANY(q.cands) AND (d.filed_at, d.id) {op} (q.filed_at, q.id)
           AND CASE WHEN d.state = 'processed' AND d.deleted_at IS NULL AND d.embedding IS NOT NULL
                    THEN true END  -- by key only: docs/scale.md
-        ORDER BY d.embedding <=> q.emb LIMIT %(n)s) t
+        ORDER BY d.embedding <=> q.emb, d.id LIMIT %(n)s) t
 """
 _BOTH_TWINS = _TWINS.format(newer="false", op="<") + "UNION ALL" + _TWINS.format(newer="true", op=">")
 # The older neighbours through the workspace's HNSW index. The newer ones are few (drawers are processed
 # about in the order they were filed), so they are read in filing order (drawers_state) and ranked
-# exactly; at most ``_NEWER_SCAN`` of them, the first filed after the drawer (a backlog processed out of
-# order is the only way to have more).
-_NEWER_SCAN = 5000
+# exactly; at most ``_NEWER_SCAN`` of them, the first filed after the drawer (more only when an old drawer
+# comes through cluster late: a backlog processed out of order, a failed drawer retried). Ties on distance
+# go to the smaller id, as in the process's ranking (the walk's order is the index's own).
+_NEWER_SCAN = 1000
 _NEIGHBOURS = """
 SELECT q.i, false, n.id, n.sim, n.content, n.speaker, false
   FROM q CROSS JOIN LATERAL (
@@ -110,7 +111,7 @@ SELECT q.i, false, n.id, 1 - n.dist, d.content, d.speaker, true
                WHERE c.workspace_id = %(ws)s AND c.state = 'processed' AND c.filed_at >= q.filed_at
                  AND (c.filed_at, c.id) > (q.filed_at, q.id) AND c.deleted_at IS NULL AND c.embedding IS NOT NULL
                ORDER BY c.filed_at LIMIT {cap}) r
-        ORDER BY r.dist LIMIT %(n)s) n
+        ORDER BY r.dist, r.id LIMIT %(n)s) n
   JOIN drawers d ON d.workspace_id = %(ws)s AND d.id = n.id
 """.replace("{cap}", str(_NEWER_SCAN))
 # The exact scan, once per event: the workspace's candidates are read once into a work table, which
@@ -132,7 +133,7 @@ SELECT q.i, false, n.id, 1 - n.dist, d.content, d.speaker, {newer}
        SELECT r.id, r.dist FROM (
               SELECT w.id, w.embedding <=> q.emb AS dist
                 FROM w WHERE (w.filed_at, w.id) {op} (q.filed_at, q.id) OFFSET 0) r
-        ORDER BY r.dist LIMIT %(n)s) n
+        ORDER BY r.dist, r.id LIMIT %(n)s) n
   JOIN drawers d ON d.workspace_id = %(ws)s AND d.id = n.id
 """
 _BOTH_SCANNED = (_SCANNED_NEIGHBOURS.format(newer="false", op="<") + "UNION ALL"

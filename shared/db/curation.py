@@ -82,32 +82,38 @@ LLM_FAILURE_SQL = """UPDATE drawers SET metadata = jsonb_set(metadata, '{llm_fai
     RETURNING (metadata->>'llm_failures')::int"""
 
 
-# Drawers of a batch's cold path claimed for it (migration 0054): those still waiting for a label and not
-# claimed by a batch still within its time. Locked in id order (the primary key's), so two batches claiming
-# side by side wait for each other, and the second sees the first's claims.
-CLAIM_SQL = """UPDATE drawers SET llm_claimed_until = now() + make_interval(secs => %(s)s)
-     WHERE workspace_id = %(ws)s AND id = ANY(%(ids)s)
-       AND CASE WHEN state IN ('raw', 'failed') AND (llm_claimed_until IS NULL OR llm_claimed_until < now())
+# Drawers of a batch's cold path claimed for it (migration 0054), each for the event that names it: those
+# still waiting for a label and not claimed by another event within its time (the same event, delivered
+# again after its batch died, takes its claim back). Locked in id order (the primary key's), so two batches
+# claiming side by side wait for each other, and the second sees the first's claims.
+CLAIM_SQL = """UPDATE drawers d SET llm_claimed_until = now() + make_interval(secs => %(s)s), llm_claimed_by = c.owner
+      FROM unnest(%(ids)s::text[], %(owners)s::text[]) AS c(id, owner)
+     WHERE d.workspace_id = %(ws)s AND d.id = ANY(%(ids)s) AND d.id = c.id
+       AND CASE WHEN d.state IN ('raw', 'failed') AND (d.llm_claimed_until IS NULL OR d.llm_claimed_until < now()
+                                                       OR d.llm_claimed_by = c.owner)
                 THEN true END  -- by key only: docs/scale.md
-    RETURNING id"""
+    RETURNING d.id"""
 
 
-async def claim_for_llm(conn: AsyncConnection[Any], workspace_id: str, drawer_ids: list[str], seconds: float,
+async def claim_for_llm(conn: AsyncConnection[Any], workspace_id: str, owners: dict[str, str], seconds: float,
                         ) -> set[str]:
-    """Claim these drawers for one batch's model call, for at most ``seconds``; returns those claimed. One
-    claimed by another batch meanwhile is that batch's to label: asked twice, the model's two answers would
-    both be written, and a failure counted twice."""
-    if not drawer_ids:
+    """Claim these drawers (drawer id → the event id asking about it) for at most ``seconds``; returns those
+    claimed. One claimed by another event meanwhile is that event's to label: asked twice, the model's two
+    answers would both be written, and a failure counted twice."""
+    if not owners:
         return set()
-    cur = await conn.execute(CLAIM_SQL, {"s": seconds, "ws": workspace_id, "ids": sorted(set(drawer_ids))})
+    ids = sorted(owners)
+    cur = await conn.execute(CLAIM_SQL, {"s": seconds, "ws": workspace_id, "ids": ids,
+                                         "owners": [owners[i] for i in ids]})
     return {str(r[0]) for r in await cur.fetchall()}
 
 
 async def release_llm_claims(conn: AsyncConnection[Any], workspace_id: str, drawer_ids: list[str]) -> None:
     """Give up this batch's claims (its answers, or failures, are written, or it failed before asking)."""
     if drawer_ids:
-        await conn.execute("UPDATE drawers SET llm_claimed_until = NULL WHERE workspace_id = %s AND id = ANY(%s)"
-                           " AND llm_claimed_until IS NOT NULL", (workspace_id, sorted(set(drawer_ids))))
+        await conn.execute("UPDATE drawers SET llm_claimed_until = NULL, llm_claimed_by = NULL"
+                           " WHERE workspace_id = %s AND id = ANY(%s) AND llm_claimed_until IS NOT NULL",
+                           (workspace_id, sorted(set(drawer_ids))))
 
 
 async def record_llm_failures(

@@ -34,6 +34,7 @@ async def stuck_drawers(conn: AsyncConnection[Any], older_than_s: float, max_ret
              FROM (SELECT workspace_id, id FROM drawers
                     WHERE state = 'raw' AND deleted_at IS NULL AND retry_count < %s
                       AND updated_at < now() - make_interval(secs => %s)
+                      AND (llm_claimed_until IS NULL OR llm_claimed_until < now())  -- not while a model is asked
                     ORDER BY filed_at LIMIT %s FOR UPDATE SKIP LOCKED) s
             WHERE d.workspace_id = s.workspace_id AND d.id = s.id
         RETURNING d.workspace_id, d.id, d.retry_count""",
@@ -54,6 +55,7 @@ async def fail_exhausted(conn: AsyncConnection[Any], older_than_s: float, max_re
              FROM (SELECT workspace_id, id FROM drawers
                     WHERE state = 'raw' AND deleted_at IS NULL AND retry_count >= %s
                       AND updated_at < now() - make_interval(secs => %s)
+                      AND (llm_claimed_until IS NULL OR llm_claimed_until < now())
                     ORDER BY filed_at LIMIT %s FOR UPDATE SKIP LOCKED) s
             WHERE d.workspace_id = s.workspace_id AND d.id = s.id""",
         (max_retries, older_than_s, limit),
@@ -62,16 +64,23 @@ async def fail_exhausted(conn: AsyncConnection[Any], older_than_s: float, max_re
 
 
 
-async def revive_failed(conn: AsyncConnection[Any], workspace_id: str, limit: int = 1000) -> list[str]:
-    """Up to ``limit`` of the workspace's failed drawers made raw again, their failure and its counts
-    cleared (``palace retry-failed``, once what failed them is fixed: an LLM that was down, an embedding
-    endpoint). The caller announces them; maintain's re-drive finds any it could not. Through the
-    ``(workspace_id, state, filed_at)`` index: failed drawers are few."""
+async def revive_failed(conn: AsyncConnection[Any], workspace_id: str, after: tuple[Any, str] | None = None,
+                        limit: int = 1000) -> tuple[list[str], tuple[Any, str] | None]:
+    """Up to ``limit`` of the workspace's failed drawers filed after ``after`` (filing time, id) made raw
+    again, their failure and its counts cleared (``palace retry-failed``, once what failed them is fixed: an
+    LLM that was down, an embedding endpoint); returns them and where the next call goes on from (None: no
+    more). Paged, so a drawer failing again at once (the cause not fixed after all) is not taken twice in one
+    run. A claim still held by a batch asking the model about it is kept. The caller announces them;
+    maintain's re-drive finds any it could not. Through the ``(workspace_id, state, filed_at)`` index."""
+    f, i = after if after is not None else (None, "")
     cur = await conn.execute(
-        """UPDATE drawers d SET state = 'raw', failure_reason = NULL, retry_count = 0, llm_claimed_until = NULL,
+        """WITH f AS MATERIALIZED (  -- chosen once: a subquery in FROM may be run again per row, and skip others
+               SELECT id FROM drawers WHERE workspace_id = %(ws)s AND state = 'failed' AND deleted_at IS NULL
+                  AND (%(f)s::timestamptz IS NULL OR (filed_at, id) > (%(f)s::timestamptz, %(i)s))
+                ORDER BY filed_at, id LIMIT %(n)s FOR UPDATE SKIP LOCKED)
+           UPDATE drawers d SET state = 'raw', failure_reason = NULL, retry_count = 0,
                   metadata = d.metadata - 'llm_failures', updated_at = now()
-             FROM (SELECT id FROM drawers WHERE workspace_id = %(ws)s AND state = 'failed' AND deleted_at IS NULL
-                    ORDER BY filed_at LIMIT %(n)s FOR UPDATE SKIP LOCKED) f
-            WHERE d.workspace_id = %(ws)s AND d.id = f.id
-        RETURNING d.id""", {"ws": workspace_id, "n": limit})
-    return [str(r[0]) for r in await cur.fetchall()]
+             FROM f WHERE d.workspace_id = %(ws)s AND d.id = f.id
+        RETURNING d.id, d.filed_at""", {"ws": workspace_id, "f": f, "i": i, "n": limit})
+    rows = sorted(await cur.fetchall(), key=lambda r: (r[1], r[0]))
+    return [str(r[0]) for r in rows], ((rows[-1][1], str(rows[-1][0])) if rows else None)
