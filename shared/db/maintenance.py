@@ -30,13 +30,14 @@ async def stuck_drawers(conn: AsyncConnection[Any], older_than_s: float, max_ret
                         limit: int = 1000) -> list[tuple[str, str, int]]:
     """(workspace_id, drawer_id, retry_count) of raw drawers idle too long, bumping their retry count."""
     cur = await conn.execute(
-        """UPDATE drawers d SET retry_count = d.retry_count + 1, updated_at = now()
-             FROM (SELECT workspace_id, id FROM drawers
-                    WHERE state = 'raw' AND deleted_at IS NULL AND retry_count < %s
-                      AND updated_at < now() - make_interval(secs => %s)
-                      AND (llm_claimed_until IS NULL OR llm_claimed_until < now())  -- not while a model is asked
-                    ORDER BY filed_at LIMIT %s FOR UPDATE SKIP LOCKED) s
-            WHERE d.workspace_id = s.workspace_id AND d.id = s.id
+        """WITH s AS MATERIALIZED (  -- chosen once: a subquery in FROM may run again per row, past its LIMIT
+               SELECT workspace_id, id FROM drawers
+                WHERE state = 'raw' AND deleted_at IS NULL AND retry_count < %s
+                  AND updated_at < now() - make_interval(secs => %s)
+                  AND (llm_claimed_until IS NULL OR llm_claimed_until < now())  -- not while a model is asked
+                ORDER BY filed_at LIMIT %s FOR UPDATE SKIP LOCKED)
+           UPDATE drawers d SET retry_count = d.retry_count + 1, updated_at = now()
+             FROM s WHERE d.workspace_id = s.workspace_id AND d.id = s.id
         RETURNING d.workspace_id, d.id, d.retry_count""",
         (max_retries, older_than_s, limit),
     )
@@ -49,15 +50,16 @@ async def fail_exhausted(conn: AsyncConnection[Any], older_than_s: float, max_re
     error a stage recorded, e.g. the embedding endpoint's answer); never deleted. At most ``limit``
     a round, found through the idle-raw index (migration 0018)."""
     cur = await conn.execute(
-        """UPDATE drawers d SET state = 'failed', updated_at = now(),
+        """WITH s AS MATERIALIZED (
+               SELECT workspace_id, id FROM drawers
+                WHERE state = 'raw' AND deleted_at IS NULL AND retry_count >= %s
+                  AND updated_at < now() - make_interval(secs => %s)
+                  AND (llm_claimed_until IS NULL OR llm_claimed_until < now())
+                ORDER BY filed_at LIMIT %s FOR UPDATE SKIP LOCKED)
+           UPDATE drawers d SET state = 'failed', updated_at = now(),
                   failure_reason = 'still raw after ' || d.retry_count || ' re-drives'
                                    || coalesce('; last error: ' || d.failure_reason, '')
-             FROM (SELECT workspace_id, id FROM drawers
-                    WHERE state = 'raw' AND deleted_at IS NULL AND retry_count >= %s
-                      AND updated_at < now() - make_interval(secs => %s)
-                      AND (llm_claimed_until IS NULL OR llm_claimed_until < now())
-                    ORDER BY filed_at LIMIT %s FOR UPDATE SKIP LOCKED) s
-            WHERE d.workspace_id = s.workspace_id AND d.id = s.id""",
+             FROM s WHERE d.workspace_id = s.workspace_id AND d.id = s.id""",
         (max_retries, older_than_s, limit),
     )
     return cur.rowcount
