@@ -142,11 +142,11 @@ def stack_stop() -> None:
     supervisor left behind."""
     _require_dev("stack stop")
     from palace_dev.devstack import DevStack
-    from palace_dev.keeper import stop_keeper
+    from palace_dev.keeper import stopping
 
     root = _settings().devstack_dir
-    with console.status("draining the pipeline and stopping servers ..."):
-        stop_keeper(root)  # drains its services first, then stops the servers itself
+    with console.status("draining the pipeline and stopping servers ..."), stopping(root):
+        # A keeper (palace mcp's) has drained its services and stopped its servers by now; the rest here.
         DevStack(root).stop()
     console.print("stopped")
 

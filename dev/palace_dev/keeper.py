@@ -32,7 +32,7 @@ from shared.config import Settings
 from shared.endpoints import StackNotRunning, resolve_urls
 from shared.logging import configure_logging, get_logger
 
-__all__ = ["KeeperFailed", "Registration", "live_clients", "stack_for_client", "stop_keeper"]
+__all__ = ["KeeperFailed", "Registration", "live_clients", "stack_for_client", "stopping"]
 
 log = get_logger("palace.keeper")
 CLIENTS = "clients"
@@ -52,6 +52,23 @@ def _locked(root: Path) -> Iterator[None]:
         fcntl.flock(f, fcntl.LOCK_EX)
         try:
             yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+@contextlib.contextmanager
+def _try_locked(root: Path) -> Iterator[bool]:
+    """``_locked`` if free now; yields False at once when another process holds it (``palace stack stop``
+    holds it while it waits for this keeper to end: waiting for it here would stall both)."""
+    root.mkdir(parents=True, exist_ok=True)
+    with (root / LOCK).open("a") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+            return
+        try:
+            yield True
         finally:
             fcntl.flock(f, fcntl.LOCK_UN)
 
@@ -138,21 +155,25 @@ def _unattended(root: Path) -> bool:
     return bool(st.read_state().get("database_url")) and st.running_owner() is None
 
 
-def stop_keeper(root: Path, timeout_s: float = 60.0) -> bool:
-    """Stop the keeper running the stack in ``root``, if one does (``palace stack stop``): it drains its
-    services and stops the servers, as when its last client goes. Returns whether one was running."""
+@contextlib.contextmanager
+def stopping(root: Path, timeout_s: float = 60.0) -> Iterator[bool]:
+    """``palace stack stop``: stop the keeper running the stack in ``root``, if one does (it drains its
+    services and stops the servers, as when its last client goes), and hold the clients' lock until the
+    block (which stops what is left) ends, so a ``palace mcp`` starting meanwhile waits, then finds nothing
+    running and starts afresh instead of taking a stack being stopped. Yields whether a keeper was running."""
     import signal
 
-    if not _keeper_alive(root):
-        return False
-    pid = DevStack(root).read_state().get("keeper_pid")
-    if pid:
-        with contextlib.suppress(ProcessLookupError, ValueError, TypeError):
-            os.kill(int(pid), signal.SIGTERM)  # type: ignore[call-overload]
-    deadline = time.monotonic() + timeout_s
-    while _keeper_alive(root) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    return True
+    with _locked(root):
+        running = _keeper_alive(root)
+        if running:
+            pid = DevStack(root).read_state().get("keeper_pid")
+            if pid:
+                with contextlib.suppress(ProcessLookupError, ValueError, TypeError):
+                    os.kill(int(pid), signal.SIGTERM)  # type: ignore[call-overload]
+            deadline = time.monotonic() + timeout_s
+            while _keeper_alive(root) and time.monotonic() < deadline:
+                time.sleep(0.2)
+        yield running
 
 
 def _wait_ready(root: Path, timeout_s: float) -> None:
@@ -224,8 +245,8 @@ def run(settings: Settings, services: list[str], log_dir: Path) -> None:
             elif idle_since is None:
                 idle_since = time.monotonic()
             elif time.monotonic() - idle_since >= settings.mcp_stack_idle_s:
-                with _locked(root):  # a client registering now waits, then finds the stack stopped
-                    if not live_clients(root):
+                with _try_locked(root) as mine:  # a client registering now waits, then finds the stack stopped
+                    if mine and not live_clients(root):
                         log.info("keeper_idle_stop")
                         stopped = True
                         _shutdown(sup, root)
