@@ -310,6 +310,11 @@ def _run(cfg: SuiteConfig, sup: Supervisor, settings: Settings, run_id: str) -> 
                 pass
             time.sleep(1.0)
         drain_s = time.monotonic() - last_fault
+    # A service killed last may still be waiting out its restart backoff when the backlog is drained (one it
+    # was not needed for): the restarts are counted once every service runs again.
+    restart_deadline = time.monotonic() + 60.0
+    while time.monotonic() < restart_deadline and any(c.proc.poll() is not None for c in sup.children.values()):
+        time.sleep(0.2)
     stop_poll.set()
     poller.join()
     stored, lost, dups, details = _verify(sup.database_url, sessions, settings)
