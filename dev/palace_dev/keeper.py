@@ -171,9 +171,19 @@ def stopping(root: Path, timeout_s: float = 60.0) -> Iterator[bool]:
                 with contextlib.suppress(ProcessLookupError, ValueError, TypeError):
                     os.kill(int(pid), signal.SIGTERM)  # type: ignore[call-overload]
             deadline = time.monotonic() + timeout_s
-            while _keeper_alive(root) and time.monotonic() < deadline:
-                time.sleep(0.2)
+            while (_keeper_alive(root) or _still_running(pid)) and time.monotonic() < deadline:
+                time.sleep(0.2)  # its lock goes as it finalises: wait for the process itself too
         yield running
+
+
+def _still_running(pid: object) -> bool:
+    """Whether the process ``pid`` runs (an exited one its parent has not reaped yet does not)."""
+    import psutil
+
+    try:
+        return psutil.Process(int(pid)).status() != psutil.STATUS_ZOMBIE  # type: ignore[call-overload]
+    except (psutil.Error, ValueError, TypeError):
+        return False
 
 
 def _wait_ready(root: Path, timeout_s: float) -> None:
