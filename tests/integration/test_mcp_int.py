@@ -378,6 +378,18 @@ def _cleaned(stack_dir: Path) -> Iterator[None]:
         raise
 
 
+async def _filed_and_found(session: ClientSession, content: str, query: str) -> list[Any]:
+    """Add a drawer through the tool, then search until the pipeline has filed and embedded it (a minute at
+    most); returns the hits."""
+    await call(session, "memory_add_drawer", content=content, wing="w", room="r")
+    for _ in range(120):
+        hits: list[Any] = (await call(session, "memory_search", query=query))["hits"]
+        if hits:
+            return hits
+        await asyncio.sleep(0.5)
+    raise AssertionError(f"{content!r} was not filed, embedded and found")
+
+
 def _embedded_params(stack_dir: Path) -> StdioServerParameters:
     """``palace mcp`` with no server URLs, on the embedded stack in ``stack_dir``."""
     # The services' health ports follow PALACE_METRICS_PORT (the test worker's own range: see conftest.py).
@@ -463,15 +475,8 @@ async def test_stdio_brings_back_the_pipeline_of_a_stack_whose_keeper_was_killed
         async with (stdio_client(params, errlog=errlog) as (read, write), ClientSession(read, write) as session):
             await session.initialize()
             assert int(st.read_state()["keeper_pid"]) != keeper  # type: ignore[call-overload]
-            await call(session, "memory_add_drawer", content="A second keeper processes this sentence.", wing="w",
-                       room="r")
-            hits: list[Any] = []
-            for _ in range(120):
-                hits = (await call(session, "memory_search", query="second keeper sentence"))["hits"]
-                if hits:
-                    break
-                await asyncio.sleep(0.5)
-            assert hits and hits[0]["citation"].startswith("w/r/"), "filed, embedded and found"
+            hits = await _filed_and_found(session, "A second keeper processes this sentence.", "second keeper sentence")
+            assert hits[0]["citation"].startswith("w/r/")
     with _cleaned(stack_dir):
         await asyncio.to_thread(wait_for, lambda: not st.pg_alive() and not st.nats_alive(), 60,
                                 "the stack stopped once the client ended")
@@ -502,15 +507,8 @@ async def test_stdio_runs_the_pipeline_on_servers_started_alone_and_stack_stop_e
         async with (stdio_client(params, errlog=errlog) as (read, write), ClientSession(read, write) as session):
             await session.initialize()
             keeper = int(st.read_state()["keeper_pid"])  # type: ignore[call-overload]
-            await call(session, "memory_add_drawer", content="Servers started alone still get a pipeline.",
-                       wing="w", room="r")
-            hits: list[Any] = []
-            for _ in range(120):
-                hits = (await call(session, "memory_search", query="servers started alone pipeline"))["hits"]
-                if hits:
-                    break
-                await asyncio.sleep(0.5)
-            assert hits, "filed, embedded and found"
+            await _filed_and_found(session, "Servers started alone still get a pipeline.",
+                                   "servers started alone pipeline")
             out = await asyncio.to_thread(subprocess.run, [*palace, "stack", "stop"], env=env, capture_output=True,
                                           text=True, timeout=120)
             assert out.returncode == 0, out.stderr
