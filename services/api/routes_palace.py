@@ -116,6 +116,8 @@ class MessageOut(BaseModel):
     content: str
     created_at: datetime | None
     is_noise: bool
+    revision: int = Field(0, description="How many times the message was edited (0: as first published); the "
+                          "earlier texts are kept in message_revisions.")
     is_source: bool = Field(description="The drawer was filed from this message.")
 
 

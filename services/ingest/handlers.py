@@ -6,14 +6,23 @@ from nats.aio.msg import Msg
 
 from services._runtime import Deps
 from shared.bus import Poison, decode_event, publish_event, session_limit_problem
+from shared.db.episodes import reopen_episodes_of
 from shared.db.forget import forgotten, forgotten_session_drawers, writer_tx
 from shared.db.kg import link_drawers
-from shared.db.sessions import store_session
+from shared.db.sessions import (
+    known_messages,
+    lock_session,
+    recontext_drawers,
+    retire_edited_drawers,
+    revise_messages,
+    store_session,
+)
 from shared.events import DrawerCreated, SessionCompleted, SessionStored
 from shared.forget import drop_forgotten_drawers
 from shared.ids import event_id_for
 from shared.logging import get_logger
 from shared.memory.filing import plan_session
+from shared.memory.revisions import sort_revisions
 from shared.metrics import DRAWERS
 
 __all__ = ["register"]
@@ -44,13 +53,32 @@ def register(deps: Deps) -> None:
                 log.info("forgotten_session_refused", workspace=event.workspace_id, session=event.session_id)
                 return
             plan = drop_forgotten_drawers(plan, gone_drawers)
+            # Published before? Then a position with new words is an edit (kept as a revision), and one
+            # with words it held before is an earlier revision coming back (written again: nothing).
+            await lock_session(conn, event.workspace_id, event.session_id)
+            known = await known_messages(conn, event.workspace_id, event.session_id, [m.seq for m in plan.messages])
+            revisions = sort_revisions(plan, known)
+            plan = revisions.plan
+            await revise_messages(conn, event.workspace_id, event.session_id, revisions.edited,
+                                  event_id=event.event_id)
             stored = await store_session(conn, plan)
+            retired = await retire_edited_drawers(
+                conn, event.workspace_id, event.session_id, revisions.edited_seqs, [d.id for d in plan.drawers],
+                event_id=event.event_id, actor=deps.service)
+            recontexted = await recontext_drawers(conn, event.workspace_id, event.session_id, revisions.recontext)
+            for drawer in retired:  # the session's episode quotes them: rebuilt without them
+                await reopen_episodes_of(conn, event.workspace_id, drawer, change=event.event_id or "",
+                                         due_after_s=s.episode_wait_s)
         DRAWERS.labels(deps.service, "created").inc(len(stored.created))
+        if revisions.edited:
+            DRAWERS.labels(deps.service, "retired").inc(len(retired))
+            log.info("messages_edited", workspace=event.workspace_id, session=event.session_id,
+                     messages=len(revisions.edited), drawers_retired=len(retired), recontexted=len(recontexted))
         all_ids = [d.id for d in plan.drawers]
         # Every drawer of the session still raw is announced, not only the new ones: if an earlier attempt
         # committed and then died before publishing, this redelivery finishes its job. In the plan's order,
         # so a redelivery that finds the same drawers raw announces them under the same event ids.
-        raw = set(stored.raw)
+        raw = set(stored.raw) | set(recontexted)
         pending = [i for i in all_ids if i in raw]
         if all_ids:
             # Inline linker: the session's drawers → the workspace's existing entities they name (no LLM,

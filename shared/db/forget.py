@@ -581,9 +581,13 @@ async def delete_sessions(conn: AsyncConnection[Any], workspace_id: str, session
     episode_ids = [r[0] for r in await cur.fetchall()]
     out: dict[str, Any] = {"episodes": len(episode_ids), "episode_ids": set(episode_ids)}
     out.update(await delete_dreaming_runs(conn, workspace_id, session_ids, episode_ids))
+    cur = await conn.execute("DELETE FROM message_revisions WHERE workspace_id = %(ws)s AND session_id = ANY(%(s)s)"
+                             " RETURNING content_hash", p)
+    out["hashes"] = {r[0] for r in await cur.fetchall()}
+    out["message_revisions"] = cur.rowcount
     cur = await conn.execute(
         "DELETE FROM messages WHERE workspace_id = %(ws)s AND session_id = ANY(%(s)s) RETURNING content_hash", p)
-    out["hashes"] = {r[0] for r in await cur.fetchall()}
+    out["hashes"] |= {r[0] for r in await cur.fetchall()}
     out["messages"] = cur.rowcount
     cur = await conn.execute("DELETE FROM sessions WHERE workspace_id = %(ws)s AND session_id = ANY(%(s)s)", p)
     out["sessions"] = cur.rowcount
@@ -680,6 +684,18 @@ async def delete_drawer_messages(conn: AsyncConnection[Any], workspace_id: str,
     return [(r[0], r[1], r[2]) for r in await cur.fetchall()]
 
 
+async def delete_drawer_message_revisions(conn: AsyncConnection[Any], workspace_id: str,
+                                          drawer_ids: list[str]) -> set[str]:
+    """Every earlier text of the messages forgotten drawers were cut from (an edited message goes with all
+    its revisions: a drawer cut from an earlier one is still sourced at its position); their hashes."""
+    cur = await conn.execute(
+        """DELETE FROM message_revisions r USING drawer_sources s
+            WHERE s.workspace_id = %(ws)s AND s.drawer_id = ANY(%(ids)s)
+              AND r.workspace_id = s.workspace_id AND r.session_id = s.session_id AND r.seq = s.seq
+           RETURNING r.content_hash""", {"ws": workspace_id, "ids": drawer_ids})
+    return {r[0] for r in await cur.fetchall()}
+
+
 # The other drawers cut from deleted messages: a long message's chunks overlap their neighbours, so each
 # holds some of a forgotten chunk's text. Per drawer, ``drawer_fates``'s fields: "first_here" when the
 # drawer's own sighting is one of these messages, "shared" when it was also cut from a message that stays.
@@ -756,6 +772,7 @@ async def hashes_still_held(conn: AsyncConnection[Any], workspace_id: str, hashe
     content shares with what stays is not the forgotten user's alone)."""
     cur = await conn.execute(
         """SELECT content_hash FROM messages WHERE workspace_id = %(ws)s AND content_hash = ANY(%(h)s)
+           UNION SELECT content_hash FROM message_revisions WHERE workspace_id = %(ws)s AND content_hash = ANY(%(h)s)
            UNION SELECT content_hash FROM drawers WHERE workspace_id = %(ws)s AND content_hash = ANY(%(h)s)""",
         {"ws": workspace_id, "h": hashes})
     return {r[0] for r in await cur.fetchall()}
@@ -771,6 +788,8 @@ _REMAINING: dict[str, str] = {
                 " OR user_id = %(u)s OR agent_id = %(a)s)",
     "messages": "SELECT count(*) FROM messages WHERE workspace_id = %(ws)s AND (%(all)s OR session_id = ANY(%(s)s)"
                 " OR content_hash = ANY(%(h)s))",
+    "message_revisions": "SELECT count(*) FROM message_revisions WHERE workspace_id = %(ws)s AND (%(all)s"
+                         " OR session_id = ANY(%(s)s) OR content_hash = ANY(%(h)s))",
     "drawers": "SELECT count(*) FROM drawers WHERE workspace_id = %(ws)s AND (%(all)s OR id = ANY(%(d)s)"
                " OR content_hash = ANY(%(h)s) OR user_id = %(u)s OR agent_id = %(a)s OR session_id = ANY(%(s)s))",
     "drawer_sources": "SELECT count(*) FROM drawer_sources WHERE workspace_id = %(ws)s AND (%(all)s"

@@ -91,6 +91,7 @@ class MessageRow:
     content: str
     created_at: datetime | None
     is_noise: bool
+    revision: int = 0
 
 
 @dataclass(frozen=True)
@@ -167,7 +168,7 @@ async def session_messages(
     """The raw messages of a session from ``first_seq`` to ``last_seq`` (a range of its primary key),
     at most ``limit``, in order."""
     cur = await conn.execute(
-        """SELECT seq, role, name, content, created_at, is_noise FROM messages
+        """SELECT seq, role, name, content, created_at, is_noise, revision FROM messages
             WHERE workspace_id = %s AND session_id = %s AND seq BETWEEN %s AND %s
             ORDER BY seq LIMIT %s""",
         (workspace_id, session_id, first_seq, last_seq, limit),

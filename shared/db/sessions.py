@@ -8,10 +8,13 @@ from typing import Any
 from psycopg import AsyncConnection
 from psycopg.types.json import Jsonb
 
+from shared.db.drawers import insert_history
 from shared.memory.dedup import BANDS, wording_bands
-from shared.memory.filing import SessionPlan
+from shared.memory.filing import MessageRow, SessionPlan
+from shared.memory.revisions import KnownMessage
 
-__all__ = ["StoredSession", "store_session"]
+__all__ = ["KNOWN_MESSAGES_SQL", "StoredSession", "known_messages", "lock_session", "recontext_drawers",
+           "retire_edited_drawers", "revise_messages", "store_session"]
 
 
 @dataclass(frozen=True)
@@ -116,3 +119,131 @@ async def store_session(conn: AsyncConnection[Any], plan: SessionPlan) -> Stored
     place = {d.id: n for n, d in enumerate(ds)}
     created = sorted((str(i) for i, new in rows if new), key=place.__getitem__)
     return StoredSession(created, sorted((str(i) for i, _ in rows), key=place.__getitem__))
+
+
+# --- edited messages (shared/memory/revisions.py) ----------------------------------------------------
+
+async def lock_session(conn: AsyncConnection[Any], workspace_id: str, session_id: str) -> None:
+    """Serialise the ingests of one session until commit: each reads what the session's positions hold
+    and decides what is an edit; two versions handled side by side would both read the same state (and
+    the loser's text would be filed without being stored)."""
+    await conn.execute("SELECT pg_advisory_xact_lock(hashtextextended('palace.session:' || %s || '/' || %s, 0))",
+                       (workspace_id, session_id))
+
+
+# By the primary key of messages, and of message_revisions for each position found.
+KNOWN_MESSAGES_SQL = """
+    SELECT m.seq, m.content_hash,
+           ARRAY(SELECT r.content_hash FROM message_revisions r
+                  WHERE r.workspace_id = %(ws)s AND r.session_id = %(sid)s AND r.seq = m.seq)
+      FROM messages m
+     WHERE m.workspace_id = %(ws)s AND m.session_id = %(sid)s AND m.seq = ANY(%(seqs)s::integer[])"""
+
+
+async def known_messages(conn: AsyncConnection[Any], workspace_id: str, session_id: str,
+                         seqs: list[int]) -> dict[int, KnownMessage]:
+    """What these positions of the session hold (absent: never stored)."""
+    cur = await conn.execute(KNOWN_MESSAGES_SQL, {"ws": workspace_id, "sid": session_id, "seqs": seqs})
+    return {int(q): KnownMessage(h, frozenset(earlier or ())) for q, h, earlier in await cur.fetchall()}
+
+
+# The current text moves to message_revisions (the INSERT reads the rows as they were before the UPDATE:
+# one snapshot for the statement), and the new text takes its place with the next revision number.
+_REVISE_SQL = """
+WITH kept AS (
+    INSERT INTO message_revisions (workspace_id, session_id, seq, revision, role, name, content, content_hash,
+                                   created_at, metadata, is_noise, replaced_by)
+    SELECT m.workspace_id, m.session_id, m.seq, m.revision, m.role, m.name, m.content, m.content_hash,
+           m.created_at, m.metadata, m.is_noise, %(event)s
+      FROM messages m
+     WHERE m.workspace_id = %(ws)s AND m.session_id = %(sid)s AND m.seq = ANY(%(seqs)s::integer[])
+    ON CONFLICT DO NOTHING)
+UPDATE messages m
+   SET role = e.role, name = e.name, content = e.content, content_hash = e.content_hash, created_at = e.created_at,
+       metadata = e.metadata, is_noise = e.is_noise, revision = m.revision + 1
+  FROM unnest(%(seqs)s::integer[], %(roles)s::text[], %(names)s::text[], %(contents)s::text[], %(hashes)s::text[],
+              %(created)s::timestamptz[], %(metadata)s::jsonb[], %(noise)s::boolean[])
+       AS e(seq, role, name, content, content_hash, created_at, metadata, is_noise)
+ WHERE m.workspace_id = %(ws)s AND m.session_id = %(sid)s AND m.seq = e.seq"""
+
+
+async def revise_messages(conn: AsyncConnection[Any], workspace_id: str, session_id: str, edited: list[MessageRow],
+                          *, event_id: str | None) -> int:
+    """Store the edited messages as their positions' current revision, keeping the text each held."""
+    if not edited:
+        return 0
+    cur = await conn.execute(_REVISE_SQL, {
+        "ws": workspace_id, "sid": session_id, "event": event_id, "seqs": [m.seq for m in edited],
+        "roles": [m.role for m in edited], "names": [m.name for m in edited],
+        "contents": [m.content for m in edited], "hashes": [m.content_hash for m in edited],
+        "created": [m.created_at for m in edited], "metadata": [Jsonb(m.metadata) for m in edited],
+        "noise": [m.is_noise for m in edited]})
+    return cur.rowcount
+
+
+# Drawers cut from the edited positions whose words the new revisions no longer hold: soft-deleted (search,
+# layers and the graph stop seeing them; restorable), unless the words were also said at a position that
+# stays (another sighting), other sightings were merged into them (their words stand for those), or they
+# are pinned. Their sightings stay, so a restore, and a forget of the message, still find them.
+_RETIRE_SQL = """
+WITH cand AS (
+    SELECT DISTINCT s.drawer_id FROM drawer_sources s
+     WHERE s.workspace_id = %(ws)s AND s.session_id = %(sid)s AND s.seq = ANY(%(seqs)s::integer[])
+       AND NOT (s.drawer_id = ANY(%(keep)s::text[])))
+UPDATE drawers d SET deleted_at = now(), updated_at = now()
+  FROM cand
+ WHERE d.workspace_id = %(ws)s AND d.id = cand.drawer_id AND d.deleted_at IS NULL AND NOT d.pinned
+   AND NOT EXISTS (SELECT 1 FROM drawer_sources o
+                    WHERE o.workspace_id = %(ws)s AND o.drawer_id = d.id
+                      AND NOT (o.session_id = %(sid)s AND o.seq = ANY(%(seqs)s::integer[])))
+   AND NOT EXISTS (SELECT 1 FROM drawers m WHERE m.workspace_id = %(ws)s AND m.cluster_id = d.id
+                      AND m.state = 'merged')
+RETURNING d.id, d.wing, d.room, d.deleted_at"""
+
+# A drawer that stays (said elsewhere too) is no longer cut from the edited position.
+_UNSOURCE_SQL = """
+DELETE FROM drawer_sources s
+ WHERE s.workspace_id = %(ws)s AND s.session_id = %(sid)s AND s.seq = ANY(%(seqs)s::integer[])
+   AND NOT (s.drawer_id = ANY(%(keep)s::text[]))
+   AND NOT (s.drawer_id = ANY(%(retired)s::text[]))"""
+
+
+async def retire_edited_drawers(conn: AsyncConnection[Any], workspace_id: str, session_id: str, seqs: list[int],
+                                keep: list[str], *, event_id: str | None, actor: str) -> list[str]:
+    """Soft-delete what the edited positions no longer say (``_RETIRE_SQL``), audited as a DELETE a restore
+    undoes; returns the retired drawers' ids. ``keep``: the drawers the session's current text is cut into."""
+    if not seqs:
+        return []
+    p = {"ws": workspace_id, "sid": session_id, "seqs": seqs, "keep": keep}
+    cur = await conn.execute(_RETIRE_SQL, p)
+    rows = await cur.fetchall()
+    retired = sorted(str(r[0]) for r in rows)
+    await conn.execute(_UNSOURCE_SQL, {**p, "retired": retired})
+    await insert_history(conn, workspace_id, [
+        {"drawer_id": r[0], "action": "DELETE", "actor": actor, "event_id": event_id,
+         "reason": f"message edited: session {session_id} says something else at this position now",
+         "old_value": {"deleted_at": None}, "new_value": {"deleted_at": r[3], "wing": r[1], "room": r[2]}}
+        for r in rows])
+    return retired
+
+
+# The turn after an edited one, first seen at that position, takes the new words as its context; its
+# vector (made with the old ones) goes, and it is embedded and classified again (back to raw).
+_RECONTEXT_SQL = """
+UPDATE drawers d SET context = x.ctx, embedding = NULL, embedding_model = NULL, state = 'raw', retry_count = 0,
+                     failure_reason = NULL, updated_at = now()
+  FROM unnest(%(ids)s::text[], %(seqs)s::integer[], %(ctxs)s::text[]) AS x(id, seq, ctx)
+ WHERE d.workspace_id = %(ws)s AND d.id = x.id AND d.session_id = %(sid)s AND d.seq = x.seq
+   AND d.deleted_at IS NULL AND d.state IN ('raw', 'processed', 'failed')
+   AND d.context IS DISTINCT FROM x.ctx
+RETURNING d.id"""
+
+
+async def recontext_drawers(conn: AsyncConnection[Any], workspace_id: str, session_id: str,
+                            rows: list[tuple[str, int, str]]) -> list[str]:
+    """``_RECONTEXT_SQL`` for (drawer id, seq, new context) each; returns the drawers changed."""
+    if not rows:
+        return []
+    cur = await conn.execute(_RECONTEXT_SQL, {"ws": workspace_id, "sid": session_id, "ids": [r[0] for r in rows],
+                                              "seqs": [r[1] for r in rows], "ctxs": [r[2] for r in rows]})
+    return [str(r[0]) for r in await cur.fetchall()]

@@ -542,20 +542,7 @@ def test_an_extraction_finds_when_and_what_was_said_by_keys(stack: Stack, big_wo
     not known to be leakproof) and every extraction read the workspace's messages whole."""
     from shared.db.kg import _SAID_WHEN, _TRUE_THEN
 
-    w = big_workspace
-    if not stack.sql("SELECT 1 FROM messages WHERE workspace_id = %s LIMIT 1", (w,)):
-        with psycopg.connect(stack.database_url, autocommit=True) as conn:
-            conn.execute("INSERT INTO sessions (workspace_id, session_id, event_id, message_count, content_hash)"
-                         " SELECT %s, 's' || g, 'e' || g, 100, md5(g::text)"
-                         " FROM generate_series(1, 300) g", (w,))
-            conn.execute("INSERT INTO messages (workspace_id, session_id, seq, role, content, content_hash)"
-                         " SELECT %s, 's' || (g / 100 + 1), g %% 100, 'user', 'turn ' || g, md5(g::text)"
-                         " FROM generate_series(0, 29999) g", (w,))
-            conn.execute("INSERT INTO triples (workspace_id, id, subject_id, predicate, object_id, valid_from)"
-                         " SELECT %s, md5(g::text), 'speaker', 'likes', 'thing ' || g, now() - g * interval '1 hour'"
-                         " FROM generate_series(1, %s) g", (w, N))
-            for table in ("sessions", "messages", "triples"):
-                analyze(conn, table)
+    w = _with_messages(stack, big_workspace)
     with psycopg.connect(stack.database_url) as conn:
         conn.execute("SET ROLE palace_app")
         conn.execute("SELECT set_config('palace.workspace_id', %s, true)", (w,))
@@ -569,6 +556,44 @@ def test_an_extraction_finds_when_and_what_was_said_by_keys(stack: Stack, big_wo
         conn.rollback()
     assert '"Seq Scan"' not in when and '"messages_pkey"' in when and '"drawers_pkey"' in when, when
     assert '"Seq Scan"' not in then and '"Bitmap Heap Scan"' not in then, then
+
+
+def test_ingest_reads_what_a_sessions_positions_hold_by_key(stack: Stack, big_workspace: str) -> None:
+    """Every session.completed asks what its positions already hold (an edited message, or an earlier
+    revision coming back): a range of the messages' primary key, and of message_revisions' per position."""
+    from shared.db.sessions import KNOWN_MESSAGES_SQL
+
+    w = _with_messages(stack, big_workspace)
+    with psycopg.connect(stack.database_url) as conn:
+        conn.execute("SET ROLE palace_app")
+        conn.execute("SELECT set_config('palace.workspace_id', %s, true)", (w,))
+        plan = json.dumps(conn.execute("EXPLAIN (FORMAT JSON) " + KNOWN_MESSAGES_SQL, {
+            "ws": w, "sid": "s7", "seqs": list(range(100))}).fetchall()[0][0])
+        conn.rollback()
+    assert '"Seq Scan"' not in plan and '"messages_pkey"' in plan and '"message_revisions_pkey"' in plan, plan
+
+
+def _with_messages(stack: Stack, w: str) -> str:
+    """The big workspace with 300 sessions of 100 messages (a tenth of them edited once) and N facts (once
+    per module), statistics taken."""
+    if not stack.sql("SELECT 1 FROM messages WHERE workspace_id = %s LIMIT 1", (w,)):
+        with psycopg.connect(stack.database_url, autocommit=True) as conn:
+            conn.execute("INSERT INTO sessions (workspace_id, session_id, event_id, message_count, content_hash)"
+                         " SELECT %s, 's' || g, 'e' || g, 100, md5(g::text)"
+                         " FROM generate_series(1, 300) g", (w,))
+            conn.execute("INSERT INTO messages (workspace_id, session_id, seq, role, content, content_hash)"
+                         " SELECT %s, 's' || (g / 100 + 1), g %% 100, 'user', 'turn ' || g, md5(g::text)"
+                         " FROM generate_series(0, 29999) g", (w,))
+            conn.execute("INSERT INTO triples (workspace_id, id, subject_id, predicate, object_id, valid_from)"
+                         " SELECT %s, md5(g::text), 'speaker', 'likes', 'thing ' || g, now() - g * interval '1 hour'"
+                         " FROM generate_series(1, %s) g", (w, N))
+            # Every tenth message edited once.
+            conn.execute("INSERT INTO message_revisions (workspace_id, session_id, seq, revision, role, content,"
+                         " content_hash) SELECT workspace_id, session_id, seq, 0, role, 'first ' || content,"
+                         " md5('first ' || content) FROM messages WHERE workspace_id = %s AND seq %% 10 = 0", (w,))
+            for table in ("sessions", "messages", "message_revisions", "triples"):
+                analyze(conn, table)
+    return w
 
 
 def test_two_lexicon_refreshes_of_one_workspace_at_once_both_succeed(stack: Stack, big_workspace: str) -> None:

@@ -1,0 +1,125 @@
+"""An edited message: a session published again with new words at a position (a chat platform's edit).
+
+The new words are stored as the message's current revision and the old ones kept; the drawer the old words
+were filed as leaves search (audited, restorable); the next turn is embedded again with the new words as
+its context; the first version delivered again changes nothing; a forget takes every revision."""
+
+from __future__ import annotations
+
+import asyncio
+
+from shared.db.drawer_admin import restore_drawer
+from shared.db.pool import open_pool
+from shared.db.tenancy import workspace_tx
+from shared.events import SessionCompleted
+from shared.forget import Scope, forget, verify
+from tests.integration.helpers import Stack, session, wait_for, ws
+
+OLD = "The quarterly board meeting moved to the Harbour Room on the third floor."
+NEW = "The quarterly board meeting moved to the Lighthouse Suite on the ninth floor."
+TURNS = ["Did anything change for the board meeting this quarter?", OLD,
+         "Thanks, I'll update the invitation for everyone."]
+
+
+def _restore(stack: Stack, w: str, drawer_id: str) -> bool:
+    async def go() -> bool:
+        pool = await open_pool(stack.database_url, name="test-edits", max_size=1)
+        try:
+            async with workspace_tx(pool, w) as conn:
+                return await restore_drawer(conn, w, drawer_id, actor="test", event_id="test-restore")
+        finally:
+            await pool.close()
+    return asyncio.run(go())
+
+
+def _state(stack: Stack, w: str) -> list[tuple[object, ...]]:
+    """Everything an edit or a replay could change, in a stable order."""
+    return (stack.sql("SELECT seq, content, revision FROM messages WHERE workspace_id = %s ORDER BY seq", (w,))
+            + stack.sql("SELECT seq, revision, content FROM message_revisions WHERE workspace_id = %s"
+                        " ORDER BY seq, revision", (w,))
+            + stack.sql("SELECT id, deleted_at, state, context, embedding IS NULL FROM drawers WHERE workspace_id = %s"
+                        " ORDER BY id", (w,))
+            + stack.sql("SELECT count(*) FROM memory_history WHERE workspace_id = %s", (w,)))
+
+
+def test_an_edited_message_replaces_its_drawer_and_keeps_its_first_text(stack: Stack) -> None:
+    w = ws()
+    first = session(w, "s1", TURNS)
+    stack.publish(first)
+    stack.wait_processed(w, 3)
+    (old_id,), = stack.sql("SELECT id FROM drawers WHERE workspace_id = %s AND content = %s", (w, OLD))
+    (after_id, old_context), = stack.sql("SELECT id, context FROM drawers WHERE workspace_id = %s AND content = %s",
+                                         (w, TURNS[2]))
+    assert "Harbour Room" in old_context
+
+    stack.publish(session(w, "s1", [TURNS[0], NEW, TURNS[2]]))
+    new_id = stack.processed_drawer(w, NEW)[0]
+    # The raw message holds the new words, as revision 1; the first words are kept as revision 0.
+    assert stack.sql("SELECT content, revision FROM messages WHERE workspace_id = %s AND seq = 1", (w,)) == [(NEW, 1)]
+    assert stack.sql("SELECT revision, content, replaced_by IS NOT NULL FROM message_revisions"
+                     " WHERE workspace_id = %s", (w,)) == [(0, OLD, True)]
+    # The old words' drawer left search, audited as a deletion a restore undoes.
+    (deleted_at,), = stack.sql("SELECT deleted_at FROM drawers WHERE workspace_id = %s AND id = %s", (w, old_id))
+    assert deleted_at is not None
+    (actor, reason), = stack.sql("SELECT actor, reason FROM memory_history WHERE workspace_id = %s AND drawer_id = %s"
+                                 " AND action = 'DELETE'", (w, old_id))
+    assert actor == "ingest" and reason.startswith("message edited")
+    # The next turn was embedded with the old words as its context: it is embedded again with the new ones.
+    wait_for(lambda: stack.sql("SELECT state, context, embedding IS NOT NULL FROM drawers WHERE workspace_id = %s"
+                               " AND id = %s", (w, after_id)) == [("processed", NEW, True)],
+             what="the next turn embedded again with the new context")
+    hits = [h["id"] for h in stack.search(w, "Which room and floor is the quarterly board meeting on?", k=5)]
+    assert new_id in hits[:2] and old_id not in hits, hits
+    # The episode is rebuilt from the session as it reads now.
+    wait_for(lambda: (r := stack.sql("SELECT summary FROM episodes WHERE workspace_id = %s"
+                                     " AND announced_at IS NOT NULL AND status = 'ready'", (w,)))
+             and "Harbour Room" not in r[0][0], what="the episode rebuilt without the old words")
+
+    # The first version delivered again (a redelivery, a re-drive, a replay) changes nothing, and neither does
+    # the edit itself.
+    before = _state(stack, w)
+    stack.redeliver(SessionCompleted.model_validate(first), "ingest")
+    stack.redeliver(SessionCompleted.model_validate(session(w, "s1", [TURNS[0], NEW, TURNS[2]])), "ingest")
+    stack.wait_processed(w, 4)
+    assert _state(stack, w) == before
+
+    # Reversible: the old drawer comes back with a restore.
+    assert _restore(stack, w, old_id)
+    assert stack.sql("SELECT deleted_at FROM drawers WHERE workspace_id = %s AND id = %s", (w, old_id)) == [(None,)]
+
+    # Forgetting the new drawer forgets the message with every text it held (and the old drawer cut from it).
+    async def forget_new() -> dict[str, int]:
+        pool = await open_pool(stack.database_url, name="test-edits-forget", max_size=2)
+        try:
+            scope = Scope(w, "drawer", new_id)
+            r = await forget(pool, stack.settings, stack.nats_url, scope, requested_by="test")
+            assert r.counts["message_revisions"] == 1 and r.counts["messages"] == 1
+            return await verify(pool, stack.settings, stack.nats_url, scope, r.targets)
+        finally:
+            await pool.close()
+    remaining = asyncio.run(forget_new())
+    assert remaining["message_revisions"] == 0 and remaining["messages"] == 0, remaining
+    assert stack.sql("SELECT count(*) FROM message_revisions WHERE workspace_id = %s", (w,)) == [(0,)]
+    assert stack.sql("SELECT count(*) FROM drawers WHERE workspace_id = %s AND id = ANY(%s)",
+                     (w, [old_id, new_id])) == [(0,)]
+
+
+def test_a_session_edited_back_and_forth_by_two_versions_side_by_side_stores_one_current_text(stack: Stack) -> None:
+    """Two versions of a new session handled side by side: one of them is stored first, the other is an edit of
+    it; whichever, every drawer filed has its raw text stored (the current text or a revision)."""
+    w = ws()
+    a = session(w, "s1", [TURNS[0], OLD])
+    b = session(w, "s1", [TURNS[0], NEW])
+    stack.publish(a)
+    stack.publish(b)
+    wait_for(lambda: stack.sql("SELECT count(*) FROM drawers WHERE workspace_id = %s AND content = ANY(%s)",
+                               (w, [OLD, NEW]))[0][0] == 2, what="both versions handled")
+    wait_for(lambda: not stack.sql("SELECT 1 FROM drawers WHERE workspace_id = %s AND state = 'raw'"
+                                   " AND deleted_at IS NULL", (w,)), what="the live drawers processed")
+    stored = {r[0] for r in stack.sql("SELECT content FROM messages WHERE workspace_id = %s UNION ALL"
+                                      " SELECT content FROM message_revisions WHERE workspace_id = %s", (w, w))}
+    assert {OLD, NEW} <= stored
+    live = stack.sql("SELECT content FROM drawers WHERE workspace_id = %s AND content = ANY(%s) AND deleted_at IS NULL",
+                     (w, [OLD, NEW]))
+    (current,), = stack.sql("SELECT content FROM messages WHERE workspace_id = %s AND seq = 1", (w,))
+    assert live == [(current,)]
