@@ -225,8 +225,8 @@ async def _forget_batch(pool: AsyncConnectionPool, scope: Scope, session_ids: li
         stale |= {_ehash(f["content"], f["speaker"], f["context"]) for f in kept if f["first_here"] and f["context"]}
         if by_drawer and gone:
             # The raw messages the drawer was cut from go with it (the rest of the session stays).
-            revised = await sql.delete_drawer_message_revisions(conn, ws, [f["id"] for f in gone])
-            counts["message_revisions"] += len(revised)
+            n, revised = await sql.delete_drawer_message_revisions(conn, ws, [f["id"] for f in gone])
+            counts["message_revisions"] += n
             t.content_hashes |= revised
             rows = await sql.delete_drawer_messages(conn, ws, [f["id"] for f in gone])
             counts["messages"] += len(rows)

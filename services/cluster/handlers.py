@@ -277,7 +277,10 @@ def register(deps: Deps) -> None:
         # same drawers (a supersession, a merge of a twin filed later, an UPDATE's target) side by side then
         # write one after the other instead of deadlocking; and an UPDATE's check (``judged``) sees the
         # words the other wrote, not the ones both were shown.
+        # A twin merged into is locked too: an edit retiring it (ingest) then either commits first, and the
+        # merge finds it deleted, or waits, and finds the merge.
         await lock_targets(conn, ws, [old for old, _, _, _ in supersede_] + [did for did, _ in decisions]
+                           + [d.target for _, d in decisions if d.target]
                            + [p.target for _, p, _ in proposals if p.action in ("UPDATE", "DELETE") and p.target])
         history: list[dict[str, Any]] = []
         # The event's supersessions, then its merges: one statement each, whatever their number.

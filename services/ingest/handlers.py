@@ -61,10 +61,10 @@ def register(deps: Deps) -> None:
             plan = revisions.plan
             await revise_messages(conn, event.workspace_id, event.session_id, revisions.edited,
                                   event_id=event.event_id)
-            stored = await store_session(conn, plan)
+            stored = await store_session(conn, plan, message_count=revisions.message_count)
             retired = await retire_edited_drawers(
-                conn, event.workspace_id, event.session_id, revisions.edited_seqs, [d.id for d in plan.drawers],
-                event_id=event.event_id, actor=deps.service)
+                conn, event.workspace_id, event.session_id, revisions.kept_at_edits(),
+                also_lock=[r[0] for r in revisions.recontext], event_id=event.event_id, actor=deps.service)
             recontexted = await recontext_drawers(conn, event.workspace_id, event.session_id, revisions.recontext)
             for drawer in retired:  # the session's episode quotes them: rebuilt without them
                 await reopen_episodes_of(conn, event.workspace_id, drawer, change=event.event_id or "",
@@ -99,5 +99,5 @@ def register(deps: Deps) -> None:
             ))
         await publish_event(deps.broker, s, SessionStored(
             event_id=event_id_for("session.stored", event.event_id or ""), workspace_id=event.workspace_id,
-            session_id=event.session_id, message_count=len(plan.messages), drawer_ids=all_ids,
+            session_id=event.session_id, message_count=revisions.message_count, drawer_ids=all_ids,
         ))

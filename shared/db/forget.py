@@ -685,15 +685,16 @@ async def delete_drawer_messages(conn: AsyncConnection[Any], workspace_id: str,
 
 
 async def delete_drawer_message_revisions(conn: AsyncConnection[Any], workspace_id: str,
-                                          drawer_ids: list[str]) -> set[str]:
+                                          drawer_ids: list[str]) -> tuple[int, set[str]]:
     """Every earlier text of the messages forgotten drawers were cut from (an edited message goes with all
-    its revisions: a drawer cut from an earlier one is still sourced at its position); their hashes."""
+    its revisions: a drawer cut from an earlier one is still sourced at its position); how many, and their
+    hashes."""
     cur = await conn.execute(
         """DELETE FROM message_revisions r USING drawer_sources s
             WHERE s.workspace_id = %(ws)s AND s.drawer_id = ANY(%(ids)s)
               AND r.workspace_id = s.workspace_id AND r.session_id = s.session_id AND r.seq = s.seq
            RETURNING r.content_hash""", {"ws": workspace_id, "ids": drawer_ids})
-    return {r[0] for r in await cur.fetchall()}
+    return cur.rowcount, {r[0] for r in await cur.fetchall()}
 
 
 # The other drawers cut from deleted messages: a long message's chunks overlap their neighbours, so each

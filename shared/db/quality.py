@@ -78,10 +78,12 @@ async def quality_report(conn: AsyncConnection[Any], workspace_id: str, *, top_r
 
 async def store_counts(conn: AsyncConnection[Any], workspace_id: str) -> dict[str, Any]:
     """Sessions and messages stored, drawers by state and by memory type (every drawer, deleted ones
-    included: what ingest wrote, for the API's stats and the demo's progress)."""
+    included: what ingest wrote, for the API's stats and the demo's progress). A deleted drawer counts as
+    'deleted' whatever its state: one deleted before it was embedded is never processed, and counted as
+    'raw' it read as work still to do."""
     ws = (workspace_id,)
-    by_state = dict(await _rows(conn, "SELECT state, count(*) FROM drawers WHERE workspace_id = %s GROUP BY state",
-                                ws))
+    by_state = dict(await _rows(conn, "SELECT CASE WHEN deleted_at IS NULL THEN state ELSE 'deleted' END, count(*)"
+                                      " FROM drawers WHERE workspace_id = %s GROUP BY 1", ws))
     by_type = dict(await _rows(conn, "SELECT coalesce(memory_type, 'unclassified'), count(*) FROM drawers"
                                      " WHERE workspace_id = %s GROUP BY 1", ws))
     sessions, messages = (await _rows(conn, "SELECT (SELECT count(*) FROM sessions WHERE workspace_id = %s),"

@@ -84,7 +84,8 @@ SELECT id, false FROM drawers
 """
 
 
-async def store_session(conn: AsyncConnection[Any], plan: SessionPlan) -> StoredSession:
+async def store_session(conn: AsyncConnection[Any], plan: SessionPlan, *, message_count: int | None = None,
+                        ) -> StoredSession:
     """Upsert the raw session, its messages, its drawers (state raw) and their provenance, in one statement.
 
     Idempotent: replaying the same plan changes nothing. Each table gets its rows as arrays (a statement per
@@ -92,7 +93,8 @@ async def store_session(conn: AsyncConnection[Any], plan: SessionPlan) -> Stored
     statement between them (one round trip where there were four). Wording bands are written with the row:
     a later UPDATE of an indexed column would re-insert the row into every index (the vector one included).
     Drawer i's bands are the i-th run of BANDS values in one flat bigint[] (a 2-D array cannot hold them per
-    row through unnest).
+    row through unnest). ``message_count``: the session's messages when the plan holds fewer (the edited
+    ones, written as revisions, and earlier revisions coming back are left out of it).
     """
     e, ms, ds, ss = plan.event, plan.messages, plan.drawers, plan.sources
     ws = e.workspace_id
@@ -100,7 +102,7 @@ async def store_session(conn: AsyncConnection[Any], plan: SessionPlan) -> Stored
     cur = await conn.execute(_STORE_SQL, {
         "ws": ws, "session": e.session_id, "event": e.event_id, "agent": e.agent_id, "user": e.user_id,
         "started": e.started_at, "completed": e.completed_at, "smeta": Jsonb(e.metadata),
-        "message_count": len(ms), "session_hash": plan.session_hash,
+        "message_count": len(ms) if message_count is None else message_count, "session_hash": plan.session_hash,
         "m_seqs": [m.seq for m in ms], "m_roles": [m.role for m in ms], "m_names": [m.name for m in ms],
         "m_contents": [m.content for m in ms], "m_hashes": [m.content_hash for m in ms],
         "m_created": [m.created_at for m in ms], "m_metadata": [Jsonb(m.metadata) for m in ms],
@@ -181,50 +183,54 @@ async def revise_messages(conn: AsyncConnection[Any], workspace_id: str, session
     return cur.rowcount
 
 
-# Drawers cut from the edited positions whose words the new revisions no longer hold: soft-deleted (search,
-# layers and the graph stop seeing them; restorable), unless the words were also said at a position that
-# stays (another sighting), other sightings were merged into them (their words stand for those), or they
-# are pinned. Their sightings stay, so a restore, and a forget of the message, still find them.
+# The drawers cut from the edited positions (a drawer planned again for the same position stays there).
+_EDITED_LINKS_SQL = """SELECT drawer_id, seq FROM drawer_sources
+                        WHERE workspace_id = %(ws)s AND session_id = %(sid)s AND seq = ANY(%(seqs)s::integer[])"""
+
+# Of those, the ones no message says any more are soft-deleted (search, layers and the graph stop seeing them;
+# restorable): a drawer's words are said wherever a message it was cut from still holds them, this session's
+# edited messages (already rewritten in this transaction) included. A drawer that other sightings were merged
+# into stays (its words stand for theirs), and so does a pinned one. Every sighting stays, so a restore, and a
+# forget of the drawer, still find the messages (and their revisions) it came from. Run after the candidates'
+# rows are locked (``_LOCK_SQL``): under READ COMMITTED this statement then sees what a cluster merge into
+# them, or an edit of another session that said them too, committed meanwhile.
 _RETIRE_SQL = """
-WITH cand AS (
-    SELECT DISTINCT s.drawer_id FROM drawer_sources s
-     WHERE s.workspace_id = %(ws)s AND s.session_id = %(sid)s AND s.seq = ANY(%(seqs)s::integer[])
-       AND NOT (s.drawer_id = ANY(%(keep)s::text[])))
 UPDATE drawers d SET deleted_at = now(), updated_at = now()
-  FROM cand
- WHERE d.workspace_id = %(ws)s AND d.id = cand.drawer_id AND d.deleted_at IS NULL AND NOT d.pinned
+ WHERE d.workspace_id = %(ws)s AND d.id = ANY(%(ids)s::text[]) AND d.deleted_at IS NULL AND NOT d.pinned
    AND NOT EXISTS (SELECT 1 FROM drawer_sources o
-                    WHERE o.workspace_id = %(ws)s AND o.drawer_id = d.id
-                      AND NOT (o.session_id = %(sid)s AND o.seq = ANY(%(seqs)s::integer[])))
+                     JOIN messages m ON m.workspace_id = o.workspace_id AND m.session_id = o.session_id
+                                    AND m.seq = o.seq
+                    WHERE o.workspace_id = %(ws)s AND o.drawer_id = d.id AND strpos(m.content, d.content) > 0)
    AND NOT EXISTS (SELECT 1 FROM drawers m WHERE m.workspace_id = %(ws)s AND m.cluster_id = d.id
                       AND m.state = 'merged')
 RETURNING d.id, d.wing, d.room, d.deleted_at"""
 
-# A drawer that stays (said elsewhere too) is no longer cut from the edited position.
-_UNSOURCE_SQL = """
-DELETE FROM drawer_sources s
- WHERE s.workspace_id = %(ws)s AND s.session_id = %(sid)s AND s.seq = ANY(%(seqs)s::integer[])
-   AND NOT (s.drawer_id = ANY(%(keep)s::text[]))
-   AND NOT (s.drawer_id = ANY(%(retired)s::text[]))"""
+_LOCK_SQL = "SELECT id FROM drawers WHERE workspace_id = %s AND id = ANY(%s) ORDER BY id FOR UPDATE"
 
 
-async def retire_edited_drawers(conn: AsyncConnection[Any], workspace_id: str, session_id: str, seqs: list[int],
-                                keep: list[str], *, event_id: str | None, actor: str) -> list[str]:
+async def retire_edited_drawers(conn: AsyncConnection[Any], workspace_id: str, session_id: str,
+                                keep: dict[int, set[str]], *, also_lock: list[str], event_id: str | None,
+                                actor: str) -> list[str]:
     """Soft-delete what the edited positions no longer say (``_RETIRE_SQL``), audited as a DELETE a restore
-    undoes; returns the retired drawers' ids. ``keep``: the drawers the session's current text is cut into."""
-    if not seqs:
+    undoes; returns the retired drawers' ids. ``keep``: edited position → the drawers its new text is cut
+    into. ``also_lock``: drawers this transaction writes next (``recontext_drawers``), locked with the
+    candidates in one id order (cluster locks what it writes, and the twins it merges into, in id order too)."""
+    if not keep:
         return []
-    p = {"ws": workspace_id, "sid": session_id, "seqs": seqs, "keep": keep}
-    cur = await conn.execute(_RETIRE_SQL, p)
+    cur = await conn.execute(_EDITED_LINKS_SQL, {"ws": workspace_id, "sid": session_id, "seqs": sorted(keep)})
+    candidates = sorted({str(d) for d, q in await cur.fetchall() if str(d) not in keep.get(int(q), set())})
+    if candidates or also_lock:
+        await conn.execute(_LOCK_SQL, (workspace_id, sorted({*candidates, *also_lock})))
+    if not candidates:
+        return []
+    cur = await conn.execute(_RETIRE_SQL, {"ws": workspace_id, "ids": candidates})
     rows = await cur.fetchall()
-    retired = sorted(str(r[0]) for r in rows)
-    await conn.execute(_UNSOURCE_SQL, {**p, "retired": retired})
     await insert_history(conn, workspace_id, [
         {"drawer_id": r[0], "action": "DELETE", "actor": actor, "event_id": event_id,
-         "reason": f"message edited: session {session_id} says something else at this position now",
+         "reason": f"message edited: session {session_id} no longer says this",
          "old_value": {"deleted_at": None}, "new_value": {"deleted_at": r[3], "wing": r[1], "room": r[2]}}
         for r in rows])
-    return retired
+    return sorted(str(r[0]) for r in rows)
 
 
 # The turn after an edited one, first seen at that position, takes the new words as its context; its

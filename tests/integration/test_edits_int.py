@@ -123,3 +123,48 @@ def test_a_session_edited_back_and_forth_by_two_versions_side_by_side_stores_one
                      (w, [OLD, NEW]))
     (current,), = stack.sql("SELECT content FROM messages WHERE workspace_id = %s AND seq = 1", (w,))
     assert live == [(current,)]
+
+
+def test_words_said_in_another_session_stay_until_no_message_says_them(stack: Stack) -> None:
+    """The same words in two sessions are one drawer: editing them away in one keeps it (still said in the
+    other); editing them away in the other too retires it (the first session's sighting no longer says it)."""
+    w = ws()
+    stack.publish(session(w, "s1", [TURNS[0], OLD]))
+    stack.publish(session(w, "s2", ["Quick reminder for the directors:", OLD]))
+    stack.wait_processed(w, 3)
+    (old_id,), = stack.sql("SELECT id FROM drawers WHERE workspace_id = %s AND content = %s", (w, OLD))
+    stack.publish(session(w, "s1", [TURNS[0], NEW]))
+    stack.processed_drawer(w, NEW)
+    assert stack.sql("SELECT deleted_at FROM drawers WHERE workspace_id = %s AND id = %s", (w, old_id)) == [(None,)]
+    stack.publish(session(w, "s2", ["Quick reminder for the directors:", "It is in the Lighthouse Suite now."]))
+    stack.processed_drawer(w, "It is in the Lighthouse Suite now.")
+    (deleted_at,), = stack.sql("SELECT deleted_at FROM drawers WHERE workspace_id = %s AND id = %s", (w, old_id))
+    assert deleted_at is not None
+
+
+def test_forgetting_a_drawer_edited_away_twice_takes_every_text_its_message_held(stack: Stack) -> None:
+    """Three versions of one message: the first's drawer, retired by the second, keeps its sighting through the
+    third, so forgetting it finds the message and all its revisions, and the proof finds none left."""
+    w = ws()
+    third = "The quarterly board meeting is cancelled this time."
+    for text in (OLD, NEW, third):
+        stack.publish(session(w, "s1", [TURNS[0], text]))
+        stack.processed_drawer(w, text)
+    (old_id,), = stack.sql("SELECT id FROM drawers WHERE workspace_id = %s AND content = %s", (w, OLD))
+    assert [r[0] for r in stack.sql("SELECT content FROM message_revisions WHERE workspace_id = %s ORDER BY revision",
+                                    (w,))] == [OLD, NEW]
+
+    async def go() -> tuple[dict[str, int], dict[str, int]]:
+        pool = await open_pool(stack.database_url, name="test-edits-forget", max_size=2)
+        try:
+            scope = Scope(w, "drawer", old_id)
+            r = await forget(pool, stack.settings, stack.nats_url, scope, requested_by="test")
+            return dict(r.counts), await verify(pool, stack.settings, stack.nats_url, scope, r.targets)
+        finally:
+            await pool.close()
+    counts, remaining = asyncio.run(go())
+    assert counts["message_revisions"] == 2 and counts["messages"] == 1, counts
+    assert not any(remaining.values()), {k: v for k, v in remaining.items() if v}
+    assert stack.sql("SELECT count(*) FROM message_revisions WHERE workspace_id = %s", (w,)) == [(0,)]
+    assert stack.sql("SELECT count(*) FROM messages WHERE workspace_id = %s AND content = ANY(%s)",
+                     (w, [OLD, NEW, third])) == [(0,)]
