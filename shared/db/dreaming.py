@@ -96,7 +96,8 @@ async def claim_run(
              WHERE workspace_id = %(ws)s AND coalesce(agent_id, '') = %(a)s AND coalesce(user_id, '') = %(u)s
                AND promoted_at IS NULL AND status = 'ready' AND session_id NOT LIKE 'dreaming:%%'
                AND NOT EXISTS (SELECT 1 FROM forget_tombstones t WHERE t.workspace_id = %(ws)s
-                                  AND t.kind = 'session' AND t.value = episodes.session_id)
+                                  AND t.kind = 'session'
+                                  AND t.value = palace_forget_key(%(ws)s, 'session', episodes.session_id))
              ORDER BY completed_at, id LIMIT %(n)s""", {**pair, "n": max_episodes})
     ids = [str(r[0]) for r in await cur.fetchall()]
     if len(ids) < threshold:

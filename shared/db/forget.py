@@ -45,16 +45,18 @@ _LOCK_OF = "SELECT pg_advisory_xact_lock{mode}(hashtextextended({name}, 0))"
 _LOCK = _LOCK_OF.format(mode="{mode}", name="'palace.forget:' || %s")
 # Whether the workspace, the session (%(s)s), its user (%(u)s) or its agent (%(a)s) was forgotten; a session
 # known only by its id is matched to its user and agent through the stored session row.
+# Tombstones name users, agents and sessions by ``palace_forget_key`` (migration 0056), never in clear.
 _FORGOTTEN = """(EXISTS (SELECT 1 FROM forget_tombstones
                           WHERE workspace_id = %(ws)s
                             AND ((kind = 'workspace' AND value = '*')
-                              OR (kind = 'session' AND value = %(s)s)
-                              OR (kind = 'user' AND value = %(u)s)
-                              OR (kind = 'agent' AND value = %(a)s)))
+                              OR (kind = 'session' AND value = palace_forget_key(%(ws)s, 'session', %(s)s))
+                              OR (kind = 'user' AND value = palace_forget_key(%(ws)s, 'user', %(u)s))
+                              OR (kind = 'agent' AND value = palace_forget_key(%(ws)s, 'agent', %(a)s))))
               OR EXISTS (SELECT 1 FROM sessions ss JOIN forget_tombstones t
                             ON t.workspace_id = ss.workspace_id
-                           AND ((t.kind = 'user' AND t.value = ss.user_id)
-                             OR (t.kind = 'agent' AND t.value = ss.agent_id))
+                           AND ((t.kind = 'user' AND t.value = palace_forget_key(ss.workspace_id, 'user', ss.user_id))
+                             OR (t.kind = 'agent'
+                                 AND t.value = palace_forget_key(ss.workspace_id, 'agent', ss.agent_id)))
                           WHERE ss.workspace_id = %(ws)s AND ss.session_id = %(s)s))"""
 _FORGOTTEN_SQL = sql.SQL("SELECT {}").format(sql.SQL(_FORGOTTEN)).as_string()
 _FORGOTTEN_DRAWERS_SQL = sql.SQL(
@@ -117,7 +119,8 @@ async def forgotten_pair(conn: AsyncConnection[Any], workspace_id: str, agent_id
         """SELECT EXISTS (SELECT 1 FROM forget_tombstones
                            WHERE workspace_id = %(ws)s
                              AND ((kind = 'workspace' AND value = '*')
-                               OR (kind = 'user' AND value = %(u)s) OR (kind = 'agent' AND value = %(a)s)))""",
+                               OR (kind = 'user' AND value = palace_forget_key(%(ws)s, 'user', %(u)s))
+                               OR (kind = 'agent' AND value = palace_forget_key(%(ws)s, 'agent', %(a)s))))""",
         {"ws": workspace_id, "u": user_id or None, "a": agent_id or None})
     row = await cur.fetchone()
     return bool(row and row[0])
@@ -129,9 +132,9 @@ async def write_tombstones(conn: AsyncConnection[Any], workspace_id: str, forget
     await conn.execute(_LOCK.format(mode=""), (workspace_id,))
     async with conn.cursor() as cur:
         await cur.executemany(
-            "INSERT INTO forget_tombstones (workspace_id, kind, value, forget_id) VALUES (%s, %s, %s, %s)"
-            " ON CONFLICT DO NOTHING",
-            [(workspace_id, kind, v, forget_id) for v in values],
+            "INSERT INTO forget_tombstones (workspace_id, kind, value, forget_id)"
+            " VALUES (%s, %s, palace_forget_key(%s, %s, %s), %s) ON CONFLICT DO NOTHING",
+            [(workspace_id, kind, workspace_id, kind, v, forget_id) for v in values],
         )
 
 
@@ -139,8 +142,8 @@ async def start_audit(conn: AsyncConnection[Any], workspace_id: str, forget_id: 
                       kind: str, value: str) -> None:
     await conn.execute(
         """INSERT INTO forget_audit (workspace_id, id, requested_by, scope_kind, scope_value)
-           VALUES (%s, %s, %s, %s, %s) ON CONFLICT DO NOTHING""",
-        (workspace_id, forget_id, requested_by, kind, value),
+           VALUES (%s, %s, %s, %s, palace_forget_key(%s, %s, %s)) ON CONFLICT DO NOTHING""",
+        (workspace_id, forget_id, requested_by, kind, workspace_id, kind, value),
     )
 
 
@@ -201,7 +204,8 @@ async def drawer_fates(conn: AsyncConnection[Any], workspace_id: str, drawer_ids
                          AND s.session_id <> ALL(%(s)s)
                          AND NOT EXISTS (SELECT 1 FROM forget_tombstones t
                                           WHERE t.workspace_id = s.workspace_id AND t.kind = 'session'
-                                            AND t.value = s.session_id))
+                                            AND t.value = palace_forget_key(s.workspace_id, 'session',
+                                                                            s.session_id)))
              FROM drawers d WHERE d.workspace_id = %(ws)s AND d.id = ANY(%(ids)s)""",
         {"ws": workspace_id, "s": session_ids, "ids": drawer_ids, "all": whole_workspace},
     )
@@ -816,6 +820,13 @@ _REMAINING: dict[str, str] = {
     "curation_updated_drawers": "SELECT count(*) FROM drawers WHERE workspace_id = %(ws)s"
                                 " AND content_hash = ANY(%(dh)s)",
     # Drawers still ranked below, or merged into, a forgotten drawer (naming it).
+    # The forget's own records naming a forgotten user, agent or session in clear (they hold its digest).
+    "forget_records_in_clear": "SELECT (SELECT count(*) FROM forget_tombstones WHERE workspace_id = %(ws)s"
+                               " AND kind IN ('user', 'agent', 'session')"
+                               " AND (value = %(u)s OR value = %(a)s OR value = ANY(%(s)s)))"
+                               " + (SELECT count(*) FROM forget_audit WHERE workspace_id = %(ws)s"
+                               " AND scope_kind IN ('user', 'agent', 'session')"
+                               " AND (scope_value = %(u)s OR scope_value = %(a)s OR scope_value = ANY(%(s)s)))",
     "drawers_pointing_at_forgotten": "SELECT count(*) FROM drawers WHERE workspace_id = %(ws)s"
                                      " AND (superseded_by = ANY(%(d)s) OR cluster_id = ANY(%(d)s))",
     # What dreaming synthesised from a forgotten episode: its runs, its drawers, its audit rows.

@@ -222,7 +222,19 @@ def test_forgetting_a_user_mid_stream_leaves_nothing_and_spares_everyone_else(st
     assert not again.counts.get("drawers") and not again.counts.get("sessions")
     audits = stack.sql("SELECT requested_by, scope_kind, scope_value, status, counts FROM forget_audit "
                        "WHERE workspace_id = %s ORDER BY started_at", (w,))
-    assert [a[:4] for a in audits] == [("test", "user", alice, "done")] * 2
+    # The forgotten id is not kept in clear: the audit and the tombstones hold its digest.
+    (key,), = stack.sql("SELECT palace_forget_key(%s, 'user', %s)", (w, alice))
+    assert key.startswith("sha256:") and alice not in key
+    assert [a[:4] for a in audits] == [("test", "user", key, "done")] * 2
+    assert stack.sql("SELECT count(*) FROM forget_tombstones WHERE workspace_id = %s AND value = %s", (w, alice)) == [
+        (0,)]
+    assert stack.sql("SELECT count(*) FROM forget_tombstones WHERE workspace_id = %s AND kind = 'user'"
+                     " AND value = %s", (w, key)) == [(1,)]
+    # The proof looks for the id in clear there too (as an older release wrote it), and finds it when it is.
+    stack.sql("INSERT INTO forget_tombstones (workspace_id, kind, value, forget_id) VALUES (%s, 'user', %s, 'old')"
+              " RETURNING 1", (w, alice))
+    assert _verify(stack, Scope(w, "user", alice), again.targets)["forget_records_in_clear"] == 1
+    stack.sql("DELETE FROM forget_tombstones WHERE workspace_id = %s AND forget_id = 'old' RETURNING 1", (w,))
     assert audits[0][4]["drawers"] == result.counts["drawers"]
     assert all(isinstance(v, int) for v in audits[0][4].values())
 
@@ -719,3 +731,15 @@ def test_a_forget_takes_the_type_centroids_its_drawers_trained(stack: Stack) -> 
     assert not any(remaining.values()), remaining
     assert result.counts["type_centroids"] == 1
     assert stack.sql("SELECT memory_type FROM type_centroids WHERE workspace_id = %s", (w,)) == [(other,)]
+
+
+def test_a_forget_key_is_a_digest_of_workspace_kind_and_id_only_for_people_agents_and_sessions(stack: Stack) -> None:
+    """Migration 0056: users, agents and sessions are tombstoned as a digest bound to their workspace (the same id
+    in another workspace gets another key); a drawer's id (already a digest) and the workspace's '*' stay."""
+    import hashlib
+
+    rows = stack.sql("SELECT palace_forget_key('w1', 'user', 'maria'), palace_forget_key('w2', 'user', 'maria'),"
+                     " palace_forget_key('w1', 'drawer', 'abc'), palace_forget_key('w1', 'workspace', '*'),"
+                     " palace_forget_key('w1', 'user', NULL) IS NULL")[0]
+    assert rows[0] == "sha256:" + hashlib.sha256(b"w1\x1fuser\x1fmaria").hexdigest()
+    assert rows[1] != rows[0] and rows[2:] == ("abc", "*", True)
