@@ -15,6 +15,7 @@ from shared.db.sessions import (
     recontext_drawers,
     retire_edited_drawers,
     revise_messages,
+    revive_said_again,
     store_session,
 )
 from shared.events import DrawerCreated, SessionCompleted, SessionStored
@@ -62,6 +63,10 @@ def register(deps: Deps) -> None:
             await revise_messages(conn, event.workspace_id, event.session_id, revisions.edited,
                                   event_id=event.event_id)
             stored = await store_session(conn, plan, message_count=revisions.message_count)
+            # Words an edit had retired, said again here: live again (announced below while still raw).
+            revived = await revive_said_again(
+                conn, event.workspace_id, [d.id for d in plan.drawers if d.id not in set(stored.created)],
+                event_id=event.event_id, actor=deps.service)
             retired = await retire_edited_drawers(
                 conn, event.workspace_id, event.session_id, revisions.kept_at_edits(),
                 also_lock=[r[0] for r in revisions.recontext], event_id=event.event_id, actor=deps.service)
@@ -78,7 +83,7 @@ def register(deps: Deps) -> None:
         # Every drawer of the session still raw is announced, not only the new ones: if an earlier attempt
         # committed and then died before publishing, this redelivery finishes its job. In the plan's order,
         # so a redelivery that finds the same drawers raw announces them under the same event ids.
-        raw = set(stored.raw) | set(recontexted)
+        raw = set(stored.raw) | set(recontexted) | {d for d, state in revived if state == "raw"}
         pending = [i for i in all_ids if i in raw]
         if all_ids:
             # Inline linker: the session's drawers → the workspace's existing entities they name (no LLM,

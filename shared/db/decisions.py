@@ -136,8 +136,10 @@ async def lock_targets(conn: AsyncConnection[Any], workspace_id: str, drawer_ids
     (``apply_proposal``'s ``judged``) sees the first's words, not the ones both were shown."""
     ids = sorted(set(drawer_ids))
     if ids:
-        await conn.execute("SELECT id FROM drawers WHERE workspace_id = %s AND id = ANY(%s) ORDER BY id FOR UPDATE",
-                           (workspace_id, ids))
+        # NO KEY UPDATE: nothing here changes a key, and FOR UPDATE would also wait for (and deadlock with) an
+        # insert of a row referencing one of them (a sighting, a fact's evidence), which holds KEY SHARE on it.
+        await conn.execute("SELECT id FROM drawers WHERE workspace_id = %s AND id = ANY(%s) ORDER BY id"
+                           " FOR NO KEY UPDATE", (workspace_id, ids))
 
 
 async def apply_proposal(

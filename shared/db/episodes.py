@@ -46,6 +46,7 @@ SESSION_TURNS_SQL = """SELECT d.id, d.speaker, d.content, CASE WHEN %(emb)s THEN
              LEFT JOIN messages m ON m.workspace_id = ds.workspace_id AND m.session_id = ds.session_id
                                  AND m.seq = ds.seq
             WHERE ds.workspace_id = %(ws)s AND ds.session_id = %(sid)s
+              AND ds.revision IS NULL  -- what the session says now (a sighting edited away is stale)
               AND CASE WHEN d.deleted_at IS NULL THEN true END  -- by key only: docs/scale.md
             ORDER BY ds.seq, ds.chunk_index"""
 
@@ -138,7 +139,7 @@ SESSION_DRAWERS_SQL = """SELECT s.sid, x.ids, x.wings, x.rooms, x.total
                         count(*) AS total
                    FROM (SELECT ds.drawer_id, min(ds.seq::bigint * 1000000 + ds.chunk_index) AS first
                            FROM drawer_sources ds
-                          WHERE ds.workspace_id = %(ws)s AND ds.session_id = s.sid
+                          WHERE ds.workspace_id = %(ws)s AND ds.session_id = s.sid AND ds.revision IS NULL
                           GROUP BY ds.drawer_id) o
                    JOIN drawers d ON d.workspace_id = %(ws)s AND d.id = o.drawer_id
                   WHERE d.deleted_at IS NULL AND d.state <> 'merged') x"""
@@ -177,7 +178,8 @@ async def mark_episode_pending(conn: AsyncConnection[Any], workspace_id: str, ep
     drawers; a session re-published with more turns reopens it. True when (re)opened."""
     cur = await conn.execute(
         """WITH src AS (SELECT md5(string_agg(DISTINCT drawer_id, ',' ORDER BY drawer_id)) AS h
-                          FROM drawer_sources WHERE workspace_id = %(ws)s AND session_id = %(sid)s)
+                          FROM drawer_sources WHERE workspace_id = %(ws)s AND session_id = %(sid)s
+                           AND revision IS NULL)
            INSERT INTO episodes (workspace_id, id, session_id, agent_id, user_id, summary, abstract, status,
                                  source_hash, pending_since, started_at, completed_at)
            SELECT s.workspace_id, %(id)s, s.session_id, s.agent_id, s.user_id, '', '', 'pending', src.h, now(),
@@ -209,7 +211,7 @@ EPISODE_PROGRESS_SQL = """SELECT e.status, e.source_hash, e.announced_at IS NOT 
                     FROM drawer_sources ds
                     JOIN drawers d ON d.workspace_id = ds.workspace_id AND d.id = ds.drawer_id
                    WHERE ds.workspace_id = e.workspace_id AND ds.session_id = e.session_id
-                     AND d.deleted_at IS NULL) n
+                     AND ds.revision IS NULL AND d.deleted_at IS NULL) n
             WHERE e.workspace_id = %s AND e.id = %s"""
 
 

@@ -132,18 +132,20 @@ async def write_tombstones(conn: AsyncConnection[Any], workspace_id: str, forget
     await conn.execute(_LOCK.format(mode=""), (workspace_id,))
     async with conn.cursor() as cur:
         await cur.executemany(
-            "INSERT INTO forget_tombstones (workspace_id, kind, value, forget_id)"
-            " VALUES (%s, %s, palace_forget_key(%s, %s, %s), %s) ON CONFLICT DO NOTHING",
-            [(workspace_id, kind, workspace_id, kind, v, forget_id) for v in values],
+            # Keyed on insert (palace_forget_key, migration 0057): the id itself is not stored.
+            "INSERT INTO forget_tombstones (workspace_id, kind, value, forget_id) VALUES (%s, %s, %s, %s)"
+            " ON CONFLICT DO NOTHING",
+            [(workspace_id, kind, v, forget_id) for v in values],
         )
 
 
 async def start_audit(conn: AsyncConnection[Any], workspace_id: str, forget_id: str, requested_by: str,
                       kind: str, value: str) -> None:
     await conn.execute(
+        # scope_value is keyed on insert (palace_forget_key, migration 0057).
         """INSERT INTO forget_audit (workspace_id, id, requested_by, scope_kind, scope_value)
-           VALUES (%s, %s, %s, %s, palace_forget_key(%s, %s, %s)) ON CONFLICT DO NOTHING""",
-        (workspace_id, forget_id, requested_by, kind, workspace_id, kind, value),
+           VALUES (%s, %s, %s, %s, %s) ON CONFLICT DO NOTHING""",
+        (workspace_id, forget_id, requested_by, kind, value),
     )
 
 
@@ -819,7 +821,6 @@ _REMAINING: dict[str, str] = {
     # A drawer still holding what a curation UPDATE wrote into it from forgotten content (not reverted).
     "curation_updated_drawers": "SELECT count(*) FROM drawers WHERE workspace_id = %(ws)s"
                                 " AND content_hash = ANY(%(dh)s)",
-    # Drawers still ranked below, or merged into, a forgotten drawer (naming it).
     # The forget's own records naming a forgotten user, agent or session in clear (they hold its digest).
     "forget_records_in_clear": "SELECT (SELECT count(*) FROM forget_tombstones WHERE workspace_id = %(ws)s"
                                " AND kind IN ('user', 'agent', 'session')"
@@ -827,6 +828,7 @@ _REMAINING: dict[str, str] = {
                                " + (SELECT count(*) FROM forget_audit WHERE workspace_id = %(ws)s"
                                " AND scope_kind IN ('user', 'agent', 'session')"
                                " AND (scope_value = %(u)s OR scope_value = %(a)s OR scope_value = ANY(%(s)s)))",
+    # Drawers still ranked below, or merged into, a forgotten drawer (naming it).
     "drawers_pointing_at_forgotten": "SELECT count(*) FROM drawers WHERE workspace_id = %(ws)s"
                                      " AND (superseded_by = ANY(%(d)s) OR cluster_id = ANY(%(d)s))",
     # What dreaming synthesised from a forgotten episode: its runs, its drawers, its audit rows.

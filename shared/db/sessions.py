@@ -14,7 +14,7 @@ from shared.memory.filing import MessageRow, SessionPlan
 from shared.memory.revisions import KnownMessage
 
 __all__ = ["KNOWN_MESSAGES_SQL", "StoredSession", "known_messages", "lock_session", "recontext_drawers",
-           "retire_edited_drawers", "revise_messages", "store_session"]
+           "retire_edited_drawers", "revise_messages", "revive_said_again", "store_session"]
 
 
 @dataclass(frozen=True)
@@ -74,7 +74,10 @@ src AS (
       FROM unnest(%(s_ids)s::text[], %(s_seqs)s::integer[], %(s_chunks)s::integer[], %(s_starts)s::integer[],
                   %(s_ends)s::integer[])
            AS s(drawer_id, seq, chunk_index, char_start, char_end)
-    ON CONFLICT DO NOTHING
+    -- A sighting gone stale with an edit is current again where the message says the drawer again.
+    ON CONFLICT (workspace_id, drawer_id, session_id, seq, chunk_index) DO UPDATE
+       SET revision = NULL, char_start = EXCLUDED.char_start, char_end = EXCLUDED.char_end
+     WHERE drawer_sources.revision IS NOT NULL
 )
 SELECT id, true FROM d
 UNION ALL
@@ -183,42 +186,53 @@ async def revise_messages(conn: AsyncConnection[Any], workspace_id: str, session
     return cur.rowcount
 
 
-# The drawers cut from the edited positions (a drawer planned again for the same position stays there).
-_EDITED_LINKS_SQL = """SELECT drawer_id, seq FROM drawer_sources
-                        WHERE workspace_id = %(ws)s AND session_id = %(sid)s AND seq = ANY(%(seqs)s::integer[])"""
+# The sightings at the edited positions of drawers their new text is not cut into go stale: they record the
+# revision they were cut from (the one just replaced). Returns their drawers.
+_STALE_SQL = """
+UPDATE drawer_sources s SET revision = m.revision - 1
+  FROM messages m
+ WHERE s.workspace_id = %(ws)s AND s.session_id = %(sid)s AND s.seq = ANY(%(seqs)s::integer[])
+   AND s.revision IS NULL
+   AND m.workspace_id = s.workspace_id AND m.session_id = s.session_id AND m.seq = s.seq
+   AND NOT EXISTS (SELECT 1 FROM unnest(%(kseqs)s::integer[], %(kids)s::text[]) AS k(seq, id)
+                    WHERE k.seq = s.seq AND k.id = s.drawer_id)
+RETURNING s.drawer_id"""
 
-# Of those, the ones no message says any more are soft-deleted (search, layers and the graph stop seeing them;
-# restorable): a drawer's words are said wherever a message it was cut from still holds them, this session's
-# edited messages (already rewritten in this transaction) included. A drawer that other sightings were merged
-# into stays (its words stand for theirs), and so does a pinned one. Every sighting stays, so a restore, and a
-# forget of the drawer, still find the messages (and their revisions) it came from. Run after the candidates'
-# rows are locked (``_LOCK_SQL``): under READ COMMITTED this statement then sees what a cluster merge into
-# them, or an edit of another session that said them too, committed meanwhile.
+# Of those, the ones with no current sighting left anywhere are soft-deleted (search, layers and the graph stop
+# seeing them; restorable, and brought back by ingest when a message says them again). A drawer that other
+# sightings were merged into stays (its words stand for theirs), and so does a pinned one. Run after their rows
+# are locked (``_LOCK_SQL``): under READ COMMITTED this statement then sees what a cluster merge into them, or
+# an edit of another session that said them too, committed meanwhile.
 _RETIRE_SQL = """
 UPDATE drawers d SET deleted_at = now(), updated_at = now()
  WHERE d.workspace_id = %(ws)s AND d.id = ANY(%(ids)s::text[]) AND d.deleted_at IS NULL AND NOT d.pinned
    AND NOT EXISTS (SELECT 1 FROM drawer_sources o
-                     JOIN messages m ON m.workspace_id = o.workspace_id AND m.session_id = o.session_id
-                                    AND m.seq = o.seq
-                    WHERE o.workspace_id = %(ws)s AND o.drawer_id = d.id AND strpos(m.content, d.content) > 0)
+                    WHERE o.workspace_id = %(ws)s AND o.drawer_id = d.id AND o.revision IS NULL)
    AND NOT EXISTS (SELECT 1 FROM drawers m WHERE m.workspace_id = %(ws)s AND m.cluster_id = d.id
                       AND m.state = 'merged')
 RETURNING d.id, d.wing, d.room, d.deleted_at"""
 
-_LOCK_SQL = "SELECT id FROM drawers WHERE workspace_id = %s AND id = ANY(%s) ORDER BY id FOR UPDATE"
+# NO KEY UPDATE: what these transactions write is not a key, and a stronger lock would also wait for every
+# insert of a row referencing the drawer (a sighting, a fact's evidence), which holds KEY SHARE on it.
+_LOCK_SQL = "SELECT id FROM drawers WHERE workspace_id = %s AND id = ANY(%s) ORDER BY id FOR NO KEY UPDATE"
+
+_EDIT_REASON = "message edited"
 
 
 async def retire_edited_drawers(conn: AsyncConnection[Any], workspace_id: str, session_id: str,
                                 keep: dict[int, set[str]], *, also_lock: list[str], event_id: str | None,
                                 actor: str) -> list[str]:
-    """Soft-delete what the edited positions no longer say (``_RETIRE_SQL``), audited as a DELETE a restore
+    """Mark the edited positions' sightings of what their new text no longer says stale (``_STALE_SQL``) and
+    soft-delete those drawers left with no current sighting (``_RETIRE_SQL``), audited as a DELETE a restore
     undoes; returns the retired drawers' ids. ``keep``: edited position → the drawers its new text is cut
     into. ``also_lock``: drawers this transaction writes next (``recontext_drawers``), locked with the
     candidates in one id order (cluster locks what it writes, and the twins it merges into, in id order too)."""
     if not keep:
         return []
-    cur = await conn.execute(_EDITED_LINKS_SQL, {"ws": workspace_id, "sid": session_id, "seqs": sorted(keep)})
-    candidates = sorted({str(d) for d, q in await cur.fetchall() if str(d) not in keep.get(int(q), set())})
+    pairs = [(q, d) for q, ids in keep.items() for d in sorted(ids)]
+    cur = await conn.execute(_STALE_SQL, {"ws": workspace_id, "sid": session_id, "seqs": sorted(keep),
+                                          "kseqs": [q for q, _ in pairs], "kids": [d for _, d in pairs]})
+    candidates = sorted({str(r[0]) for r in await cur.fetchall()})
     if candidates or also_lock:
         await conn.execute(_LOCK_SQL, (workspace_id, sorted({*candidates, *also_lock})))
     if not candidates:
@@ -227,10 +241,43 @@ async def retire_edited_drawers(conn: AsyncConnection[Any], workspace_id: str, s
     rows = await cur.fetchall()
     await insert_history(conn, workspace_id, [
         {"drawer_id": r[0], "action": "DELETE", "actor": actor, "event_id": event_id,
-         "reason": f"message edited: session {session_id} no longer says this",
+         "reason": f"{_EDIT_REASON}: session {session_id} no longer says this, and no other message does",
          "old_value": {"deleted_at": None}, "new_value": {"deleted_at": r[3], "wing": r[1], "room": r[2]}}
         for r in rows])
     return sorted(str(r[0]) for r in rows)
+
+
+# Drawers an edit retired that a message says again (another session, or a later edit): live again, in the
+# statement's own audit. Only a deletion that was an edit's (its DELETE row by ingest, of the same moment: by
+# index memory_history_drawer) is undone; one someone asked for stays. Named by key; liveness as a CASE.
+_REVIVE_SQL = """
+WITH back AS (
+    UPDATE drawers d SET deleted_at = NULL, updated_at = now()
+     WHERE d.workspace_id = %(ws)s AND d.id = ANY(%(ids)s::text[])
+       AND CASE WHEN d.deleted_at IS NOT NULL THEN true END  -- by key only: docs/scale.md
+       AND EXISTS (SELECT 1 FROM memory_history h
+                    WHERE h.workspace_id = %(ws)s AND h.drawer_id = d.id AND h.action = 'DELETE'
+                      AND h.actor = %(actor)s AND h.created_at = d.deleted_at
+                      AND h.reason LIKE %(reason)s)
+       AND EXISTS (SELECT 1 FROM drawer_sources o
+                    WHERE o.workspace_id = %(ws)s AND o.drawer_id = d.id AND o.revision IS NULL)
+    RETURNING d.id, d.state)
+SELECT id, state FROM back"""
+
+
+async def revive_said_again(conn: AsyncConnection[Any], workspace_id: str, drawer_ids: list[str], *,
+                            event_id: str | None, actor: str) -> list[tuple[str, str]]:
+    """``_REVIVE_SQL`` for these drawers (those the session names that existed before it), audited as a
+    RESTORE; returns (id, state) of each drawer brought back."""
+    if not drawer_ids:
+        return []
+    cur = await conn.execute(_REVIVE_SQL, {"ws": workspace_id, "ids": drawer_ids, "actor": actor,
+                                           "reason": _EDIT_REASON + ":%"})
+    rows = [(str(r[0]), str(r[1])) for r in await cur.fetchall()]
+    await insert_history(conn, workspace_id, [
+        {"drawer_id": d, "action": "RESTORE", "actor": actor, "event_id": event_id,
+         "reason": "said again after an edit had retired it", "new_value": {"deleted_at": None}} for d, _ in rows])
+    return rows
 
 
 # The turn after an edited one, first seen at that position, takes the new words as its context; its

@@ -279,11 +279,11 @@ async def test_a_claim_takes_no_episode_of_a_forgotten_session_or_pair(stack: St
     w = ws()
     eps = _episodes(stack, w, "a", "u", 5)
     session_of = stack.sql("SELECT session_id FROM episodes WHERE workspace_id = %s AND id = %s", (w, eps[0]))[0][0]
-    stack.sql("INSERT INTO forget_tombstones (workspace_id, kind, value, forget_id)"
-              " VALUES (%s, 'session', palace_forget_key(%s, 'session', %s), 'f') RETURNING 1", (w, w, session_of))
+    stack.sql("INSERT INTO forget_tombstones (workspace_id, kind, value, forget_id) VALUES (%s, 'session', %s, 'f')"
+              " RETURNING 1", (w, session_of))
     assert await dream_pair(runner.run("t"), w, "a", "u") == {"outcome": "below_threshold"}
-    stack.sql("INSERT INTO forget_tombstones (workspace_id, kind, value, forget_id)"
-              " VALUES (%s, 'user', palace_forget_key(%s, 'user', 'u'), 'f') RETURNING 1", (w, w))
+    stack.sql("INSERT INTO forget_tombstones (workspace_id, kind, value, forget_id) VALUES (%s, 'user', 'u', 'f')"
+              " RETURNING 1", (w,))
     _episodes(stack, w, "a", "u", 2, start=5)
     assert await dream_pair(runner.run("t"), w, "a", "u") == {"outcome": "forgotten"}
     assert _runs(stack, w) == []

@@ -126,20 +126,33 @@ def test_a_session_edited_back_and_forth_by_two_versions_side_by_side_stores_one
 
 
 def test_words_said_in_another_session_stay_until_no_message_says_them(stack: Stack) -> None:
-    """The same words in two sessions are one drawer: editing them away in one keeps it (still said in the
-    other); editing them away in the other too retires it (the first session's sighting no longer says it)."""
+    """The same words in two sessions are one drawer (its id is the normalised text: here the line breaks
+    differ): editing them away in one keeps it (still said in the other); editing them away in the other too
+    retires it; a third session saying them again brings it back."""
     w = ws()
-    stack.publish(session(w, "s1", [TURNS[0], OLD]))
-    stack.publish(session(w, "s2", ["Quick reminder for the directors:", OLD]))
+    said = "The board approved the budget.\r\nWe ship the release on Friday."
+    stack.publish(session(w, "s1", [TURNS[0], said]))
+    stack.publish(session(w, "s2", ["Quick summary for the directors:", said.replace("\r\n", "\n")]))
     stack.wait_processed(w, 3)
-    (old_id,), = stack.sql("SELECT id FROM drawers WHERE workspace_id = %s AND content = %s", (w, OLD))
+    (old_id,), = stack.sql("SELECT id FROM drawers WHERE workspace_id = %s AND content LIKE 'The board approved%%'",
+                           (w,))
+    assert stack.sql("SELECT count(*) FROM drawer_sources WHERE workspace_id = %s AND drawer_id = %s",
+                     (w, old_id)) == [(2,)]
     stack.publish(session(w, "s1", [TURNS[0], NEW]))
     stack.processed_drawer(w, NEW)
     assert stack.sql("SELECT deleted_at FROM drawers WHERE workspace_id = %s AND id = %s", (w, old_id)) == [(None,)]
-    stack.publish(session(w, "s2", ["Quick reminder for the directors:", "It is in the Lighthouse Suite now."]))
+    stack.publish(session(w, "s2", ["Quick summary for the directors:", "It is in the Lighthouse Suite now."]))
     stack.processed_drawer(w, "It is in the Lighthouse Suite now.")
     (deleted_at,), = stack.sql("SELECT deleted_at FROM drawers WHERE workspace_id = %s AND id = %s", (w, old_id))
     assert deleted_at is not None
+    # Both sightings stay, stale: a forget of the drawer still finds both messages.
+    assert stack.sql("SELECT session_id, revision FROM drawer_sources WHERE workspace_id = %s AND drawer_id = %s"
+                     " ORDER BY session_id", (w, old_id)) == [("s1", 0), ("s2", 0)]
+    stack.publish(session(w, "s3", ["Repeating it for the record:", said]))
+    wait_for(lambda: stack.sql("SELECT deleted_at IS NULL, state FROM drawers WHERE workspace_id = %s AND id = %s",
+                               (w, old_id)) == [(True, "processed")], what="the words said again brought back")
+    assert stack.sql("SELECT actor FROM memory_history WHERE workspace_id = %s AND drawer_id = %s"
+                     " AND action = 'RESTORE'", (w, old_id)) == [("ingest",)]
 
 
 def test_forgetting_a_drawer_edited_away_twice_takes_every_text_its_message_held(stack: Stack) -> None:

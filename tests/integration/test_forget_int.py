@@ -14,6 +14,7 @@ from typing import Any
 
 import httpx
 import nats
+import psycopg
 
 from shared.consumers import CONSUMERS
 from shared.db.pool import open_pool
@@ -230,11 +231,20 @@ def test_forgetting_a_user_mid_stream_leaves_nothing_and_spares_everyone_else(st
         (0,)]
     assert stack.sql("SELECT count(*) FROM forget_tombstones WHERE workspace_id = %s AND kind = 'user'"
                      " AND value = %s", (w, key)) == [(1,)]
-    # The proof looks for the id in clear there too (as an older release wrote it), and finds it when it is.
-    stack.sql("INSERT INTO forget_tombstones (workspace_id, kind, value, forget_id) VALUES (%s, 'user', %s, 'old')"
-              " RETURNING 1", (w, alice))
+    # An earlier release's pod still running during an upgrade writes the id in clear: it is keyed as it is
+    # inserted. And the proof looks for the id in clear there too, and finds it when it is (written here past
+    # the trigger, as a database restored from before the upgrade would hold it).
+    stack.sql("INSERT INTO forget_tombstones (workspace_id, kind, value, forget_id) VALUES (%s, 'agent', 'a1', 'old')"
+              " RETURNING 1", (w,))
+    assert stack.sql("SELECT value FROM forget_tombstones WHERE workspace_id = %s AND forget_id = 'old'", (w,)) == [
+        stack.sql("SELECT palace_forget_key(%s, 'agent', 'a1')", (w,))[0]]
+    with psycopg.connect(stack.database_url, autocommit=True) as conn:
+        conn.execute("SET session_replication_role = replica")  # triggers off, for this connection only
+        conn.execute("INSERT INTO forget_tombstones (workspace_id, kind, value, forget_id) VALUES (%s, 'user', %s,"
+                     " 'older')", (w, alice))
     assert _verify(stack, Scope(w, "user", alice), again.targets)["forget_records_in_clear"] == 1
-    stack.sql("DELETE FROM forget_tombstones WHERE workspace_id = %s AND forget_id = 'old' RETURNING 1", (w,))
+    stack.sql("DELETE FROM forget_tombstones WHERE workspace_id = %s AND forget_id IN ('old', 'older') RETURNING 1",
+              (w,))
     assert audits[0][4]["drawers"] == result.counts["drawers"]
     assert all(isinstance(v, int) for v in audits[0][4].values())
 
