@@ -107,6 +107,8 @@ class SourceOut(BaseModel):
     chunk_index: int
     char_start: int = Field(description="Where the drawer's text starts in that message.")
     char_end: int
+    revision: int | None = Field(None, description="None while the message still says the drawer; else the "
+                                 "revision of the message it was cut from, edited since.")
 
 
 class MessageOut(BaseModel):

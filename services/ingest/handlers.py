@@ -9,15 +9,7 @@ from shared.bus import Poison, decode_event, publish_event, session_limit_proble
 from shared.db.episodes import reopen_episodes_of
 from shared.db.forget import forgotten, forgotten_session_drawers, writer_tx
 from shared.db.kg import link_drawers
-from shared.db.sessions import (
-    known_messages,
-    lock_session,
-    recontext_drawers,
-    retire_edited_drawers,
-    revise_messages,
-    revive_said_again,
-    store_session,
-)
+from shared.db.sessions import known_messages, lock_session, revise_messages, settle_edits, store_session
 from shared.events import DrawerCreated, SessionCompleted, SessionStored
 from shared.forget import drop_forgotten_drawers
 from shared.ids import event_id_for
@@ -63,27 +55,28 @@ def register(deps: Deps) -> None:
             await revise_messages(conn, event.workspace_id, event.session_id, revisions.edited,
                                   event_id=event.event_id)
             stored = await store_session(conn, plan, message_count=revisions.message_count)
-            # Words an edit had retired, said again here: live again (announced below while still raw).
-            revived = await revive_said_again(
-                conn, event.workspace_id, [d.id for d in plan.drawers if d.id not in set(stored.created)],
-                event_id=event.event_id, actor=deps.service)
-            retired = await retire_edited_drawers(
-                conn, event.workspace_id, event.session_id, revisions.kept_at_edits(),
-                also_lock=[r[0] for r in revisions.recontext], event_id=event.event_id, actor=deps.service)
-            recontexted = await recontext_drawers(conn, event.workspace_id, event.session_id, revisions.recontext)
-            for drawer in retired:  # the session's episode quotes them: rebuilt without them
+            created = set(stored.created)
+            # What an edit changes beyond the messages: the old words' drawer retired, words an edit had
+            # retired brought back where said again, the next turn's context (shared.db.sessions).
+            settled = await settle_edits(
+                conn, event.workspace_id, event.session_id, revisions, seen_before=bool(known),
+                existing=[d.id for d in plan.drawers if d.id not in created], event_id=event.event_id,
+                actor=deps.service)
+            for drawer in settled.retired:  # the session's episode quotes them: rebuilt without them
                 await reopen_episodes_of(conn, event.workspace_id, drawer, change=event.event_id or "",
                                          due_after_s=s.episode_wait_s)
         DRAWERS.labels(deps.service, "created").inc(len(stored.created))
-        if revisions.edited:
-            DRAWERS.labels(deps.service, "retired").inc(len(retired))
+        if revisions.edited or settled.revived:
+            DRAWERS.labels(deps.service, "retired").inc(len(settled.retired))
+            DRAWERS.labels(deps.service, "revived").inc(len(settled.revived))
             log.info("messages_edited", workspace=event.workspace_id, session=event.session_id,
-                     messages=len(revisions.edited), drawers_retired=len(retired), recontexted=len(recontexted))
+                     messages=len(revisions.edited), drawers_retired=len(settled.retired),
+                     drawers_revived=len(settled.revived), recontexted=len(settled.recontexted))
         all_ids = [d.id for d in plan.drawers]
         # Every drawer of the session still raw is announced, not only the new ones: if an earlier attempt
         # committed and then died before publishing, this redelivery finishes its job. In the plan's order,
         # so a redelivery that finds the same drawers raw announces them under the same event ids.
-        raw = set(stored.raw) | set(recontexted) | {d for d, state in revived if state == "raw"}
+        raw = set(stored.raw) | set(settled.recontexted) | {d for d, state in settled.revived if state == "raw"}
         pending = [i for i in all_ids if i in raw]
         if all_ids:
             # Inline linker: the session's drawers → the workspace's existing entities they name (no LLM,

@@ -285,7 +285,7 @@ async def episode_vectors(conn: AsyncConnection[Any], workspace_id: str, session
     cur = await conn.execute(
         """SELECT d.embedding_next FROM drawer_sources ds
              JOIN drawers d ON d.workspace_id = ds.workspace_id AND d.id = ds.drawer_id
-            WHERE ds.workspace_id = %s AND ds.session_id = %s AND d.deleted_at IS NULL
+            WHERE ds.workspace_id = %s AND ds.session_id = %s AND ds.revision IS NULL AND d.deleted_at IS NULL
               AND d.embedding_next IS NOT NULL
             ORDER BY ds.seq, ds.chunk_index""", (workspace_id, session_id))
     return [as_array(r[0]) for r in await cur.fetchall()]

@@ -204,6 +204,7 @@ async def drawer_fates(conn: AsyncConnection[Any], workspace_id: str, drawer_ids
                       SELECT 1 FROM drawer_sources s
                        WHERE s.workspace_id = d.workspace_id AND s.drawer_id = d.id
                          AND s.session_id <> ALL(%(s)s)
+                         AND s.revision IS NULL  -- a sighting edited away says nothing now
                          AND NOT EXISTS (SELECT 1 FROM forget_tombstones t
                                           WHERE t.workspace_id = s.workspace_id AND t.kind = 'session'
                                             AND t.value = palace_forget_key(s.workspace_id, 'session',
@@ -501,7 +502,7 @@ _REPOINT_SQL = """
            updated_at = now()
       FROM (SELECT DISTINCT ON (drawer_id) drawer_id, session_id, seq, chunk_index FROM drawer_sources
              WHERE workspace_id = %(ws)s AND drawer_id = ANY(%(ids)s)
-             ORDER BY drawer_id, session_id, seq, chunk_index) s
+             ORDER BY drawer_id, revision IS NOT NULL, session_id, seq, chunk_index) s
       JOIN sessions ss ON ss.workspace_id = %(ws)s AND ss.session_id = s.session_id
       LEFT JOIN messages m ON m.workspace_id = %(ws)s AND m.session_id = s.session_id AND m.seq = s.seq
      WHERE d.workspace_id = %(ws)s AND d.id = s.drawer_id
@@ -711,7 +712,7 @@ _SIBLINGS_SQL = """
     SELECT d.id, d.content, d.speaker, d.context, d.content_hash, d.embedding,
            EXISTS (SELECT 1 FROM cut WHERE cut.session_id = d.session_id AND cut.seq = d.seq),
            EXISTS (SELECT 1 FROM drawer_sources o
-                    WHERE o.workspace_id = d.workspace_id AND o.drawer_id = d.id
+                    WHERE o.workspace_id = d.workspace_id AND o.drawer_id = d.id AND o.revision IS NULL
                       AND NOT EXISTS (SELECT 1 FROM cut WHERE cut.session_id = o.session_id AND cut.seq = o.seq))
       FROM drawers d
      WHERE d.workspace_id = %(ws)s AND NOT (d.id = ANY(%(ids)s))

@@ -70,6 +70,7 @@ class SourceRow:
     chunk_index: int
     char_start: int
     char_end: int
+    revision: int | None = None
 
 
 @dataclass(frozen=True)
@@ -144,7 +145,7 @@ async def drawer_sources(conn: AsyncConnection[Any], workspace_id: str, drawer_i
         SourceRow]:
     """Every place the drawer's text was seen (an exact repeat is one drawer with several sources)."""
     cur = await conn.execute(
-        """SELECT session_id, seq, chunk_index, char_start, char_end FROM drawer_sources
+        """SELECT session_id, seq, chunk_index, char_start, char_end, revision FROM drawer_sources
             WHERE workspace_id = %s AND drawer_id = %s
             ORDER BY session_id, seq, chunk_index LIMIT %s""",
         (workspace_id, drawer_id, limit),

@@ -11,10 +11,10 @@ from psycopg.types.json import Jsonb
 from shared.db.drawers import insert_history
 from shared.memory.dedup import BANDS, wording_bands
 from shared.memory.filing import MessageRow, SessionPlan
-from shared.memory.revisions import KnownMessage
+from shared.memory.revisions import KnownMessage, Revisions
 
-__all__ = ["KNOWN_MESSAGES_SQL", "StoredSession", "known_messages", "lock_session", "recontext_drawers",
-           "retire_edited_drawers", "revise_messages", "revive_said_again", "store_session"]
+__all__ = ["KNOWN_MESSAGES_SQL", "Settled", "StoredSession", "known_messages", "lock_session", "revise_messages",
+           "settle_edits", "store_session"]
 
 
 @dataclass(frozen=True)
@@ -74,10 +74,7 @@ src AS (
       FROM unnest(%(s_ids)s::text[], %(s_seqs)s::integer[], %(s_chunks)s::integer[], %(s_starts)s::integer[],
                   %(s_ends)s::integer[])
            AS s(drawer_id, seq, chunk_index, char_start, char_end)
-    -- A sighting gone stale with an edit is current again where the message says the drawer again.
-    ON CONFLICT (workspace_id, drawer_id, session_id, seq, chunk_index) DO UPDATE
-       SET revision = NULL, char_start = EXCLUDED.char_start, char_end = EXCLUDED.char_end
-     WHERE drawer_sources.revision IS NOT NULL
+    ON CONFLICT DO NOTHING  -- a stale one said again is made current by ``settle_edits`` (no lock on a replay)
 )
 SELECT id, true FROM d
 UNION ALL
@@ -186,23 +183,33 @@ async def revise_messages(conn: AsyncConnection[Any], workspace_id: str, session
     return cur.rowcount
 
 
-# The sightings at the edited positions of drawers their new text is not cut into go stale: they record the
-# revision they were cut from (the one just replaced). Returns their drawers.
+# A sighting gone stale with an edit is current again where a message says the drawer again (a later edit of
+# the position). Only rows still stale are written: a replay locks nothing.
+_RESIGHT_SQL = """
+UPDATE drawer_sources s SET revision = NULL, char_start = x.cs, char_end = x.ce
+  FROM unnest(%(ids)s::text[], %(seqs)s::integer[], %(chunks)s::integer[], %(starts)s::integer[], %(ends)s::integer[])
+       AS x(id, seq, chunk, cs, ce)
+ WHERE s.workspace_id = %(ws)s AND s.session_id = %(sid)s AND s.drawer_id = x.id AND s.seq = x.seq
+   AND s.chunk_index = x.chunk AND s.revision IS NOT NULL"""
+
+# The sightings at the edited positions that their new text is not cut into go stale: they record the revision
+# they were cut from (the one just replaced). Returns their drawers.
 _STALE_SQL = """
 UPDATE drawer_sources s SET revision = m.revision - 1
   FROM messages m
  WHERE s.workspace_id = %(ws)s AND s.session_id = %(sid)s AND s.seq = ANY(%(seqs)s::integer[])
    AND s.revision IS NULL
    AND m.workspace_id = s.workspace_id AND m.session_id = s.session_id AND m.seq = s.seq
-   AND NOT EXISTS (SELECT 1 FROM unnest(%(kseqs)s::integer[], %(kids)s::text[]) AS k(seq, id)
-                    WHERE k.seq = s.seq AND k.id = s.drawer_id)
+   AND NOT EXISTS (SELECT 1 FROM unnest(%(kids)s::text[], %(kseqs)s::integer[], %(kchunks)s::integer[])
+                               AS k(id, seq, chunk)
+                    WHERE k.id = s.drawer_id AND k.seq = s.seq AND k.chunk = s.chunk_index)
 RETURNING s.drawer_id"""
 
 # Of those, the ones with no current sighting left anywhere are soft-deleted (search, layers and the graph stop
-# seeing them; restorable, and brought back by ingest when a message says them again). A drawer that other
-# sightings were merged into stays (its words stand for theirs), and so does a pinned one. Run after their rows
-# are locked (``_LOCK_SQL``): under READ COMMITTED this statement then sees what a cluster merge into them, or
-# an edit of another session that said them too, committed meanwhile.
+# seeing them; restorable, and brought back when a message says them again: ``_REVIVE_SQL``). A drawer that
+# other sightings were merged into stays (its words stand for theirs), and so does a pinned one. Run after the
+# rows are locked (``_LOCK_SQL``): under READ COMMITTED the statement then sees what a cluster merge into
+# them, or an edit of another session that said them too, committed meanwhile.
 _RETIRE_SQL = """
 UPDATE drawers d SET deleted_at = now(), updated_at = now()
  WHERE d.workspace_id = %(ws)s AND d.id = ANY(%(ids)s::text[]) AND d.deleted_at IS NULL AND NOT d.pinned
@@ -212,72 +219,100 @@ UPDATE drawers d SET deleted_at = now(), updated_at = now()
                       AND m.state = 'merged')
 RETURNING d.id, d.wing, d.room, d.deleted_at"""
 
-# NO KEY UPDATE: what these transactions write is not a key, and a stronger lock would also wait for every
-# insert of a row referencing the drawer (a sighting, a fact's evidence), which holds KEY SHARE on it.
+# Drawers an edit retired (its DELETE row by ingest, of the same moment: by index memory_history_drawer; one
+# deleted by anyone else stays deleted) among these. Named by key; liveness as a CASE.
+_RETIRED_BY_EDIT = """
+    d.workspace_id = %(ws)s AND d.id = ANY(%(ids)s::text[])
+    AND CASE WHEN d.deleted_at IS NOT NULL THEN true END  -- by key only: docs/scale.md
+    AND EXISTS (SELECT 1 FROM memory_history h
+                 WHERE h.workspace_id = %(ws)s AND h.drawer_id = d.id AND h.action = 'DELETE'
+                   AND h.actor = %(actor)s AND h.created_at = d.deleted_at AND h.reason LIKE %(reason)s)"""
+_RETIRED_SQL = "SELECT d.id FROM drawers d WHERE" + _RETIRED_BY_EDIT  # noqa: S608 - constant fragments
+
+# ... live again once a message says them (a current sighting: this session's, just stored).
+_CURRENT = """
+   AND EXISTS (SELECT 1 FROM drawer_sources o
+                WHERE o.workspace_id = %(ws)s AND o.drawer_id = d.id AND o.revision IS NULL)
+RETURNING d.id, d.state"""
+_REVIVE_SQL = "UPDATE drawers d SET deleted_at = NULL, updated_at = now() WHERE" + _RETIRED_BY_EDIT + _CURRENT  # noqa: S608
+
+# NO KEY UPDATE: nothing written here is a key, and a stronger lock would also wait for every insert of a row
+# referencing the drawer (a sighting, a fact's evidence), which holds KEY SHARE on it. In id order, as cluster
+# locks what it writes (and the twins it merges into).
 _LOCK_SQL = "SELECT id FROM drawers WHERE workspace_id = %s AND id = ANY(%s) ORDER BY id FOR NO KEY UPDATE"
 
+# The audit's reason names no session: a forget of the session must not leave its id behind.
 _EDIT_REASON = "message edited"
 
 
-async def retire_edited_drawers(conn: AsyncConnection[Any], workspace_id: str, session_id: str,
-                                keep: dict[int, set[str]], *, also_lock: list[str], event_id: str | None,
-                                actor: str) -> list[str]:
-    """Mark the edited positions' sightings of what their new text no longer says stale (``_STALE_SQL``) and
-    soft-delete those drawers left with no current sighting (``_RETIRE_SQL``), audited as a DELETE a restore
-    undoes; returns the retired drawers' ids. ``keep``: edited position → the drawers its new text is cut
-    into. ``also_lock``: drawers this transaction writes next (``recontext_drawers``), locked with the
-    candidates in one id order (cluster locks what it writes, and the twins it merges into, in id order too)."""
-    if not keep:
-        return []
-    pairs = [(q, d) for q, ids in keep.items() for d in sorted(ids)]
-    cur = await conn.execute(_STALE_SQL, {"ws": workspace_id, "sid": session_id, "seqs": sorted(keep),
-                                          "kseqs": [q for q, _ in pairs], "kids": [d for _, d in pairs]})
-    candidates = sorted({str(r[0]) for r in await cur.fetchall()})
-    if candidates or also_lock:
-        await conn.execute(_LOCK_SQL, (workspace_id, sorted({*candidates, *also_lock})))
-    if not candidates:
-        return []
-    cur = await conn.execute(_RETIRE_SQL, {"ws": workspace_id, "ids": candidates})
-    rows = await cur.fetchall()
-    await insert_history(conn, workspace_id, [
+@dataclass(frozen=True)
+class Settled:
+    """What ``settle_edits`` changed: drawers retired, drawers brought back (id, state), drawers whose
+    context was replaced."""
+
+    retired: list[str]
+    revived: list[tuple[str, str]]
+    recontexted: list[str]
+
+
+async def settle_edits(conn: AsyncConnection[Any], workspace_id: str, session_id: str, revisions: Revisions,
+                       *, seen_before: bool, existing: list[str], event_id: str | None, actor: str) -> Settled:
+    """After ``store_session``: what an edit changes beyond the messages, in one lock order.
+
+    The sightings the plan says again are current again (``_RESIGHT_SQL``, a session seen before only), the
+    edited positions' other sightings go stale (``_STALE_SQL``); then the drawers that may be retired, those
+    an edit retired that the plan names again (``existing``: the plan's drawers that were there before it)
+    and those taking a new context are locked together in id order; then the retired ones come back
+    (``_REVIVE_SQL``), the stale ones with no current sighting go (``_RETIRE_SQL``), audited as RESTORE and
+    DELETE, and the next turns take their new context (``_RECONTEXT_SQL``). Nothing runs for a session
+    that is new and names no drawer already filed (the common case)."""
+    ws, sid = workspace_id, session_id
+    plan = revisions.plan
+    if seen_before:
+        await conn.execute(_RESIGHT_SQL, {
+            "ws": ws, "sid": sid, "ids": [x.drawer_id for x in plan.sources], "seqs": [x.seq for x in plan.sources],
+            "chunks": [x.chunk_index for x in plan.sources], "starts": [x.char_start for x in plan.sources],
+            "ends": [x.char_end for x in plan.sources]})
+    candidates: list[str] = []
+    if revisions.edited:
+        edited = set(revisions.edited_seqs)
+        kept = [x for x in plan.sources if x.seq in edited]
+        cur = await conn.execute(_STALE_SQL, {
+            "ws": ws, "sid": sid, "seqs": sorted(edited), "kids": [x.drawer_id for x in kept],
+            "kseqs": [x.seq for x in kept], "kchunks": [x.chunk_index for x in kept]})
+        candidates = sorted({str(r[0]) for r in await cur.fetchall()})
+    reason = {"ws": ws, "actor": actor, "reason": _EDIT_REASON + ":%"}
+    retired_before: list[str] = []
+    if existing:
+        cur = await conn.execute(_RETIRED_SQL, {**reason, "ids": existing})
+        retired_before = [str(r[0]) for r in await cur.fetchall()]
+    recontext = revisions.recontext
+    lock = sorted({*candidates, *retired_before, *(r[0] for r in recontext)})
+    if lock:
+        await conn.execute(_LOCK_SQL, (ws, lock))
+    revived: list[tuple[str, str]] = []
+    if retired_before:
+        cur = await conn.execute(_REVIVE_SQL, {**reason, "ids": retired_before})
+        revived = [(str(r[0]), str(r[1])) for r in await cur.fetchall()]
+    rows: list[tuple[Any, ...]] = []
+    if candidates:
+        cur = await conn.execute(_RETIRE_SQL, {"ws": ws, "ids": candidates})
+        rows = list(await cur.fetchall())
+    await insert_history(conn, ws, [
+        {"drawer_id": d, "action": "RESTORE", "actor": actor, "event_id": event_id,
+         "reason": "said again after an edit had retired it", "new_value": {"deleted_at": None}} for d, _ in revived
+    ] + [
         {"drawer_id": r[0], "action": "DELETE", "actor": actor, "event_id": event_id,
-         "reason": f"{_EDIT_REASON}: session {session_id} no longer says this, and no other message does",
+         "reason": f"{_EDIT_REASON}: no message says this any more",
          "old_value": {"deleted_at": None}, "new_value": {"deleted_at": r[3], "wing": r[1], "room": r[2]}}
         for r in rows])
-    return sorted(str(r[0]) for r in rows)
-
-
-# Drawers an edit retired that a message says again (another session, or a later edit): live again, in the
-# statement's own audit. Only a deletion that was an edit's (its DELETE row by ingest, of the same moment: by
-# index memory_history_drawer) is undone; one someone asked for stays. Named by key; liveness as a CASE.
-_REVIVE_SQL = """
-WITH back AS (
-    UPDATE drawers d SET deleted_at = NULL, updated_at = now()
-     WHERE d.workspace_id = %(ws)s AND d.id = ANY(%(ids)s::text[])
-       AND CASE WHEN d.deleted_at IS NOT NULL THEN true END  -- by key only: docs/scale.md
-       AND EXISTS (SELECT 1 FROM memory_history h
-                    WHERE h.workspace_id = %(ws)s AND h.drawer_id = d.id AND h.action = 'DELETE'
-                      AND h.actor = %(actor)s AND h.created_at = d.deleted_at
-                      AND h.reason LIKE %(reason)s)
-       AND EXISTS (SELECT 1 FROM drawer_sources o
-                    WHERE o.workspace_id = %(ws)s AND o.drawer_id = d.id AND o.revision IS NULL)
-    RETURNING d.id, d.state)
-SELECT id, state FROM back"""
-
-
-async def revive_said_again(conn: AsyncConnection[Any], workspace_id: str, drawer_ids: list[str], *,
-                            event_id: str | None, actor: str) -> list[tuple[str, str]]:
-    """``_REVIVE_SQL`` for these drawers (those the session names that existed before it), audited as a
-    RESTORE; returns (id, state) of each drawer brought back."""
-    if not drawer_ids:
-        return []
-    cur = await conn.execute(_REVIVE_SQL, {"ws": workspace_id, "ids": drawer_ids, "actor": actor,
-                                           "reason": _EDIT_REASON + ":%"})
-    rows = [(str(r[0]), str(r[1])) for r in await cur.fetchall()]
-    await insert_history(conn, workspace_id, [
-        {"drawer_id": d, "action": "RESTORE", "actor": actor, "event_id": event_id,
-         "reason": "said again after an edit had retired it", "new_value": {"deleted_at": None}} for d, _ in rows])
-    return rows
+    recontexted: list[str] = []
+    if recontext:
+        cur = await conn.execute(_RECONTEXT_SQL, {
+            "ws": ws, "sid": sid, "ids": [r[0] for r in recontext], "seqs": [r[1] for r in recontext],
+            "ctxs": [r[2] for r in recontext]})
+        recontexted = [str(r[0]) for r in await cur.fetchall()]
+    return Settled(sorted(str(r[0]) for r in rows), revived, recontexted)
 
 
 # The turn after an edited one, first seen at that position, takes the new words as its context; its
@@ -290,13 +325,3 @@ UPDATE drawers d SET context = x.ctx, embedding = NULL, embedding_model = NULL, 
    AND d.deleted_at IS NULL AND d.state IN ('raw', 'processed', 'failed')
    AND d.context IS DISTINCT FROM x.ctx
 RETURNING d.id"""
-
-
-async def recontext_drawers(conn: AsyncConnection[Any], workspace_id: str, session_id: str,
-                            rows: list[tuple[str, int, str]]) -> list[str]:
-    """``_RECONTEXT_SQL`` for (drawer id, seq, new context) each; returns the drawers changed."""
-    if not rows:
-        return []
-    cur = await conn.execute(_RECONTEXT_SQL, {"ws": workspace_id, "sid": session_id, "ids": [r[0] for r in rows],
-                                              "seqs": [r[1] for r in rows], "ctxs": [r[2] for r in rows]})
-    return [str(r[0]) for r in await cur.fetchall()]

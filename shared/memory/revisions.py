@@ -52,14 +52,6 @@ class Revisions:
     def edited_seqs(self) -> list[int]:
         return [m.seq for m in self.edited]
 
-    def kept_at_edits(self) -> dict[int, set[str]]:
-        """Edited position → the drawers its new text is cut into (an old drawer among them stays there)."""
-        keep: dict[int, set[str]] = {q: set() for q in self.edited_seqs}
-        for s in self.plan.sources:
-            if s.seq in keep:
-                keep[s.seq].add(s.drawer_id)
-        return keep
-
     @property
     def message_count(self) -> int:
         """The session's messages, the edited and stale ones included (the plan leaves them out)."""

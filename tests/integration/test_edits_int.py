@@ -181,3 +181,30 @@ def test_forgetting_a_drawer_edited_away_twice_takes_every_text_its_message_held
     assert stack.sql("SELECT count(*) FROM message_revisions WHERE workspace_id = %s", (w,)) == [(0,)]
     assert stack.sql("SELECT count(*) FROM messages WHERE workspace_id = %s AND content = ANY(%s)",
                      (w, [OLD, NEW, third])) == [(0,)]
+
+
+def test_forgetting_the_user_who_still_says_it_takes_a_drawer_another_session_edited_away(stack: Stack) -> None:
+    """Maria says it; Tom said it too and edited it away. Forgetting Maria must not keep the drawer alive on Tom's
+    stale sighting (a message that says something else now) or move it there."""
+    w = ws()
+    stack.publish(session(w, "s-maria", [TURNS[0], OLD], user_id="maria"))
+    stack.publish(session(w, "s-tom", ["Reminder for the directors:", OLD], user_id="tom"))
+    stack.wait_processed(w, 3)
+    (old_id,), = stack.sql("SELECT id FROM drawers WHERE workspace_id = %s AND content = %s", (w, OLD))
+    stack.publish(session(w, "s-tom", ["Reminder for the directors:", NEW], user_id="tom"))
+    stack.processed_drawer(w, NEW)
+    assert stack.sql("SELECT deleted_at FROM drawers WHERE workspace_id = %s AND id = %s", (w, old_id)) == [(None,)]
+
+    async def go() -> dict[str, int]:
+        pool = await open_pool(stack.database_url, name="test-edits-forget", max_size=2)
+        try:
+            r = await forget(pool, stack.settings, stack.nats_url, Scope(w, "user", "maria"), requested_by="test")
+            return dict(r.counts)
+        finally:
+            await pool.close()
+    counts = asyncio.run(go())
+    assert counts["drawers"] >= 1, counts
+    assert stack.sql("SELECT count(*) FROM drawers WHERE workspace_id = %s AND id = %s", (w, old_id)) == [(0,)]
+    # Tom's own history stays: his message says the new words, the old ones kept as its revision.
+    assert stack.sql("SELECT content FROM message_revisions WHERE workspace_id = %s AND session_id = 's-tom'",
+                     (w,)) == [(OLD,)]

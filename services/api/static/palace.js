@@ -269,13 +269,11 @@ async function openDrawer(id, quiet) {
   for (const s of d.sessions) {
     const msgs = el("ol", { class: "messages", "aria-label": "Messages of session " + s.session_id });
     for (const m of s.messages) {
-      // A span is marked only where the message still holds the drawer's words (an edited message may not);
-      // offsets count code points, as the server's do.
-      const points = Array.from(m.content);
-      const spans = d.sources.filter((x) => x.session_id === s.session_id && x.seq === m.seq)
-        .map((x) => [x.char_start, x.char_end])
-        .filter(([a, b]) => points.slice(a, b).join("") === d.content);
-      const edited = m.revision ? " · edited" + (m.revision > 1 ? " " + m.revision + " times" : "") : "";
+      // A span is marked only where the message still says the drawer: a sighting edited away since is not.
+      const here = d.sources.filter((x) => x.session_id === s.session_id && x.seq === m.seq);
+      const spans = here.filter((x) => x.revision == null).map((x) => [x.char_start, x.char_end]);
+      const edited = (m.revision ? " · edited" + (m.revision > 1 ? " " + m.revision + " times" : "") : "") +
+        (here.length && !spans.length ? " · filed from an earlier version" : "");
       msgs.append(el("li", { class: "msg" + (m.is_source ? " source" : ""), value: m.seq + 1 },
         el("p", { class: "who" }, (m.name || m.role) + (m.name ? " (" + m.role + ")" : "") + " · #" + m.seq +
           (m.created_at ? " · " + when(m.created_at) : "") + (m.is_source ? " · filed from here" : "") + edited),
