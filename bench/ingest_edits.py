@@ -85,15 +85,7 @@ async def store_only(pool: Any, plan: Any) -> None:
 async def with_edit_checks(pool: Any, plan: Any) -> None:
     """The database work of services/ingest/handlers.py's first transaction, as it is today."""
     from shared.db.forget import forgotten_session_drawers, writer_tx
-    from shared.db.sessions import (
-        known_messages,
-        lock_session,
-        recontext_drawers,
-        retire_edited_drawers,
-        revise_messages,
-        revive_said_again,
-        store_session,
-    )
+    from shared.db.sessions import known_messages, lock_session, revise_messages, settle_edits, store_session
     from shared.forget import drop_forgotten_drawers
     from shared.memory.revisions import sort_revisions
 
@@ -104,17 +96,15 @@ async def with_edit_checks(pool: Any, plan: Any) -> None:
                                                   agent_id=e.agent_id, drawer_ids=[d.id for d in plan.drawers])
         plan = drop_forgotten_drawers(plan, gone)
         await lock_session(conn, ws, sid)
-        revisions = sort_revisions(plan, await known_messages(conn, ws, sid, [m.seq for m in plan.messages]))
+        known = await known_messages(conn, ws, sid, [m.seq for m in plan.messages])
+        revisions = sort_revisions(plan, known)
         plan = revisions.plan
         await revise_messages(conn, ws, sid, revisions.edited, event_id=e.event_id)
         stored = await store_session(conn, plan, message_count=revisions.message_count)
         created = set(stored.created)
-        await revive_said_again(conn, ws, [d.id for d in plan.drawers if d.id not in created], event_id=e.event_id,
-                                actor="ingest")
-        await retire_edited_drawers(conn, ws, sid, revisions.kept_at_edits(),
-                                    also_lock=[r[0] for r in revisions.recontext], event_id=e.event_id,
-                                    actor="ingest")
-        await recontext_drawers(conn, ws, sid, revisions.recontext)
+        await settle_edits(conn, ws, sid, revisions, seen_before=bool(known),
+                           existing=[d.id for d in plan.drawers if d.id not in created], event_id=e.event_id,
+                           actor="ingest")
 
 
 VARIANTS = {"store only": store_only, "with edit checks": with_edit_checks}
