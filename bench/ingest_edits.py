@@ -103,8 +103,8 @@ async def with_edit_checks(pool: Any, plan: Any) -> None:
         stored = await store_session(conn, plan, message_count=revisions.message_count)
         created = set(stored.created)
         await settle_edits(conn, ws, sid, revisions, seen_before=bool(known),
-                           existing=[d.id for d in plan.drawers if d.id not in created], event_id=e.event_id,
-                           actor="ingest")
+                           existing=[d.id for d in plan.drawers if d.id not in created], sighted=stored.sighted,
+                           event_id=e.event_id, actor="ingest")
 
 
 VARIANTS = {"store only": store_only, "with edit checks": with_edit_checks}

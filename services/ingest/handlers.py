@@ -60,8 +60,8 @@ def register(deps: Deps) -> None:
             # retired brought back where said again, the next turn's context (shared.db.sessions).
             settled = await settle_edits(
                 conn, event.workspace_id, event.session_id, revisions, seen_before=bool(known),
-                existing=[d.id for d in plan.drawers if d.id not in created], event_id=event.event_id,
-                actor=deps.service)
+                existing=[d.id for d in plan.drawers if d.id not in created], sighted=stored.sighted,
+                event_id=event.event_id, actor=deps.service)
             for drawer in settled.retired:  # the session's episode quotes them: rebuilt without them
                 await reopen_episodes_of(conn, event.workspace_id, drawer, change=event.event_id or "",
                                          due_after_s=s.episode_wait_s)

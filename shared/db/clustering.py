@@ -303,7 +303,7 @@ async def record_history_many(conn: AsyncConnection[Any], workspace_id: str, row
 MERGE_SQL = """UPDATE drawers d SET state = 'merged', cluster_id = m.target, updated_at = now()
       FROM unnest(%(ids)s::text[], %(targets)s::text[]) AS m(id, target)
      WHERE d.workspace_id = %(ws)s AND d.id = ANY(%(ids)s) AND d.id = m.id
-       AND CASE WHEN d.state = 'processed' AND NOT d.pinned THEN true END  -- by key only: docs/scale.md
+       AND CASE WHEN d.state = 'processed' AND NOT d.pinned AND d.deleted_at IS NULL THEN true END  -- by key only
        AND EXISTS (SELECT 1 FROM drawers t WHERE t.workspace_id = %(ws)s AND t.id = m.target
                       AND CASE WHEN t.state = 'processed' AND t.deleted_at IS NULL THEN true END)
     RETURNING d.id"""

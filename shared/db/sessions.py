@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from psycopg import AsyncConnection
@@ -20,10 +20,13 @@ __all__ = ["KNOWN_MESSAGES_SQL", "Settled", "StoredSession", "known_messages", "
 @dataclass(frozen=True)
 class StoredSession:
     """What ``store_session`` wrote: the drawers it created, and every drawer of the session still raw
-    (created now, or by an earlier attempt that died before announcing them), both in the plan's order."""
+    (created now, or by an earlier attempt that died before announcing them), both in the plan's order; and
+    the drawers that gained a sighting (a new one, created or not: ``settle_edits`` locks those that were
+    there before, so an edit retiring one meanwhile and this session saying it are ordered)."""
 
     created: list[str]
     raw: list[str]
+    sighted: list[str] = field(default_factory=list)
 
 
 # One statement for the whole session: each table's rows as arrays (unnest), the tables written by the
@@ -75,10 +78,13 @@ src AS (
                   %(s_ends)s::integer[])
            AS s(drawer_id, seq, chunk_index, char_start, char_end)
     ON CONFLICT DO NOTHING  -- a stale one said again is made current by ``settle_edits`` (no lock on a replay)
+    RETURNING drawer_id
 )
-SELECT id, true FROM d
+SELECT id, 'created' FROM d
 UNION ALL
-SELECT id, false FROM drawers
+SELECT DISTINCT drawer_id, 'sighted' FROM src
+UNION ALL
+SELECT id, 'raw' FROM drawers
  WHERE workspace_id = %(ws)s AND id = ANY(%(ids)s)
    AND CASE WHEN state = 'raw' AND deleted_at IS NULL THEN true END  -- by key only: docs/scale.md
 """
@@ -119,8 +125,9 @@ async def store_session(conn: AsyncConnection[Any], plan: SessionPlan, *, messag
     rows = await cur.fetchall()
     # In the plan's order, whatever order the server returned them in (the lookup's plan decides it).
     place = {d.id: n for n, d in enumerate(ds)}
-    created = sorted((str(i) for i, new in rows if new), key=place.__getitem__)
-    return StoredSession(created, sorted((str(i) for i, _ in rows), key=place.__getitem__))
+    created = sorted((str(i) for i, kind in rows if kind == "created"), key=place.__getitem__)
+    raw = sorted((str(i) for i, kind in rows if kind != "sighted"), key=place.__getitem__)
+    return StoredSession(created, raw, sorted(str(i) for i, kind in rows if kind == "sighted"))
 
 
 # --- edited messages (shared/memory/revisions.py) ----------------------------------------------------
@@ -190,7 +197,10 @@ UPDATE drawer_sources s SET revision = NULL, char_start = x.cs, char_end = x.ce
   FROM unnest(%(ids)s::text[], %(seqs)s::integer[], %(chunks)s::integer[], %(starts)s::integer[], %(ends)s::integer[])
        AS x(id, seq, chunk, cs, ce)
  WHERE s.workspace_id = %(ws)s AND s.session_id = %(sid)s AND s.drawer_id = x.id AND s.seq = x.seq
-   AND s.chunk_index = x.chunk AND s.revision IS NOT NULL"""
+   AND s.chunk_index = x.chunk
+   AND (s.revision IS NOT NULL  -- or, at an edited position, a chunk the new text holds elsewhere in it
+        OR (s.seq = ANY(%(edited)s::integer[]) AND (s.char_start, s.char_end) IS DISTINCT FROM (x.cs, x.ce)))
+RETURNING s.drawer_id"""
 
 # The sightings at the edited positions that their new text is not cut into go stale: they record the revision
 # they were cut from (the one just replaced). Returns their drawers.
@@ -216,8 +226,14 @@ UPDATE drawers d SET deleted_at = now(), updated_at = now()
    AND NOT EXISTS (SELECT 1 FROM drawer_sources o
                     WHERE o.workspace_id = %(ws)s AND o.drawer_id = d.id AND o.revision IS NULL)
    AND NOT EXISTS (SELECT 1 FROM drawers m WHERE m.workspace_id = %(ws)s AND m.cluster_id = d.id
-                      AND m.state = 'merged')
+                      AND m.state = 'merged' AND m.deleted_at IS NULL)
 RETURNING d.id, d.wing, d.room, d.deleted_at"""
+
+# The twins that retire candidates were merged into: a twin kept alive only by a merged sighting that goes
+# now goes too when nothing says it either.
+_TWINS_OF_SQL = """SELECT DISTINCT cluster_id FROM drawers
+                    WHERE workspace_id = %(ws)s AND id = ANY(%(ids)s::text[]) AND cluster_id IS NOT NULL
+                      AND CASE WHEN state = 'merged' THEN true END  -- by key only: docs/scale.md"""
 
 # Drawers an edit retired (its DELETE row by ingest, of the same moment: by index memory_history_drawer; one
 # deleted by anyone else stays deleted) among these. Named by key; liveness as a CASE.
@@ -234,7 +250,13 @@ _CURRENT = """
    AND EXISTS (SELECT 1 FROM drawer_sources o
                 WHERE o.workspace_id = %(ws)s AND o.drawer_id = d.id AND o.revision IS NULL)
 RETURNING d.id, d.state"""
-_REVIVE_SQL = "UPDATE drawers d SET deleted_at = NULL, updated_at = now() WHERE" + _RETIRED_BY_EDIT + _CURRENT  # noqa: S608
+# A drawer merged into a twin that is gone since comes back as itself (hidden for good otherwise), as purge does.
+_TWIN_GONE = """d.state = 'merged' AND NOT EXISTS (SELECT 1 FROM drawers t WHERE t.workspace_id = d.workspace_id
+                                                     AND t.id = d.cluster_id AND t.deleted_at IS NULL)"""
+_REVIVE_SET = ("UPDATE drawers d SET deleted_at = NULL, updated_at = now(),"  # noqa: S608 - constant fragments
+               " state = CASE WHEN " + _TWIN_GONE + " THEN 'processed' ELSE d.state END,"
+               " cluster_id = CASE WHEN " + _TWIN_GONE + " THEN NULL ELSE d.cluster_id END WHERE")
+_REVIVE_SQL = _REVIVE_SET + _RETIRED_BY_EDIT + _CURRENT
 
 # NO KEY UPDATE: nothing written here is a key, and a stronger lock would also wait for every insert of a row
 # referencing the drawer (a sighting, a fact's evidence), which holds KEY SHARE on it. In id order, as cluster
@@ -256,23 +278,27 @@ class Settled:
 
 
 async def settle_edits(conn: AsyncConnection[Any], workspace_id: str, session_id: str, revisions: Revisions,
-                       *, seen_before: bool, existing: list[str], event_id: str | None, actor: str) -> Settled:
+                       *, seen_before: bool, existing: list[str], sighted: list[str], event_id: str | None,
+                       actor: str) -> Settled:
     """After ``store_session``: what an edit changes beyond the messages, in one lock order.
 
     The sightings the plan says again are current again (``_RESIGHT_SQL``, a session seen before only), the
-    edited positions' other sightings go stale (``_STALE_SQL``); then the drawers that may be retired, those
-    an edit retired that the plan names again (``existing``: the plan's drawers that were there before it)
-    and those taking a new context are locked together in id order; then the retired ones come back
-    (``_REVIVE_SQL``), the stale ones with no current sighting go (``_RETIRE_SQL``), audited as RESTORE and
-    DELETE, and the next turns take their new context (``_RECONTEXT_SQL``). Nothing runs for a session
-    that is new and names no drawer already filed (the common case)."""
+    edited positions' other sightings go stale (``_STALE_SQL``); then the drawers that may be retired (and
+    the twins they were merged into), the drawers that were there before (``existing``) and have a sighting
+    made current now (``sighted``: the store's new ones, or re-sighted) and those taking a new context are
+    locked together in id order; then those an edit had retired come back (``_REVIVE_SQL``), the stale
+    ones with no current sighting go (``_RETIRE_SQL``), audited as RESTORE and DELETE, and the next turns
+    take their new context (``_RECONTEXT_SQL``). Nothing runs, and nothing is locked, for a session that is
+    new and says nothing already filed (the common case), or for a replay."""
     ws, sid = workspace_id, session_id
     plan = revisions.plan
+    said = set(sighted) & set(existing)  # a drawer that was there, with a sighting made current now
     if seen_before:
-        await conn.execute(_RESIGHT_SQL, {
+        cur = await conn.execute(_RESIGHT_SQL, {
             "ws": ws, "sid": sid, "ids": [x.drawer_id for x in plan.sources], "seqs": [x.seq for x in plan.sources],
             "chunks": [x.chunk_index for x in plan.sources], "starts": [x.char_start for x in plan.sources],
-            "ends": [x.char_end for x in plan.sources]})
+            "ends": [x.char_end for x in plan.sources], "edited": revisions.edited_seqs})
+        said |= {str(r[0]) for r in await cur.fetchall()}
     candidates: list[str] = []
     if revisions.edited:
         edited = set(revisions.edited_seqs)
@@ -281,15 +307,21 @@ async def settle_edits(conn: AsyncConnection[Any], workspace_id: str, session_id
             "ws": ws, "sid": sid, "seqs": sorted(edited), "kids": [x.drawer_id for x in kept],
             "kseqs": [x.seq for x in kept], "kchunks": [x.chunk_index for x in kept]})
         candidates = sorted({str(r[0]) for r in await cur.fetchall()})
-    reason = {"ws": ws, "actor": actor, "reason": _EDIT_REASON + ":%"}
-    retired_before: list[str] = []
-    if existing:
-        cur = await conn.execute(_RETIRED_SQL, {**reason, "ids": existing})
-        retired_before = [str(r[0]) for r in await cur.fetchall()]
+        if candidates:
+            cur = await conn.execute(_TWINS_OF_SQL, {"ws": ws, "ids": candidates})
+            candidates = sorted({*candidates, *(str(r[0]) for r in await cur.fetchall())})
     recontext = revisions.recontext
-    lock = sorted({*candidates, *retired_before, *(r[0] for r in recontext)})
+    # One lock, in id order, before anything is decided: an edit of another session retiring a drawer this
+    # one says now then either commits first (and the check below finds it retired) or waits, and finds
+    # this session's sighting.
+    lock = sorted({*candidates, *said, *(r[0] for r in recontext)})
     if lock:
         await conn.execute(_LOCK_SQL, (ws, lock))
+    reason = {"ws": ws, "actor": actor, "reason": _EDIT_REASON + ":%"}
+    retired_before: list[str] = []
+    if said:
+        cur = await conn.execute(_RETIRED_SQL, {**reason, "ids": sorted(said)})
+        retired_before = [str(r[0]) for r in await cur.fetchall()]
     revived: list[tuple[str, str]] = []
     if retired_before:
         cur = await conn.execute(_REVIVE_SQL, {**reason, "ids": retired_before})
