@@ -83,28 +83,12 @@ async def store_only(pool: Any, plan: Any) -> None:
 
 
 async def with_edit_checks(pool: Any, plan: Any) -> None:
-    """The database work of services/ingest/handlers.py's first transaction, as it is today."""
-    from shared.db.forget import forgotten_session_drawers, writer_tx
-    from shared.db.sessions import known_messages, lock_session, revise_messages, settle_edits, store_session
-    from shared.forget import drop_forgotten_drawers
-    from shared.memory.revisions import sort_revisions
+    """Today's ingest transaction (``shared.ingest.file_session``, as services/ingest/handlers.py runs it)."""
+    from shared.db.forget import writer_tx
+    from shared.ingest import file_session
 
-    e = plan.event
-    ws, sid = e.workspace_id, e.session_id
-    async with writer_tx(pool, ws) as conn:
-        _, gone = await forgotten_session_drawers(conn, ws, session_id=sid, user_id=e.user_id,
-                                                  agent_id=e.agent_id, drawer_ids=[d.id for d in plan.drawers])
-        plan = drop_forgotten_drawers(plan, gone)
-        await lock_session(conn, ws, sid)
-        known = await known_messages(conn, ws, sid, [m.seq for m in plan.messages])
-        revisions = sort_revisions(plan, known)
-        plan = revisions.plan
-        await revise_messages(conn, ws, sid, revisions.edited, event_id=e.event_id)
-        stored = await store_session(conn, plan, message_count=revisions.message_count)
-        created = set(stored.created)
-        await settle_edits(conn, ws, sid, revisions, seen_before=bool(known),
-                           existing=[d.id for d in plan.drawers if d.id not in created], sighted=stored.sighted,
-                           event_id=e.event_id, actor="ingest")
+    async with writer_tx(pool, plan.event.workspace_id) as conn:
+        await file_session(conn, plan, actor="ingest", episode_wait_s=600)
 
 
 VARIANTS = {"store only": store_only, "with edit checks": with_edit_checks}

@@ -7,6 +7,7 @@ its context; the first version delivered again changes nothing; a forget takes e
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 from shared.db.drawer_admin import restore_drawer
 from shared.db.pool import open_pool
@@ -208,3 +209,54 @@ def test_forgetting_the_user_who_still_says_it_takes_a_drawer_another_session_ed
     # Tom's own history stays: his message says the new words, the old ones kept as its revision.
     assert stack.sql("SELECT content FROM message_revisions WHERE workspace_id = %s AND session_id = 's-tom'",
                      (w,)) == [(OLD,)]
+
+
+async def test_an_edit_retiring_words_another_session_says_at_that_moment_leaves_them_live(stack: Stack) -> None:
+    """Session c edits its words away (the last current sighting elsewhere went with an earlier edit) while
+    session b, ingested at that moment, says them. b's ingest waits for c's lock on the drawer, then finds it
+    retired and brings it back: it is live, said by b. (Unordered, b's sighting was invisible to c's check and
+    c's retirement to b's, and the drawer stayed deleted although b says it.)"""
+    from shared.db.forget import writer_tx
+    from shared.ingest import file_session
+    from shared.memory.filing import plan_session
+
+    w = ws()
+
+    def plan(sid: str, texts: list[str]) -> Any:
+        return plan_session(SessionCompleted.model_validate(session(w, sid, texts)))
+
+    pool = await open_pool(stack.database_url, name="test-edits-race", max_size=3)
+    try:
+        async def ingest(p: Any) -> None:
+            async with writer_tx(pool, w) as conn:
+                assert await file_session(conn, p, actor="ingest", episode_wait_s=600) is not None
+
+        await ingest(plan("a", [TURNS[0], OLD]))
+        await ingest(plan("c", ["Reminder for the directors:", OLD]))
+        await ingest(plan("a", [TURNS[0], NEW]))  # a's sighting goes stale; c still says it
+        (old_id,), = await asyncio.to_thread(
+            stack.sql, "SELECT id FROM drawers WHERE workspace_id = %s AND content = %s", (w, OLD))
+        c_locked, release = asyncio.Event(), asyncio.Event()
+
+        async def edit_c() -> None:
+            async with writer_tx(pool, w) as conn:
+                filed = await file_session(conn, plan("c", ["Reminder for the directors:", "Cancelled."]),
+                                           actor="ingest", episode_wait_s=600)
+                assert filed is not None and filed.settled.retired == [old_id]
+                c_locked.set()
+                await release.wait()  # committed only once b is under way
+
+        c = asyncio.create_task(edit_c())
+        await c_locked.wait()
+        b = asyncio.create_task(ingest(plan("b", ["For the minutes:", OLD])))
+        await asyncio.sleep(1.0)
+        assert not b.done(), "b's ingest must wait for the drawer c is retiring"
+        release.set()
+        await asyncio.wait_for(asyncio.gather(c, b), 30)
+    finally:
+        await pool.close()
+    assert stack.sql("SELECT deleted_at IS NULL FROM drawers WHERE workspace_id = %s AND id = %s",
+                     (w, old_id)) == [(True,)]
+    assert [r[0] for r in stack.sql("SELECT action FROM memory_history WHERE workspace_id = %s AND drawer_id = %s"
+                                    " AND action IN ('DELETE', 'RESTORE') ORDER BY created_at", (w, old_id))] == [
+        "DELETE", "RESTORE"]
