@@ -18,7 +18,6 @@ from shared.db.sessions import (
     Settled,
     StoredSession,
     known_messages,
-    lock_session,
     revise_messages,
     settle_edits,
     store_session,
@@ -64,8 +63,7 @@ async def file_session(conn: AsyncConnection[Any], plan: SessionPlan, *, actor: 
     plan = drop_forgotten_drawers(plan, gone_drawers)
     # Published before? Then a position with new words is an edit (kept as a revision), and one with words it
     # held before is an earlier revision coming back (written again: nothing).
-    await lock_session(conn, ws, sid)
-    known = await known_messages(conn, ws, sid, [m.seq for m in plan.messages])
+    known = await known_messages(conn, ws, sid, [m.seq for m in plan.messages])  # under the session's lock
     revisions = sort_revisions(plan, known)
     plan = revisions.plan
     await revise_messages(conn, ws, sid, revisions.edited, event_id=e.event_id)

@@ -13,8 +13,8 @@ from shared.memory.dedup import BANDS, wording_bands
 from shared.memory.filing import MessageRow, SessionPlan
 from shared.memory.revisions import KnownMessage, Revisions
 
-__all__ = ["KNOWN_MESSAGES_SQL", "Settled", "StoredSession", "known_messages", "lock_session", "revise_messages",
-           "settle_edits", "store_session"]
+__all__ = ["KNOWN_MESSAGES_SQL", "Settled", "StoredSession", "known_messages", "revise_messages", "settle_edits",
+           "store_session"]
 
 
 @dataclass(frozen=True)
@@ -132,13 +132,10 @@ async def store_session(conn: AsyncConnection[Any], plan: SessionPlan, *, messag
 
 # --- edited messages (shared/memory/revisions.py) ----------------------------------------------------
 
-async def lock_session(conn: AsyncConnection[Any], workspace_id: str, session_id: str) -> None:
-    """Serialise the ingests of one session until commit: each reads what the session's positions hold
-    and decides what is an edit; two versions handled side by side would both read the same state (and
-    the loser's text would be filed without being stored)."""
-    await conn.execute("SELECT pg_advisory_xact_lock(hashtextextended('palace.session:' || %s || '/' || %s, 0))",
-                       (workspace_id, session_id))
-
+# Serialises the ingests of one session until commit: each reads what the session's positions hold and decides
+# what is an edit; two versions handled side by side would both read the same state (and the loser's text
+# would be filed without being stored).
+_LOCK_SESSION_SQL = "SELECT pg_advisory_xact_lock(hashtextextended('palace.session:' || %s || '/' || %s, 0))"
 
 # By the primary key of messages, and of message_revisions for each position found.
 KNOWN_MESSAGES_SQL = """
@@ -151,8 +148,12 @@ KNOWN_MESSAGES_SQL = """
 
 async def known_messages(conn: AsyncConnection[Any], workspace_id: str, session_id: str,
                          seqs: list[int]) -> dict[int, KnownMessage]:
-    """What these positions of the session hold (absent: never stored)."""
-    cur = await conn.execute(KNOWN_MESSAGES_SQL, {"ws": workspace_id, "sid": session_id, "seqs": seqs})
+    """Take the session's lock (``_LOCK_SESSION_SQL``), then read what these positions of it hold (absent:
+    never stored). One round trip: pipelined, the read runs once the lock is granted, with a snapshot
+    taken after it (READ COMMITTED), so it sees what an ingest of the same session that held it committed."""
+    async with conn.pipeline():
+        await conn.execute(_LOCK_SESSION_SQL, (workspace_id, session_id))
+        cur = await conn.execute(KNOWN_MESSAGES_SQL, {"ws": workspace_id, "sid": session_id, "seqs": seqs})
     return {int(q): KnownMessage(h, frozenset(earlier or ())) for q, h, earlier in await cur.fetchall()}
 
 
