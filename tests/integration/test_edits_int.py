@@ -40,7 +40,8 @@ def _state(stack: Stack, w: str) -> list[tuple[object, ...]]:
                         " ORDER BY seq, revision", (w,))
             + stack.sql("SELECT id, deleted_at, state, context, embedding IS NULL FROM drawers WHERE workspace_id = %s"
                         " ORDER BY id", (w,))
-            + stack.sql("SELECT count(*) FROM memory_history WHERE workspace_id = %s", (w,)))
+            # What ingest audits (the other stages may still be auditing their own decisions meanwhile).
+            + stack.sql("SELECT count(*) FROM memory_history WHERE workspace_id = %s AND actor = 'ingest'", (w,)))
 
 
 def test_an_edited_message_replaces_its_drawer_and_keeps_its_first_text(stack: Stack) -> None:
