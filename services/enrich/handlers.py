@@ -340,12 +340,17 @@ async def extract_episodes(deps: Deps, events: list[EpisodicCreated]) -> dict[st
                     stored[i] = None
                     if turns := await _read_locked(await scope(ev.workspace_id), ev):
                         read.append((i, turns, pattern_sightings(turns, ev.session_id)))
-                # Every entity of the batch first, one statement per workspace in id order: batches side by
-                # side then take the new entities' locks in one order (episode by episode, they deadlocked).
+                # The batch's drawers marked read first, then every entity of the batch, one statement per
+                # workspace each, in id order: batches side by side then take both kinds of lock in one order
+                # (episode by episode, they deadlocked), and so do the sweep (extract_due_drawers) and a
+                # model's extraction (_store_extraction), which lock the drawers' queue rows before entities.
                 named: dict[str, list[tuple[list[Sighting], dict[str, str] | None]]] = {}
+                drawers: dict[str, set[str]] = {}
                 for i, turns, sightings in read:
                     named.setdefault(events[i].workspace_id, []).append((sightings, speaker_types(turns)))
+                    drawers.setdefault(events[i].workspace_id, set()).update(t.drawer_id for t in turns)
                 for ws in sorted(named):
+                    await mark_extracted(await scope(ws), ws, sorted(drawers[ws]))
                     await ensure_extracted_entities(await scope(ws), ws, named[ws])
                 for i, turns, sightings in read:
                     ev = events[i]
