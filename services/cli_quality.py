@@ -45,6 +45,8 @@ def render(report: dict[str, Any], console: Console) -> None:
         s.add_row(f"drawers {k}", str(v))
     s.add_row("messages", str(report["noise"]["messages"]))
     s.add_row("messages dropped as noise", str(report["noise"]["dropped_as_noise"]))
+    s.add_row("messages edited (earlier texts kept)",
+              f"{report['edits']['messages_edited']} ({report['edits']['earlier_texts_kept']})")
     for k in ("near_duplicates_merged", "superseded", "deleted", "pinned"):
         s.add_row(k.replace("_", " "), str(report[k]))
     console.print(s)

@@ -28,7 +28,9 @@ async def quality_report(conn: AsyncConnection[Any], workspace_id: str, *, top_r
     by_state = dict(await _rows(conn, """
         SELECT state, count(*) FROM drawers WHERE workspace_id = %s AND deleted_at IS NULL GROUP BY 1""", ws))
     msgs = (await _rows(conn, """
-        SELECT count(*), count(*) FILTER (WHERE is_noise) FROM messages WHERE workspace_id = %s""", ws))[0]
+        SELECT count(*), count(*) FILTER (WHERE is_noise), count(*) FILTER (WHERE revision > 0),
+               (SELECT count(*) FROM message_revisions WHERE workspace_id = %s)
+          FROM messages WHERE workspace_id = %s""", (workspace_id, workspace_id)))[0]
     lifecycle = (await _rows(conn, """
         SELECT count(*) FILTER (WHERE superseded_by IS NOT NULL AND deleted_at IS NULL),
                count(*) FILTER (WHERE deleted_at IS NOT NULL),
@@ -60,6 +62,7 @@ async def quality_report(conn: AsyncConnection[Any], workspace_id: str, *, top_r
         "drawers": {"by_state": by_state, "processed": processed,
                     "by_type_and_tier": [{"memory_type": t, "tier": p, "count": n} for t, p, n in by_type_tier]},
         "noise": {"messages": msgs[0], "dropped_as_noise": msgs[1]},
+        "edits": {"messages_edited": msgs[2], "earlier_texts_kept": msgs[3]},
         "near_duplicates_merged": by_state.get("merged", 0),
         "superseded": lifecycle[0],
         "deleted": lifecycle[1],

@@ -401,6 +401,7 @@ def test_quality_report_over_api_and_cli(stack: Stack, llm: ChatStub) -> None:
     assert {(x["memory_type"], x["tier"], x["count"]) for x in rep["drawers"]["by_type_and_tier"]} == {
         ("decision", "llm", 1), ("task", "llm", 1), ("fact", "llm", 1)}
     assert rep["noise"] == {"messages": 6, "dropped_as_noise": 2}
+    assert rep["edits"] == {"messages_edited": 0, "earlier_texts_kept": 0}
     assert rep["failed"]["count"] == 1
     (reason,) = rep["failed"]["reasons"]
     assert reason["count"] == 1 and reason["reason"].startswith("llm: BadRequestError")

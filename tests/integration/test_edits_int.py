@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import httpx
+
 from shared.db.drawer_admin import restore_drawer
 from shared.db.pool import open_pool
 from shared.db.tenancy import workspace_tx
@@ -60,6 +62,9 @@ def test_an_edited_message_replaces_its_drawer_and_keeps_its_first_text(stack: S
     assert stack.sql("SELECT content, revision FROM messages WHERE workspace_id = %s AND seq = 1", (w,)) == [(NEW, 1)]
     assert stack.sql("SELECT revision, content, replaced_by IS NOT NULL FROM message_revisions"
                      " WHERE workspace_id = %s", (w,)) == [(0, OLD, True)]
+    # The operator sees it in the quality report.
+    rep = httpx.get(f"{stack.api_url}/v1/workspaces/{w}/quality", timeout=30).json()
+    assert rep["edits"] == {"messages_edited": 1, "earlier_texts_kept": 1}
     # The old words' drawer left search, audited as a deletion a restore undoes.
     (deleted_at,), = stack.sql("SELECT deleted_at FROM drawers WHERE workspace_id = %s AND id = %s", (w, old_id))
     assert deleted_at is not None
