@@ -477,25 +477,29 @@ async def extract_due_drawers(
         usage += used
         tiers.add(tier)
         types |= speaker_types(context)
-    stored: ExtractionStored | None = None
-    async with workspace_tx(deps.pool, workspace_id) as conn:
+    async def store(conn: AsyncConnection[Any]) -> ExtractionStored | None:
         if usage:
             await record_usage(conn, workspace_id, s.llm_model, usage)
         gone = {sid for sid in groups if sid and await forgotten(conn, workspace_id, session_id=sid)}
         alive = await existing_drawers(conn, workspace_id, sorted(wanted))
         # Read by their session's extraction meanwhile: its reading stands, this one is not stored.
         unread = await lock_unread(conn, workspace_id, sorted(wanted))
-        found = [sg for sg in found if sg.drawer_id in alive and sg.drawer_id in unread and sg.session_id not in gone]
-        if found:
-            stored = await record_extraction(conn, workspace_id, found, types=types)
-            if warnings or stored.skipped:
-                await record_history(
-                    conn, workspace_id, drawer_id=None, action="KG_EXTRACT", actor="enrich",
-                    event_id=event_id_for("kg.drawers", workspace_id, *sorted(wanted)),
-                    reason="; ".join([*warnings, *stored.skipped])[:2000],
-                    new_value={"drawers": sorted(wanted)[:50], "tier": "+".join(sorted(tiers)),
-                               "entities": len(stored.entities), "new_facts": stored.new_facts,
-                               "warnings": len(warnings) + len(stored.skipped)})
+        kept = [sg for sg in found if sg.drawer_id in alive and sg.drawer_id in unread and sg.session_id not in gone]
+        if not kept:
+            return None
+        stored = await record_extraction(conn, workspace_id, kept, types=types)
+        if warnings or stored.skipped:
+            await record_history(
+                conn, workspace_id, drawer_id=None, action="KG_EXTRACT", actor="enrich",
+                event_id=event_id_for("kg.drawers", workspace_id, *sorted(wanted)),
+                reason="; ".join([*warnings, *stored.skipped])[:2000],
+                new_value={"drawers": sorted(wanted)[:50], "tier": "+".join(sorted(tiers)),
+                           "entities": len(stored.entities), "new_facts": stored.new_facts,
+                           "warnings": len(warnings) + len(stored.skipped)})
+        return stored
+
+    # Run again when PostgreSQL picks it as a deadlock's victim: the model's answer is not asked for twice.
+    stored = await workspace_write(deps.pool, workspace_id, store)
     if stored is not None and stored.entities:
         ids = sorted(stored.entities)
         async with workspace_tx(deps.pool, workspace_id) as conn:
