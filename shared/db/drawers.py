@@ -152,9 +152,24 @@ async def note_failure(conn: AsyncConnection[Any], workspace_id: str, ids: list[
     return cur.rowcount
 
 
-# Classifier outcomes onto the drawers still raw (or failed), queueing the important ones for extraction.
+# The important ones among classifier outcomes queued for semantic extraction (migration 0042: the sweep
+# reads those that their session's extraction has not read by then), before their drawers are written
+# (SAVE_CLASSIFICATIONS_SQL): every writer of a drawer's queue row takes it before the drawer's row, in id
+# order (an extractor marks the queue rows it reads, then updates the drawers' counts); queued after the
+# drawers' update, a classify batch and an episode's extraction side by side deadlocked. Only drawers still
+# waiting for a label, as the update writes (by key; the state as a CASE: docs/scale.md).
+QUEUE_CLASSIFIED_SQL = """
+    INSERT INTO drawer_extraction (workspace_id, drawer_id, due_at)
+    SELECT %(ws)s, c.id, now()
+      FROM unnest(%(ids)s::text[], %(imps)s::real[]) AS c(id, importance)
+     WHERE c.importance >= %(min_imp)s
+       AND EXISTS (SELECT 1 FROM drawers d WHERE d.workspace_id = %(ws)s AND d.id = c.id
+                      AND CASE WHEN d.state IN ('raw', 'failed') THEN true END)  -- by key only: docs/scale.md
+     ORDER BY c.id
+    ON CONFLICT DO NOTHING"""
+
+# Classifier outcomes onto the drawers still raw (or failed).
 SAVE_CLASSIFICATIONS_SQL = """
-    WITH u AS (
         UPDATE drawers d
            SET memory_type = c.memory_type, confidence = c.confidence, importance = c.importance,
                pipeline_tier = c.tier, state = 'processed', failure_reason = NULL, updated_at = now(),
@@ -163,13 +178,7 @@ SAVE_CLASSIFICATIONS_SQL = """
                AS c(id, memory_type, confidence, importance, tier)
          WHERE d.workspace_id = %(ws)s AND d.id = c.id
            AND CASE WHEN d.state IN ('raw', 'failed') THEN true END  -- by key only: docs/scale.md
-        RETURNING d.id, d.importance),
-    q AS (
-        INSERT INTO drawer_extraction (workspace_id, drawer_id, due_at)
-        SELECT %(ws)s, u.id, now() FROM u WHERE u.importance >= %(min_imp)s
-         ORDER BY u.id  -- the order every writer of this table takes (no deadlock with enrich's marks)
-        ON CONFLICT DO NOTHING)
-    SELECT id FROM u
+        RETURNING d.id
     """
 
 
@@ -184,15 +193,12 @@ async def save_classifications(
     round trip and a plan each."""
     if not rows:
         return 0
-    # The same statement queues the important ones for semantic extraction (migration 0042): the sweep
-    # reads those that their session's extraction has not read by then.
-    cur = await conn.execute(
-        SAVE_CLASSIFICATIONS_SQL,
-        {"ws": workspace_id, "min_imp": KG_MIN_IMPORTANCE, "ids": [r["id"] for r in rows],
-         "types": [r["memory_type"] for r in rows],
-         "confs": [r["confidence"] for r in rows], "imps": [r["importance"] for r in rows],
-         "tiers": [r["tier"] for r in rows]},
-    )
+    p = {"ws": workspace_id, "min_imp": KG_MIN_IMPORTANCE, "ids": [r["id"] for r in rows],
+         "types": [r["memory_type"] for r in rows], "confs": [r["confidence"] for r in rows],
+         "imps": [r["importance"] for r in rows], "tiers": [r["tier"] for r in rows]}
+    async with conn.pipeline():  # the queue rows, then the drawers: two statements, one round trip
+        await conn.execute(QUEUE_CLASSIFIED_SQL, p)
+        cur = await conn.execute(SAVE_CLASSIFICATIONS_SQL, p)
     changed = {r[0] for r in await cur.fetchall()}
     await insert_history(conn, workspace_id, [
         {"drawer_id": r["id"], "action": "CLASSIFY", "actor": actor, "event_id": r.get("event_id", event_id),

@@ -459,7 +459,7 @@ def _in_flight_statements(w: str) -> dict[str, tuple[str, Any]]:
     parameters naming ten backlog drawers (or one, or an episode). Each of them was planned on an index of
     in-flight rows in this backlog before its test became a CASE."""
     from shared.db.curation import LLM_FAILURE_SQL
-    from shared.db.drawers import NOTE_FAILURE_SQL, SAVE_CLASSIFICATIONS_SQL
+    from shared.db.drawers import NOTE_FAILURE_SQL, QUEUE_CLASSIFIED_SQL, SAVE_CLASSIFICATIONS_SQL
     from shared.db.episodes import UNANNOUNCED_EPISODE_SQL
     from shared.db.sessions import _STORE_SQL
 
@@ -478,6 +478,8 @@ def _in_flight_statements(w: str) -> dict[str, tuple[str, Any]]:
         "classify: the batch's outcomes": (SAVE_CLASSIFICATIONS_SQL, {
             "ws": w, "min_imp": 3.0, "ids": ids, "types": ["fact"] * 10, "confs": [0.5] * 10, "imps": [2.0] * 10,
             "tiers": ["heuristic"] * 10}),
+        "classify: the batch's queue rows": (QUEUE_CLASSIFIED_SQL, {
+            "ws": w, "min_imp": 3.0, "ids": ids, "imps": [4.0] * 10}),
         "classify: an LLM failure": (LLM_FAILURE_SQL, {"reason": "down", "ws": w, "id": ids[0]}),
         "enrich: an episode to announce": (UNANNOUNCED_EPISODE_SQL, (w, "e17")),
     }
