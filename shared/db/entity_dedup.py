@@ -395,9 +395,13 @@ async def _average_evidence(conn: AsyncConnection[Any], ws: str, triple_ids: lis
 
 
 async def _lock_pair(conn: AsyncConnection[Any], ws: str, a: str, b: str) -> dict[str, dict[str, Any]]:
+    # NO KEY UPDATE: a merge, a revert or keeping a pair apart changes no key and deletes no entity, and the
+    # stronger lock also made every insert of a mention of either (its foreign key's KEY SHARE) wait, which
+    # deadlocked with an extraction updating the drawers a merge recounts. A mention inserted meanwhile on
+    # the entity merged away is a follow-up (``absorb_followups``), as one inserted just after would be.
     cur = await conn.execute(
         "SELECT id, to_jsonb(e) - 'embedding' FROM entities e WHERE workspace_id = %s AND id = ANY(%s)"
-        " ORDER BY id FOR UPDATE", (ws, sorted({a, b})))
+        " ORDER BY id FOR NO KEY UPDATE", (ws, sorted({a, b})))
     return {str(i): j for i, j in await cur.fetchall()}
 
 

@@ -51,3 +51,53 @@ async def test_classify_and_an_extraction_of_the_same_drawer_side_by_side_both_c
         ("processed", 1)]
     assert stack.sql("SELECT extracted_at IS NOT NULL FROM drawer_extraction WHERE workspace_id = %s", (w,)) == [
         (True,)]
+
+
+async def test_an_entity_merge_and_an_extraction_naming_the_merged_entity_side_by_side_both_commit(
+        stack: Stack) -> None:
+    """A merge locks the pair of entities, then moves the loser's mentions and updates their drawers' counts;
+    an extraction updates a drawer's counts and inserts mentions (whose foreign key takes KEY SHARE on the
+    entity). With the pair locked FOR UPDATE, which that KEY SHARE waits on, the two deadlocked; a merge
+    changes no key, and NO KEY UPDATE lets the insert through (the mention, on the merged entity, is one of
+    the follow-ups dedup moves next)."""
+    from shared.db.entity_dedup import merge_entities
+    from shared.db.kg import ensure_entities, entity_id
+    from shared.memory.entity_dedup import Decision
+
+    w = ws()
+    loser, survivor = entity_id(w, "Ana Lima"), entity_id(w, "Ana Lima-Souza")
+    with psycopg.connect(stack.database_url, autocommit=True) as conn:
+        for d in ("lo-d1", "lo-d2"):
+            conn.execute("INSERT INTO drawers (workspace_id, id, content, content_hash, state)"
+                         " VALUES (%s, %s, 'Ana Lima joined the team.', %s, 'processed')", (w, d, d))
+    pool = await open_pool(stack.database_url, name="test-lock-order-merge", max_size=3)
+    try:
+        async with workspace_tx(pool, w) as conn:
+            await ensure_entities(conn, w, [("Ana Lima", "person"), ("Ana Lima-Souza", "person")])
+            await conn.execute("INSERT INTO entity_mentions (workspace_id, entity_id, drawer_id, confidence)"
+                               " VALUES (%s, %s, 'lo-d1', 0.8)", (w, loser))
+        counted, merged = asyncio.Event(), asyncio.Event()
+
+        async def extraction() -> None:
+            async with workspace_tx(pool, w) as conn:
+                await conn.execute("UPDATE drawers SET entity_count = 1 WHERE workspace_id = %s AND id = 'lo-d1'",
+                                   (w,))
+                counted.set()
+                await asyncio.sleep(1.0)  # the merge now waits on lo-d1's row
+                await conn.execute("INSERT INTO entity_mentions (workspace_id, entity_id, drawer_id, confidence)"
+                                   " VALUES (%s, %s, 'lo-d2', 0.7)", (w, loser))
+
+        async def merge() -> str | None:
+            await counted.wait()
+            async with workspace_tx(pool, w) as conn:
+                out = await merge_entities(conn, w, Decision("merge", "operator", "test", survivor=survivor,
+                                                             loser=loser), actor="test", event_id=None)
+            merged.set()
+            return out
+
+        _, merge_id = await asyncio.wait_for(asyncio.gather(extraction(), merge()), 30)
+    finally:
+        await pool.close()
+    assert merge_id is not None and merged.is_set()
+    assert stack.sql("SELECT merged_into FROM entities WHERE workspace_id = %s AND id = %s", (w, loser)) == [
+        (survivor,)]
