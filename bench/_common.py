@@ -53,6 +53,7 @@ __all__ = [
     "load_locomo",
     "machine_info",
     "module_at",
+    "own_database",
     "percentiles",
     "prepare_process",
     "settle_drawers",
@@ -255,6 +256,30 @@ def bench_servers(settings: Any = None) -> Iterator[tuple[Any, float]]:
             yield sup, load
         finally:
             sup.stop()
+
+
+@contextlib.contextmanager
+def own_database(server_url: str, prefix: str) -> Iterator[str]:
+    """A new database on the bench's server (``<prefix>_<pid>``), migrated, dropped afterwards: its statistics
+    and its rows are the bench's alone (the bench stack's other databases would give the planner another
+    picture than the one measured)."""
+    import psycopg
+    from psycopg import sql
+
+    from shared.db.migrate import apply_migrations
+
+    name = f"{prefix}_{os.getpid()}"
+    with psycopg.connect(server_url, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    info = psycopg.conninfo.conninfo_to_dict(server_url)
+    info["dbname"] = name
+    url = psycopg.conninfo.make_conninfo(**info)
+    try:
+        apply_migrations(url, bench_settings().embed_dim)
+        yield url
+    finally:
+        with psycopg.connect(server_url, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
 
 
 def settle_drawers(database_url: str, *, owned: bool, force: bool = False, min_dead: int = 1000) -> dict[str, Any]:

@@ -16,16 +16,20 @@ Prints a table of p50 milliseconds per backlog size; writes bench/results/backlo
 from __future__ import annotations
 
 import argparse
-import contextlib
-import os
 import re
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import psycopg
-from _common import bench_servers, bench_settings, console, machine_info, percentiles, prepare_process, write_results
-from psycopg import sql
+from _common import (
+    bench_servers,
+    console,
+    machine_info,
+    own_database,
+    percentiles,
+    prepare_process,
+    write_results,
+)
 from rich.table import Table
 
 WS = "bench-backlog"
@@ -73,27 +77,6 @@ def forms() -> dict[str, dict[str, str]]:
     }
     return {name: {"before": REWRITTEN_BEFORE.get(name) or plain(sql_), "after": sql_}
             for name, sql_ in after.items()}
-
-
-@contextlib.contextmanager
-def own_database(server_url: str) -> Iterator[str]:
-    """A new database on the bench's server, migrated, dropped afterwards: its statistics are this bench's
-    alone (the bench stack's other databases' drawers, raw ones among them, would give the planner a truer
-    picture than a settled deployment has)."""
-    from shared.db.migrate import apply_migrations
-
-    name = f"palace_backlog_{os.getpid()}"
-    with psycopg.connect(server_url, autocommit=True) as conn:
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    info = psycopg.conninfo.conninfo_to_dict(server_url)
-    info["dbname"] = name
-    url = psycopg.conninfo.make_conninfo(**info)
-    try:
-        apply_migrations(url, bench_settings().embed_dim)
-        yield url
-    finally:
-        with psycopg.connect(server_url, autocommit=True) as conn:
-            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
 
 
 def settle(url: str, drawers: int) -> None:
@@ -161,7 +144,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=15)
     args = ap.parse_args()
     prepare_process()
-    with bench_servers() as (sup, load), own_database(sup.database_url) as url:
+    with bench_servers() as (sup, load), own_database(sup.database_url, "palace_backlog") as url:
         settle(url, args.drawers)
         runs = [measure(url, int(b), args.rounds) for b in args.backlogs.split(",")]
     t = Table(title=f"per-event statements while a backlog waits: p50 ms, before → after "

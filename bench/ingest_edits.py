@@ -19,44 +19,21 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
-import os
 import time
-from collections.abc import Iterator
 from typing import Any
 
-import psycopg
 from _common import (
     bench_servers,
     bench_settings,
     console,
     load_locomo,
     machine_info,
+    own_database,
     percentiles,
     prepare_process,
     write_results,
 )
-from psycopg import sql
 from rich.table import Table
-
-
-@contextlib.contextmanager
-def own_database(server_url: str) -> Iterator[str]:
-    """A new, migrated database on the bench's server, dropped afterwards."""
-    from shared.db.migrate import apply_migrations
-
-    name = f"palace_ingest_edits_{os.getpid()}"
-    with psycopg.connect(server_url, autocommit=True) as conn:
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    info = psycopg.conninfo.conninfo_to_dict(server_url)
-    info["dbname"] = name
-    url = psycopg.conninfo.make_conninfo(**info)
-    try:
-        apply_migrations(url, bench_settings().embed_dim)
-        yield url
-    finally:
-        with psycopg.connect(server_url, autocommit=True) as conn:
-            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
 
 
 def sessions() -> list[dict[str, Any]]:
@@ -125,7 +102,7 @@ def main() -> None:
     args = ap.parse_args()
     prepare_process()
     bodies = sessions()
-    with bench_servers() as (sup, load), own_database(sup.database_url) as url:
+    with bench_servers() as (sup, load), own_database(sup.database_url, "palace_ingest_edits") as url:
         times = asyncio.run(measure(url, bodies, args.rounds))
     table = Table(title=f"ingest's transaction, {len(bodies)} LoCoMo sessions x {args.rounds} rounds (ms)")
     for col in ("case", "store only p50 / p95", "with edit checks p50 / p95", "ratio (p50)"):
