@@ -185,3 +185,18 @@ def fresh_database(stack: Stack, prefix: str) -> Iterator[str]:
     finally:
         with psycopg.connect(stack.database_url, autocommit=True) as conn:
             conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+async def restore(stack: Stack, workspace: str, drawer_id: str, *, actor: str = "operator") -> bool:
+    """Undo a soft delete as an operator does (``restore_drawer``, audited as RESTORE); False if the drawer
+    was not deleted."""
+    from shared.db.drawer_admin import restore_drawer
+    from shared.db.pool import open_pool
+    from shared.db.tenancy import workspace_tx
+
+    pool = await open_pool(stack.database_url, name="test-restore", max_size=1)
+    try:
+        async with workspace_tx(pool, workspace) as conn:
+            return await restore_drawer(conn, workspace, drawer_id, actor=actor, event_id="test-restore")
+    finally:
+        await pool.close()

@@ -11,28 +11,15 @@ from typing import Any
 
 import httpx
 
-from shared.db.drawer_admin import restore_drawer
 from shared.db.pool import open_pool
-from shared.db.tenancy import workspace_tx
 from shared.events import SessionCompleted
 from shared.forget import Scope, forget, verify
-from tests.integration.helpers import Stack, session, wait_for, ws
+from tests.integration.helpers import Stack, restore, session, wait_for, ws
 
 OLD = "The quarterly board meeting moved to the Harbour Room on the third floor."
 NEW = "The quarterly board meeting moved to the Lighthouse Suite on the ninth floor."
 TURNS = ["Did anything change for the board meeting this quarter?", OLD,
          "Thanks, I'll update the invitation for everyone."]
-
-
-def _restore(stack: Stack, w: str, drawer_id: str) -> bool:
-    async def go() -> bool:
-        pool = await open_pool(stack.database_url, name="test-edits", max_size=1)
-        try:
-            async with workspace_tx(pool, w) as conn:
-                return await restore_drawer(conn, w, drawer_id, actor="test", event_id="test-restore")
-        finally:
-            await pool.close()
-    return asyncio.run(go())
 
 
 def _state(stack: Stack, w: str) -> list[tuple[object, ...]]:
@@ -91,7 +78,7 @@ def test_an_edited_message_replaces_its_drawer_and_keeps_its_first_text(stack: S
     assert _state(stack, w) == before
 
     # Reversible: the old drawer comes back with a restore.
-    assert _restore(stack, w, old_id)
+    assert asyncio.run(restore(stack, w, old_id))
     assert stack.sql("SELECT deleted_at FROM drawers WHERE workspace_id = %s AND id = %s", (w, old_id)) == [(None,)]
 
     # Forgetting the new drawer forgets the message with every text it held (and the old drawer cut from it).

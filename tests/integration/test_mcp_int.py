@@ -20,7 +20,7 @@ from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 
 from shared.security import key_id_of
-from tests.integration.helpers import Stack, api_key_for, wait_for, ws
+from tests.integration.helpers import Stack, api_key_for, restore, wait_for, ws
 
 EXPECTED_TOOLS = {
     "memory_status", "memory_list_wings", "memory_list_rooms", "memory_get_taxonomy", "memory_search",
@@ -222,7 +222,7 @@ async def exercise_every_tool(session: ClientSession, stack: Stack, w: str, requ
     assert audit == [("DELETE", "mcp", "asked to forget")]
     assert stack.sql("SELECT deleted_at IS NOT NULL FROM drawers WHERE workspace_id = %s AND id = %s",
                      (w, hiking)) == [(True,)], "the row stays: soft delete"
-    await _restore(stack, w, hiking)
+    assert await restore(stack, w, hiking)
     assert (await call(session, "memory_get_taxonomy"))["wings"]["alice"] == {"hiking": 1, "music": 1}
 
     # The diary: wing 'diary', hall = the agent, newest first.
@@ -253,19 +253,6 @@ async def exercise_every_tool(session: ClientSession, stack: Stack, w: str, requ
     assert audits == [(requester, "drawer")]  # over HTTP, the API key that asked (as over REST)
     assert len((await call(session, "memory_diary_read", agent="atlas"))["entries"]) == 1
     return ids
-
-
-async def _restore(stack: Stack, w: str, drawer_id: str) -> None:
-    from shared.db.drawer_admin import restore_drawer
-    from shared.db.pool import open_pool
-    from shared.db.tenancy import workspace_tx
-
-    pool = await open_pool(stack.database_url, name="test-restore", max_size=1)
-    try:
-        async with workspace_tx(pool, w) as conn:
-            assert await restore_drawer(conn, w, drawer_id, actor="operator", event_id="test-restore")
-    finally:
-        await pool.close()
 
 
 def _stdio_params(stack: Stack, w: str) -> StdioServerParameters:
