@@ -11,6 +11,7 @@ a live server is stopped cleanly, orphaned backends are killed, stale pid files 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import shutil
@@ -114,12 +115,25 @@ class DevStack:
             return {}
 
     def write_state(self, **updates: object) -> None:
-        state = self.read_state()
-        state.update(updates)
+        """Read, update and replace the state file under an exclusive lock on ``stack.lock``. Two threads
+        (the fault suite restarts NATS while the supervisor records a restarted service) or two processes
+        write it at once: with one shared temporary file, one rename failed and the other could publish a
+        half-written file, which the next reader took for an empty state."""
         self.root.mkdir(parents=True, exist_ok=True)
-        tmp = self.state_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps(state, indent=2))
-        tmp.replace(self.state_file)
+        # flock is held by an open file description, so it orders threads of one process as well.
+        with open(self.root / "stack.lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            state = self.read_state()
+            state.update(updates)
+            fd, tmp = tempfile.mkstemp(dir=self.root, prefix=".stack.", suffix=".tmp")
+            try:
+                with os.fdopen(fd, "w") as f:
+                    json.dump(state, f, indent=2)
+                os.replace(tmp, self.state_file)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
+                raise
 
     def info(self) -> StackInfo | None:
         """The running stack's addresses, or None if it is not up."""

@@ -185,7 +185,12 @@ class Supervisor:
                 child.next_start = now + delay
                 log.warning("service_exited", service=name, code=child.proc.returncode, restart_in_s=delay)
             elif now >= child.next_start:
-                self.spawn(name)
+                try:
+                    self.spawn(name)
+                except Exception:  # a failed restart is retried; it must not end the loop
+                    child.next_start = now + min(30.0, 0.5 * 2 ** min(child.restarts + 1, 6))
+                    log.exception("service_restart_failed", service=name, retry_in_s=child.next_start - now)
+                    continue
                 restarted.append(name)
         return restarted
 
