@@ -42,10 +42,12 @@ class Filed:
     @property
     def to_announce(self) -> list[str]:
         """Every drawer of the session still raw, in the plan's order: created now, left raw by an earlier
-        attempt that died before announcing them, given a new context, or brought back while raw."""
+        attempt that died before announcing them, given a new context, or brought back while raw; then those
+        an edit left to another message that are to be embedded again (``Settled.repointed``)."""
         raw = (set(self.stored.raw) | set(self.settled.recontexted)
                | {d for d, state in self.settled.revived if state == "raw"})
-        return [d.id for d in self.plan.drawers if d.id in raw]
+        ours = [d.id for d in self.plan.drawers if d.id in raw]
+        return ours + sorted({d for d, state in self.settled.repointed if state == "raw"} - set(ours))
 
 
 async def file_session(conn: AsyncConnection[Any], plan: SessionPlan, *, actor: str,

@@ -559,9 +559,17 @@ async def detach_drawers(conn: AsyncConnection[Any], workspace_id: str, ids: lis
                 "ws": workspace_id, "ids": [p[0] for p in places], "wings": [p[1] for p in places],
                 "rooms": [p[2] or "general" for p in places], "halls": [p[3] for p in places]})
     # What the graph read in these drawers stays (the words are still said), said where they now come from.
+    await rehome_graph(conn, workspace_id, ids, session_ids, seqs)
+    return n
+
+
+async def rehome_graph(conn: AsyncConnection[Any], workspace_id: str, ids: list[str], session_ids: list[str],
+                       seqs: list[int] | None) -> None:
+    """The evidence and facts of these drawers that name the sessions (or, with ``seqs``, the messages
+    (session_ids[i], seqs[i])) take the sighting each drawer reports now, and its time."""
+    p = {"ws": workspace_id, "ids": ids, "s": session_ids, "q": seqs}
     await conn.execute(_REHOME_EVIDENCE_SQL, p)
     await conn.execute(_REHOME_FACTS_SQL, p)
-    return n
 
 
 async def scrub_snapshots(conn: AsyncConnection[Any], workspace_id: str, drawer_ids: list[str]) -> int:

@@ -9,8 +9,9 @@ from psycopg import AsyncConnection
 from psycopg.types.json import Jsonb
 
 from shared.db.drawers import insert_history
+from shared.db.forget import rehome_graph
 from shared.memory.dedup import BANDS, wording_bands
-from shared.memory.filing import MessageRow, SessionPlan
+from shared.memory.filing import CONTEXT_CHARS, MessageRow, SessionPlan
 from shared.memory.revisions import KnownMessage, Revisions
 
 __all__ = ["KNOWN_MESSAGES_SQL", "Settled", "StoredSession", "known_messages", "revise_messages", "settle_edits",
@@ -271,11 +272,12 @@ _EDIT_REASON = "message edited"
 @dataclass(frozen=True)
 class Settled:
     """What ``settle_edits`` changed: drawers retired, drawers brought back (id, state), drawers whose
-    context was replaced."""
+    context was replaced, and drawers kept by another message that now report it (id, state)."""
 
     retired: list[str]
     revived: list[tuple[str, str]]
     recontexted: list[str]
+    repointed: list[tuple[str, str]] = field(default_factory=list)
 
 
 async def settle_edits(conn: AsyncConnection[Any], workspace_id: str, session_id: str, revisions: Revisions,
@@ -328,9 +330,18 @@ async def settle_edits(conn: AsyncConnection[Any], workspace_id: str, session_id
         cur = await conn.execute(_REVIVE_SQL, {**reason, "ids": retired_before})
         revived = [(str(r[0]), str(r[1])) for r in await cur.fetchall()]
     rows: list[tuple[Any, ...]] = []
+    repointed: list[tuple[str, str]] = []
     if candidates:
         cur = await conn.execute(_RETIRE_SQL, {"ws": ws, "ids": candidates})
         rows = list(await cur.fetchall())
+        kept = sorted(set(candidates) - {str(r[0]) for r in rows})
+        if kept:
+            seqs = sorted(set(revisions.edited_seqs))
+            cur = await conn.execute(_REPOINT_SQL, {"ws": ws, "sid": sid, "ids": kept, "seqs": seqs,
+                                                    "ctx_chars": CONTEXT_CHARS})
+            repointed = [(str(r[0]), str(r[1])) for r in await cur.fetchall()]
+            # What the graph read in them is said where they are said now (the edited message says it no more).
+            await rehome_graph(conn, ws, kept, [sid] * len(seqs), seqs)
     await insert_history(conn, ws, [
         {"drawer_id": d, "action": "RESTORE", "actor": actor, "event_id": event_id,
          "reason": "said again after an edit had retired it", "new_value": {"deleted_at": None}} for d, _ in revived
@@ -345,7 +356,49 @@ async def settle_edits(conn: AsyncConnection[Any], workspace_id: str, session_id
             "ws": ws, "sid": sid, "ids": [r[0] for r in recontext], "seqs": [r[1] for r in recontext],
             "ctxs": [r[2] for r in recontext]})
         recontexted = [str(r[0]) for r in await cur.fetchall()]
-    return Settled(sorted(str(r[0]) for r in rows), revived, recontexted)
+    return Settled(sorted(str(r[0]) for r in rows), revived, recontexted, repointed)
+
+
+# A drawer an edit left live (another message still says its words) that reported the edited message takes
+# what it reports from its earliest current sighting instead, as a forget repoints one (``shared.db.forget``):
+# where and when it was said, by whom, the message's metadata, and the turn before it as its context. Its
+# placement stays. A new speaker or context makes its vector stale: back to raw, to be embedded again.
+_REPOINT_SQL = """
+UPDATE drawers d
+   SET session_id = x.session_id, seq = x.seq, user_id = x.user_id, agent_id = x.agent_id,
+       role = coalesce(x.role, d.role), speaker = x.speaker, occurred_at = x.occurred_at,
+       metadata = (d.metadata - 'message') || x.metadata, context = x.ctx,
+       embedding = CASE WHEN x.stale THEN NULL ELSE d.embedding END,
+       embedding_model = CASE WHEN x.stale THEN NULL ELSE d.embedding_model END,
+       state = CASE WHEN x.stale THEN 'raw' ELSE d.state END,
+       retry_count = CASE WHEN x.stale THEN 0 ELSE d.retry_count END,
+       failure_reason = CASE WHEN x.stale THEN NULL ELSE d.failure_reason END, updated_at = now()
+  FROM (SELECT d0.id, s.session_id, s.seq, ss.user_id, ss.agent_id, m.role, m.name AS speaker,
+               coalesce(m.created_at, ss.completed_at, ss.started_at) AS occurred_at,
+               jsonb_build_object('seq', s.seq, 'chunk', s.chunk_index)
+               || CASE WHEN m.metadata <> '{}' THEN jsonb_build_object('message', m.metadata) ELSE '{}' END
+               AS metadata,
+               c.ctx,
+               d0.state IN ('raw', 'processed', 'failed')
+               AND (c.ctx IS DISTINCT FROM d0.context OR m.name IS DISTINCT FROM d0.speaker) AS stale
+          FROM drawers d0
+          JOIN LATERAL (SELECT o.session_id, o.seq, o.chunk_index FROM drawer_sources o
+                         WHERE o.workspace_id = %(ws)s AND o.drawer_id = d0.id AND o.revision IS NULL
+                         ORDER BY o.session_id, o.seq, o.chunk_index LIMIT 1) s ON true
+          JOIN sessions ss ON ss.workspace_id = %(ws)s AND ss.session_id = s.session_id
+          LEFT JOIN messages m ON m.workspace_id = %(ws)s AND m.session_id = s.session_id AND m.seq = s.seq
+          -- The context as filing makes it (shared.memory.filing: the turn before, attributed, its last
+          -- CONTEXT_CHARS characters), for a message's first chunk only.
+          LEFT JOIN LATERAL (SELECT right(CASE WHEN coalesce(p.name, '') <> '' THEN p.name || ': ' || p.content
+                                               ELSE p.content END, %(ctx_chars)s) AS ctx
+                               FROM messages p
+                              WHERE p.workspace_id = %(ws)s AND p.session_id = s.session_id AND p.seq < s.seq
+                                AND NOT p.is_noise AND s.chunk_index = 0
+                              ORDER BY p.seq DESC LIMIT 1) c ON true
+         WHERE d0.workspace_id = %(ws)s AND d0.id = ANY(%(ids)s::text[]) AND d0.session_id = %(sid)s
+           AND d0.seq = ANY(%(seqs)s::integer[]) AND d0.deleted_at IS NULL) x
+ WHERE d.workspace_id = %(ws)s AND d.id = x.id
+RETURNING d.id, d.state"""
 
 
 # The turn after an edited one, first seen at that position, takes the new words as its context; its

@@ -126,15 +126,27 @@ def test_words_said_in_another_session_stay_until_no_message_says_them(stack: St
     w = ws()
     said = "The board approved the budget.\r\nWe ship the release on Friday."
     stack.publish(session(w, "s1", [TURNS[0], said]))
-    stack.publish(session(w, "s2", ["Quick summary for the directors:", said.replace("\r\n", "\n")]))
+    stack.wait_processed(w, 2)
+    s2 = session(w, "s2", ["Quick summary for the directors:", said.replace("\r\n", "\n")])
+    s2["messages"][1] |= {"name": "Dana", "created_at": "2026-11-03T09:15:00Z", "metadata": {"thread": "t-7"}}
+    stack.publish(s2)
     stack.wait_processed(w, 3)
     (old_id,), = stack.sql("SELECT id FROM drawers WHERE workspace_id = %s AND content LIKE 'The board approved%%'",
                            (w,))
     assert stack.sql("SELECT count(*) FROM drawer_sources WHERE workspace_id = %s AND drawer_id = %s",
                      (w, old_id)) == [(2,)]
+    assert stack.sql("SELECT session_id, speaker FROM drawers WHERE id = %s", (old_id,)) == [("s1", None)]
     stack.publish(session(w, "s1", [TURNS[0], NEW]))
     stack.processed_drawer(w, NEW)
     assert stack.sql("SELECT deleted_at FROM drawers WHERE workspace_id = %s AND id = %s", (w, old_id)) == [(None,)]
+    # It no longer reports the edited message: it was said by Dana in s2, after the turn before it there,
+    # and it is embedded again with that speaker and context.
+    wait_for(lambda: stack.sql(
+        "SELECT session_id, seq, speaker, occurred_at = '2026-11-03T09:15:00Z', metadata->'message', context, state"
+        " FROM drawers"
+        " WHERE id = %s", (old_id,)) == [("s2", 1, "Dana", True, {"thread": "t-7"},
+                                          "Quick summary for the directors:", "processed")],
+        what="the drawer kept by s2 repointed to it and embedded again")
     stack.publish(session(w, "s2", ["Quick summary for the directors:", "It is in the Lighthouse Suite now."]))
     stack.processed_drawer(w, "It is in the Lighthouse Suite now.")
     (deleted_at,), = stack.sql("SELECT deleted_at FROM drawers WHERE workspace_id = %s AND id = %s", (w, old_id))
