@@ -171,7 +171,7 @@ def _probe(url: str) -> str:
     import httpx
 
     try:
-        code = httpx.get(str(url), timeout=1.0).status_code
+        code = httpx.get(str(url), timeout=3.0).status_code  # /readyz may wait 2 s for a pooled connection
     except httpx.HTTPError:
         return "down"
     return "ready" if code == 200 else f"not ready ({code})"

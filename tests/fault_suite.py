@@ -47,6 +47,7 @@ from shared.config import Settings
 from shared.events import SessionCompleted
 from shared.memory.filing import plan_session
 from tests.openai_stub import StubState, serve_stub
+from tests.own_stack_env import own_stack_env
 
 __all__ = ["SuiteConfig", "SuiteResult", "run_suite"]
 
@@ -239,13 +240,15 @@ def run_suite(cfg: SuiteConfig, extra_env: dict[str, str] | None = None) -> Suit
     stub = StubState()
     try:
         with serve_stub(stub) as stub_url:
+            # The product's defaults, whatever a test session left in the environment (tests/own_stack_env.py).
+            clean = own_stack_env()
+            os.environ.clear()
+            os.environ.update(clean)
             os.environ.update({
                 "PALACE_DEVSTACK_DIR": str(cfg.devstack_dir), "PALACE_EMBED_BASE_URL": stub_url,
                 "PALACE_EMBED_MODEL": "stub-hash-384", "PALACE_ACK_WAIT_S": "15", "PALACE_LOG_JSON": "true",
                 "PALACE_SHUTDOWN_GRACE_S": "5", **(extra_env or {}),
             })
-            os.environ.pop("PALACE_DATABASE_URL", None)
-            os.environ.pop("PALACE_NATS_URL", None)
             settings = Settings()
             from palace_dev.devstack import DevStack
 

@@ -296,13 +296,15 @@ def _chat_item(item: dict[str, str], default_type: str, *, partial: bool) -> dic
 @contextmanager
 def serve_stub(state: StubState) -> Iterator[str]:
     """Run the stub on a free loopback port; yields its base URL (``.../v1``)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    sock = socket.socket()  # bound here and handed to uvicorn: no other process can take the port between
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
     server = uvicorn.Server(uvicorn.Config(build_app(state), host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     while not server.started:
+        if not thread.is_alive():
+            raise RuntimeError("the OpenAI-compatible stub did not start")
         time.sleep(0.02)
     try:
         yield f"http://127.0.0.1:{port}/v1"

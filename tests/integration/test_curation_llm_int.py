@@ -73,10 +73,10 @@ def llm(stack: Stack) -> Iterator[ChatStub]:
     saved_env = dict(stack.supervisor.env)
     with serve_stub(state) as url:
         llm_env = {**saved_env, "PALACE_LLM_BASE_URL": url, "PALACE_LLM_MODEL": "stub-chat",
-                   "PALACE_LLM_TIMEOUT_S": "3", "PALACE_LLM_ATTEMPTS": "3", "PALACE_DECISIONS_MODE": "full"}
-        # A timeout of 3 s, and "slow" twice that: a good answer delayed by a busy machine is not taken for
-        # a slow one (the exact call counts below would shift).
-        state.chat.slow_s = 6.0
+                   "PALACE_LLM_TIMEOUT_S": "6", "PALACE_LLM_ATTEMPTS": "3", "PALACE_DECISIONS_MODE": "full"}
+        # A timeout of 6 s, and "slow" twice that: a good answer delayed by a busy machine (the tests below
+        # delay some by 1.5–2 s on purpose) is not taken for a slow one (the exact call counts would shift).
+        state.chat.slow_s = 12.0
         _swap(stack, llm_env)
         state.chat.env = llm_env  # type: ignore[attr-defined]
         try:
@@ -538,7 +538,7 @@ def test_a_redelivered_decision_event_neither_asks_the_model_again_nor_updates_t
 @contextlib.contextmanager
 def _model_answering_about_a_second_drawer(stack: Stack, llm: ChatStub) -> Iterator[tuple[str, str]]:
     """A first drawer filed and decided (ADD), then a second one whose UPDATE the model is answering (in
-    1.5 s, well under the 3 s timeout): yields (workspace, the first drawer's id) while it answers."""
+    1.5 s, well under the 6 s timeout): yields (workspace, the first drawer's id) while it answers."""
     _reset(llm, decision="UPDATE")
     llm.decision_latency_s = 1.5
     try:

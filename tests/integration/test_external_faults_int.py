@@ -264,9 +264,11 @@ class _Proxy:
     until ``open()``, then forwarding every connection to the server's unix socket."""
 
     def __init__(self, target_socket: Path) -> None:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = int(s.getsockname()[1])
+        # Bound now and kept (a bound socket that does not listen refuses connections): a port released
+        # until open() could be taken meanwhile, as the source port of one of the stack's connections.
+        self._sock = socket.socket()
+        self._sock.bind(("127.0.0.1", 0))
+        self.port = int(self._sock.getsockname()[1])
         self.target = str(target_socket)
         self.accepted = 0
         self._loop = asyncio.new_event_loop()
@@ -293,7 +295,7 @@ class _Proxy:
 
     def open(self) -> None:
         async def start() -> None:
-            self._server = await asyncio.start_server(self._handle, "127.0.0.1", self.port)
+            self._server = await asyncio.start_server(self._handle, sock=self._sock)
 
         asyncio.run_coroutine_threadsafe(start(), self._loop).result(10)
 
@@ -306,6 +308,7 @@ class _Proxy:
             asyncio.run_coroutine_threadsafe(stop(), self._loop).result(10)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(5)
+        self._sock.close()  # never opened: still held here
 
 
 def _readyz(port: int) -> int | None:

@@ -98,7 +98,7 @@ async def test_a_slow_graph_lookup_is_cut_off_and_the_search_goes_on(stack: Stac
         with psycopg.connect(stack.database_url) as conn:
             conn.execute("LOCK TABLE entity_aliases IN ACCESS EXCLUSIVE MODE")
             locked.set()
-            release.wait(10)
+            release.wait(60)
 
     t = threading.Thread(target=hold_lock)
     t.start()
@@ -111,7 +111,7 @@ async def test_a_slow_graph_lookup_is_cut_off_and_the_search_goes_on(stack: Stac
             loop = asyncio.get_running_loop()
             t0 = loop.time()
             assert await graph_candidates(c, w, q, len(TEXTS), GraphParams(timeout_ms=50)) == {}
-            assert loop.time() - t0 < 2.0
+            assert loop.time() - t0 < 10.0  # far below the lock's minute, for a loaded machine
             # The transaction is usable and keeps its own timeout; the search still answers.
             assert (await (await c.execute("SHOW statement_timeout")).fetchone())[0] == before  # type: ignore[index]
             hits = await hybrid_search(c, w, q, vec, SearchParams(k=3, graph=GraphParams(timeout_ms=50)),
@@ -191,7 +191,7 @@ async def test_a_search_is_one_round_trip_with_the_graph_under_its_deadline(stac
         with psycopg.connect(stack.database_url) as conn:
             conn.execute("LOCK TABLE entity_aliases IN ACCESS EXCLUSIVE MODE")
             locked.set()
-            release.wait(10)
+            release.wait(60)
 
     t = threading.Thread(target=hold_lock)
     t.start()
@@ -203,7 +203,7 @@ async def test_a_search_is_one_round_trip_with_the_graph_under_its_deadline(stac
                 t0 = loop.time()
                 hits = await hybrid_search(c, w, q, vec, SearchParams(k=3, graph=GraphParams(timeout_ms=50)),
                                            workspace_size=33)
-                assert loop.time() - t0 < 2.0
+                assert loop.time() - t0 < 10.0  # far below the lock's minute, for a loaded machine
                 assert hits and hits[0].id == "d-direct" and all(h.explanation.graph == 0 for h in hits)
                 assert not c.autocommit and c.info.transaction_status == pq.TransactionStatus.IDLE
                 await c.close()  # the next round takes a fresh connection

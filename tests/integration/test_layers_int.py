@@ -166,7 +166,7 @@ async def test_access_writes_are_batched_skip_locked_rows_and_never_wait_for_a_b
         async with pool.connection():
             t0 = time.monotonic()
             assert await log.flush() == 0
-            assert time.monotonic() - t0 < 1.5 and log.pending == len(ids) - 1
+            assert time.monotonic() - t0 < 5 and log.pending == len(ids) - 1
         # A row locked by another transaction is skipped, not waited for, and retried later.
         locker = await open_pool(stack.database_url, name="test-locker", max_size=1)
         try:
@@ -175,7 +175,7 @@ async def test_access_writes_are_batched_skip_locked_rows_and_never_wait_for_a_b
                                     (seeded, ids[0]))
                 t0 = time.monotonic()
                 assert await log.flush() == len(ids) - 2
-                assert time.monotonic() - t0 < 2 and log.pending == 1
+                assert time.monotonic() - t0 < 5 and log.pending == 1
             assert await log.flush() == 1 and log.pending == 0
         finally:
             await locker.close()

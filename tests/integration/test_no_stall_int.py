@@ -1,7 +1,7 @@
 """A new user's first minutes: `palace up`, then a producer in another process publishing sessions with
-plain nats-py, continuously, from the moment the stack is ready. Every session must be classified within
-a few seconds — a fetched-then-dropped message used to wait out ``ack_wait`` (60 s) — and the
-oldest-un-acked gauge must stay low throughout. Once the producer stops, the idle stack logs nothing.
+plain nats-py, continuously, from the moment the stack is ready. Sessions are classified within a few
+seconds, and none waits anywhere near ``ack_wait`` (60 s), which a fetched-then-dropped message used to
+wait out; the oldest-un-acked gauge stays low throughout. Once the producer stops, the idle stack logs nothing.
 
 ``PALACE_STALL_TEST_S`` sets how long it publishes: thirty seconds by default (sixty sessions; with one in
 ten stalling, as it used to, all sixty pass by chance about twice in a thousand runs), ten minutes in
@@ -27,12 +27,17 @@ import nats
 import pytest
 
 from tests.integration.helpers import stack_logs, wait_for
+from tests.own_stack_env import own_stack_env
 
 pytestmark = pytest.mark.integration
 
 DURATION_S = float(os.environ.get("PALACE_STALL_TEST_S", "30"))
 RATE_PER_S = 2.0
-MAX_LATENCY_S = 5.0
+# A typical session is classified within a few seconds; none may wait anywhere near the old stall (ack_wait,
+# 60 s). The bound on the slowest one leaves room for a loaded 2-core machine (another suite's embedder on
+# every core) without letting a stall through.
+TYPICAL_LATENCY_S = 5.0
+MAX_LATENCY_S = 20.0
 
 
 def _free_port() -> int:
@@ -92,10 +97,8 @@ async def _produce_and_watch(nats_url: str, metrics_urls: list[str]) -> tuple[di
 
 def test_sessions_from_a_plain_client_never_stall(tmp_path: Path) -> None:
     devstack, port = tmp_path / "stack", _free_port()
-    env = {**os.environ, "PALACE_DEVSTACK_DIR": str(devstack), "PALACE_API_PORT": str(port)}
-    env.pop("PALACE_DATABASE_URL", None)
-    env.pop("PALACE_NATS_URL", None)
-    env.pop("PALACE_ACK_WAIT_S", None)  # the shipped 60 s: a lost message would show as a 60 s wait
+    # The shipped settings (ack_wait 60 s among them: a lost message would show as a 60 s wait).
+    env = own_stack_env(PALACE_DEVSTACK_DIR=str(devstack), PALACE_API_PORT=str(port))
     devstack.mkdir(parents=True)
     out = open(devstack / "up.out", "ab")  # noqa: SIM115 - owned by the child
     up = subprocess.Popen([sys.executable, "-m", "services.cli", "up", "--log-dir", str(devstack / "logs")],
@@ -145,6 +148,7 @@ def test_sessions_from_a_plain_client_never_stall(tmp_path: Path) -> None:
                f"max {latencies[-1]:.2f}s, oldest un-acked seen {worst_age:.1f}s")
     print(summary)
     assert not missing, f"{len(missing)} sessions never classified ({missing[:5]}); {summary}"
+    assert statistics.median(latencies) < TYPICAL_LATENCY_S, summary
     assert latencies[-1] < MAX_LATENCY_S, summary
-    assert worst_age < 2 * MAX_LATENCY_S, summary
+    assert worst_age < MAX_LATENCY_S, summary
     assert not chatty, f"services logged while idle: {chatty}"

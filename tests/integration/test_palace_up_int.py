@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import socket
 import subprocess
@@ -15,6 +14,7 @@ import httpx
 import psutil
 
 from tests.integration.helpers import stack_logs, wait_for
+from tests.own_stack_env import own_stack_env
 
 
 def _free_port() -> int:
@@ -24,11 +24,8 @@ def _free_port() -> int:
 
 
 def _env(devstack: Path, api_port: int) -> dict[str, str]:
-    env = {**os.environ, "PALACE_DEVSTACK_DIR": str(devstack), "PALACE_API_PORT": str(api_port),
-           "PALACE_SHUTDOWN_GRACE_S": "5", "COLUMNS": "80"}
-    env.pop("PALACE_DATABASE_URL", None)
-    env.pop("PALACE_NATS_URL", None)
-    return env
+    return {**own_stack_env(PALACE_DEVSTACK_DIR=str(devstack), PALACE_API_PORT=str(api_port),
+                            PALACE_SHUTDOWN_GRACE_S="5"), "COLUMNS": "80"}
 
 
 def _up(devstack: Path, api_port: int) -> subprocess.Popen[bytes]:
@@ -103,5 +100,5 @@ def test_up_crash_recovery_then_ctrl_c(tmp_path: Path) -> None:
         if up.poll() is None:
             up.kill()
         subprocess.run([sys.executable, "-m", "services.cli", "stack", "stop"],
-                       env={**os.environ, "PALACE_DEVSTACK_DIR": str(devstack)}, capture_output=True, timeout=120)
+                       env=own_stack_env(PALACE_DEVSTACK_DIR=str(devstack)), capture_output=True, timeout=120)
         time.sleep(0.5)

@@ -123,7 +123,7 @@ def test_a_second_connection_is_taken_only_when_the_pool_has_one_idle(stack: Sta
                 t0 = time.perf_counter()
                 async with spare_connection(pool) as spare:
                     assert spare is None  # none idle: not waited for
-                assert time.perf_counter() - t0 < 0.5
+                assert time.perf_counter() - t0 < 5  # waiting would take the pool's timeout, a minute
         finally:
             await pool.close()
 

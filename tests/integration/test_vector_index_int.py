@@ -235,7 +235,7 @@ def test_a_builder_that_loses_its_lease_stops_building(stack: Stack, monkeypatch
         started.append(index_name)
         stack.sql("UPDATE job_leases SET holder = %s, expires_at = now() + interval '1 minute'"
                   " WHERE job = 'vector_indexes' RETURNING holder", (thief,))
-        await asyncio.sleep(10)
+        await asyncio.sleep(60)  # cancelled once the lease is seen lost
         finished.append(index_name)
 
     monkeypatch.setattr(indexes, "wanted_vector_indexes", wanted)
@@ -257,7 +257,7 @@ def test_a_builder_that_loses_its_lease_stops_building(stack: Stack, monkeypatch
     try:
         built, took = asyncio.run(go())
         assert (built, started, finished) == (0, ["drawers_hnsw_test_lost_1"], [])
-        assert took < 5, took
+        assert took < 20, took  # far below the build's minute
         assert stack.sql("SELECT holder, expires_at > now() FROM job_leases WHERE job = 'vector_indexes'")[0] == (
             thief, True)
     finally:

@@ -4,6 +4,7 @@ workspace past the size that asks for one has it, every search and every cluster
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import Any
 
 import pytest
@@ -16,9 +17,12 @@ from shared.config import Settings
 def test_requests_are_looked_for_every_poll_and_lexicons_once_a_sweep(monkeypatch: pytest.MonkeyPatch) -> None:
     builds: list[float] = []
     lexicons: list[float] = []
+    looked_five_times = asyncio.Event()
 
     async def build_wanted(deps: Any, holder: str) -> int:
         builds.append(asyncio.get_running_loop().time())
+        if len(builds) >= 5:
+            looked_five_times.set()
         return 0
 
     async def refresh_lexicons(deps: Any, holder: str) -> int:
@@ -36,10 +40,13 @@ def test_requests_are_looked_for_every_poll_and_lexicons_once_a_sweep(monkeypatc
     async def go() -> None:
         stop = asyncio.Event()
         loop = asyncio.create_task(indexes.vector_index_loop(Deps(settings, "maintain", None, None), stop))  # type: ignore[arg-type]
-        await asyncio.sleep(0.5)
+        # Five looks at a 0.05 s poll take a quarter of a second; the deadline is for a loaded machine, and
+        # still far below the hour a look on the sweep's interval would take.
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(looked_five_times.wait(), 10)
         stop.set()
-        await asyncio.wait_for(loop, 2)
+        await asyncio.wait_for(loop, 10)
 
     asyncio.run(go())
-    assert len(builds) >= 5, f"looked for requests {len(builds)} times in 0.5 s at a 0.05 s poll"
+    assert len(builds) >= 5, f"looked for requests {len(builds)} times in 10 s at a 0.05 s poll"
     assert len(lexicons) == 1, "lexicons are recounted on the sweep's interval (an hour here)"
