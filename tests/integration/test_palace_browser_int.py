@@ -288,13 +288,22 @@ def test_palace_endpoints_scope_and_page(stack: Stack, authed_api: str) -> None:
 def test_room_pages_use_their_index(stack: Stack) -> None:
     """In a room of thousands of drawers a page is an index range of drawers_room_pages, first page and
     later ones alike, never a read and sort of the whole room. The drawers and the statistics taken over
-    them are rolled back, so the shared test database's statistics (other tests' plans) stay as they were."""
+    them are rolled back, so the shared test database's statistics (other tests' plans) stay as they were.
+
+    Beside it, 100,000 drawers of 2,000 other workspaces (what else the table holds decided the plan: taken
+    as independent, workspace, wing and room made the room look a few rows long once the shared test
+    database held some 70,000 drawers, and the page was a sort of the whole room; migration 0059)."""
     w = ws()
     with psycopg.connect(stack.database_url) as conn:
         conn.execute(
             "INSERT INTO drawers (workspace_id, id, content, content_hash, wing, room, state, filed_at, dedup_bands)"
             " SELECT %s, md5(g::text), 'drawer ' || g, md5(g::text), 'big', 'hall', 'processed',"
             "        now() - g * interval '1 second', '{}' FROM generate_series(1, 5000) g", (w,))
+        conn.execute(
+            "INSERT INTO drawers (workspace_id, id, content, content_hash, wing, room, state, filed_at, dedup_bands)"
+            " SELECT %s || '-' || (g %% 2000), 'o' || g, 'drawer ' || g, md5(g::text), 'agent-' || (g %% 3),"
+            "        (ARRAY['general', 'fact', 'decision', 'event'])[1 + g %% 4], 'processed', now(), '{}'"
+            "   FROM generate_series(1, 100000) g", (w,))
         # Statistics that see the room, inside this transaction: pg_statistic is transactional, so the
         # rollback below takes them away again with the rows.
         analyze(conn, "drawers")
