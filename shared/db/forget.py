@@ -510,13 +510,14 @@ _REPOINT_SQL = """
 
 # Evidence (by index: triple_evidence_drawer) and facts (triples_source_drawer) of kept drawers that name a
 # forgotten session (or, with the messages' seqs in %(q)s, one of these forgotten messages) take the drawer's
-# surviving sighting and its time instead.
+# surviving sighting and its time instead; one that names where its drawer is said still is left as it is.
 _REHOME_EVIDENCE_SQL = """
     UPDATE triple_evidence v SET session_id = d.session_id, seq = d.seq, said_at = d.occurred_at, episode_id = NULL
       FROM drawers d
      WHERE v.workspace_id = %(ws)s AND v.drawer_id = ANY(%(ids)s) AND v.session_id = ANY(%(s)s)
        AND (%(q)s::int[] IS NULL OR (v.session_id, v.seq) IN (SELECT * FROM unnest(%(s)s::text[], %(q)s::int[])))
-       AND d.workspace_id = %(ws)s AND d.id = v.drawer_id"""
+       AND d.workspace_id = %(ws)s AND d.id = v.drawer_id
+       AND (d.session_id, d.seq) IS DISTINCT FROM (v.session_id, v.seq)"""
 _REHOME_FACTS_SQL = """
     UPDATE triples t SET source_session = d.session_id, source_seq = d.seq, source_episode = NULL,
                          valid_from = CASE WHEN d.occurred_at IS NULL THEN t.valid_from
@@ -526,7 +527,8 @@ _REHOME_FACTS_SQL = """
      WHERE t.workspace_id = %(ws)s AND t.source_drawer = ANY(%(ids)s) AND t.source_session = ANY(%(s)s)
        AND (%(q)s::int[] IS NULL
             OR (t.source_session, t.source_seq) IN (SELECT * FROM unnest(%(s)s::text[], %(q)s::int[])))
-       AND d.workspace_id = %(ws)s AND d.id = t.source_drawer"""
+       AND d.workspace_id = %(ws)s AND d.id = t.source_drawer
+       AND (d.session_id, d.seq) IS DISTINCT FROM (t.source_session, t.source_seq)"""
 
 _REFILE_SQL = """
     UPDATE drawers d SET wing = p.wing, room = p.room, hall = p.hall

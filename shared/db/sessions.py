@@ -330,18 +330,21 @@ async def settle_edits(conn: AsyncConnection[Any], workspace_id: str, session_id
         cur = await conn.execute(_REVIVE_SQL, {**reason, "ids": retired_before})
         revived = [(str(r[0]), str(r[1])) for r in await cur.fetchall()]
     rows: list[tuple[Any, ...]] = []
-    repointed: list[tuple[str, str]] = []
     if candidates:
         cur = await conn.execute(_RETIRE_SQL, {"ws": ws, "ids": candidates})
         rows = list(await cur.fetchall())
-        kept = sorted(set(candidates) - {str(r[0]) for r in rows})
-        if kept:
-            seqs = sorted(set(revisions.edited_seqs))
-            cur = await conn.execute(_REPOINT_SQL, {"ws": ws, "sid": sid, "ids": kept, "seqs": seqs,
-                                                    "ctx_chars": CONTEXT_CHARS})
-            repointed = [(str(r[0]), str(r[1])) for r in await cur.fetchall()]
-            # What the graph read in them is said where they are said now (the edited message says it no more).
-            await rehome_graph(conn, ws, kept, [sid] * len(seqs), seqs)
+    # Kept by another message, or brought back by one: they report a message that says them.
+    moved = sorted({*(set(candidates) - {str(r[0]) for r in rows}), *(d for d, _ in revived)})
+    repointed: list[tuple[str, str]] = []
+    if moved:
+        cur = await conn.execute(_REPOINT_SQL, {"ws": ws, "ids": moved, "ctx_chars": CONTEXT_CHARS})
+        was = await cur.fetchall()
+        repointed = [(str(r[0]), str(r[1])) for r in was]
+        # What the graph read in them, named by a message that no longer says them (the edited ones, or the
+        # one a drawer reported before), is said where they are said now.
+        stale = sorted({*((sid, q) for q in revisions.edited_seqs),
+                        *((str(r[2]), int(r[3])) for r in was if r[3] is not None)})
+        await rehome_graph(conn, ws, moved, [p[0] for p in stale], [p[1] for p in stale])
     await insert_history(conn, ws, [
         {"drawer_id": d, "action": "RESTORE", "actor": actor, "event_id": event_id,
          "reason": "said again after an edit had retired it", "new_value": {"deleted_at": None}} for d, _ in revived
@@ -359,10 +362,12 @@ async def settle_edits(conn: AsyncConnection[Any], workspace_id: str, session_id
     return Settled(sorted(str(r[0]) for r in rows), revived, recontexted, repointed)
 
 
-# A drawer an edit left live (another message still says its words) that reported the edited message takes
-# what it reports from its earliest current sighting instead, as a forget repoints one (``shared.db.forget``):
-# where and when it was said, by whom, the message's metadata, and the turn before it as its context. Its
-# placement stays. A new speaker or context makes its vector stale: back to raw, to be embedded again.
+# A live drawer whose own message no longer says it (an edit left it to another message, or a message says
+# it again after an edit had retired it) takes what it reports from its earliest current sighting instead,
+# as a forget repoints one (``shared.db.forget``): where and when it was said, by whom, the message's
+# metadata, and the turn before it as its context. Its placement stays. A new speaker or context makes its
+# vector stale: back to raw, to be embedded again. A merged or archived drawer is left as it is (its vector
+# is what it comes back with), as ``_RECONTEXT_SQL`` leaves it. Returns the position it reported before.
 _REPOINT_SQL = """
 UPDATE drawers d
    SET session_id = x.session_id, seq = x.seq, user_id = x.user_id, agent_id = x.agent_id,
@@ -373,14 +378,14 @@ UPDATE drawers d
        state = CASE WHEN x.stale THEN 'raw' ELSE d.state END,
        retry_count = CASE WHEN x.stale THEN 0 ELSE d.retry_count END,
        failure_reason = CASE WHEN x.stale THEN NULL ELSE d.failure_reason END, updated_at = now()
-  FROM (SELECT d0.id, s.session_id, s.seq, ss.user_id, ss.agent_id, m.role, m.name AS speaker,
+  FROM (SELECT d0.id, d0.session_id AS was_session, d0.seq AS was_seq, s.session_id, s.seq, ss.user_id,
+               ss.agent_id, m.role, m.name AS speaker,
                coalesce(m.created_at, ss.completed_at, ss.started_at) AS occurred_at,
                jsonb_build_object('seq', s.seq, 'chunk', s.chunk_index)
                || CASE WHEN m.metadata <> '{}' THEN jsonb_build_object('message', m.metadata) ELSE '{}' END
                AS metadata,
                c.ctx,
-               d0.state IN ('raw', 'processed', 'failed')
-               AND (c.ctx IS DISTINCT FROM d0.context OR m.name IS DISTINCT FROM d0.speaker) AS stale
+               c.ctx IS DISTINCT FROM d0.context OR m.name IS DISTINCT FROM d0.speaker AS stale
           FROM drawers d0
           JOIN LATERAL (SELECT o.session_id, o.seq, o.chunk_index FROM drawer_sources o
                          WHERE o.workspace_id = %(ws)s AND o.drawer_id = d0.id AND o.revision IS NULL
@@ -395,10 +400,13 @@ UPDATE drawers d
                               WHERE p.workspace_id = %(ws)s AND p.session_id = s.session_id AND p.seq < s.seq
                                 AND NOT p.is_noise AND s.chunk_index = 0
                               ORDER BY p.seq DESC LIMIT 1) c ON true
-         WHERE d0.workspace_id = %(ws)s AND d0.id = ANY(%(ids)s::text[]) AND d0.session_id = %(sid)s
-           AND d0.seq = ANY(%(seqs)s::integer[]) AND d0.deleted_at IS NULL) x
+         WHERE d0.workspace_id = %(ws)s AND d0.id = ANY(%(ids)s::text[]) AND d0.deleted_at IS NULL
+           AND d0.state IN ('raw', 'processed', 'failed')
+           AND NOT EXISTS (SELECT 1 FROM drawer_sources r
+                            WHERE r.workspace_id = %(ws)s AND r.drawer_id = d0.id AND r.session_id = d0.session_id
+                              AND r.seq = d0.seq AND r.revision IS NULL)) x
  WHERE d.workspace_id = %(ws)s AND d.id = x.id
-RETURNING d.id, d.state"""
+RETURNING d.id, d.state, x.was_session, x.was_seq"""
 
 
 # The turn after an edited one, first seen at that position, takes the new words as its context; its

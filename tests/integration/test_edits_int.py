@@ -155,8 +155,11 @@ def test_words_said_in_another_session_stay_until_no_message_says_them(stack: St
     assert stack.sql("SELECT session_id, revision FROM drawer_sources WHERE workspace_id = %s AND drawer_id = %s"
                      " ORDER BY session_id", (w, old_id)) == [("s1", 0), ("s2", 0)]
     stack.publish(session(w, "s3", ["Repeating it for the record:", said]))
-    wait_for(lambda: stack.sql("SELECT deleted_at IS NULL, state FROM drawers WHERE workspace_id = %s AND id = %s",
-                               (w, old_id)) == [(True, "processed")], what="the words said again brought back")
+    # Back, and reporting the message that says it now (not s2's, which says other words since).
+    wait_for(lambda: stack.sql("SELECT deleted_at IS NULL, state, session_id, speaker, context FROM drawers"
+                               " WHERE workspace_id = %s AND id = %s", (w, old_id))
+             == [(True, "processed", "s3", None, "Repeating it for the record:")],
+             what="the words said again brought back")
     assert stack.sql("SELECT actor FROM memory_history WHERE workspace_id = %s AND drawer_id = %s"
                      " AND action = 'RESTORE'", (w, old_id)) == [("ingest",)]
 
