@@ -145,14 +145,24 @@ async def stale_tables(conn: AsyncConnection[Any], min_rows: int) -> list[str]:
     return [str(r[0]) for r in await cur.fetchall()]
 
 
+# The columns of the table's extended statistics (CREATE STATISTICS, e.g. drawers_layout of migration 0059):
+# PostgreSQL builds such an object only when ANALYZE covers all of its columns, and skips it otherwise.
+_EXTENDED_COLUMNS_SQL = """
+SELECT DISTINCT a.attname FROM pg_statistic_ext s
+  JOIN pg_attribute a ON a.attrelid = s.stxrelid AND a.attnum = ANY(s.stxkeys::int2[])
+ WHERE s.stxrelid = %s::regclass ORDER BY 1"""
+
+
 async def analyze_tables(database_url: str, tables: list[str], *, whole: AbstractSet[str] = frozenset()
                          ) -> tuple[list[str], dict[str, str]]:
     """``ANALYZE`` each table's workspace column, or the whole table for those in ``whole`` (stale ones),
     as the login role that owns it, on a connection of its own (autocommit). The column alone where that
     is all that is missing: the statistics of a vector, a tsvector or an array column cost several times
-    the sampling itself, and autovacuum keeps those on its own schedule. SKIP_LOCKED: a table locked by an
-    index build is left for the next round rather than waited on. Returns the tables analyzed, and those
-    skipped with PostgreSQL's reason (locked, or a login role that does not own it)."""
+    the sampling itself, and autovacuum keeps those on its own schedule. With it go the columns of the
+    table's extended statistics: a new workspace is what they must see (its rooms' real size), and they are
+    built only from an ANALYZE of all their columns. SKIP_LOCKED: a table locked by an index build is left
+    for the next round rather than waited on. Returns the tables analyzed, and those skipped with
+    PostgreSQL's reason (locked, or a login role that does not own it)."""
     done: list[str] = []
     skipped: dict[str, str] = {}
     async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as conn:
@@ -163,10 +173,14 @@ async def analyze_tables(database_url: str, tables: list[str], *, whole: Abstrac
                 if "skipping" in (d.message_primary or ""):
                     why.append(d.message_primary or "")
 
+            columns = ["workspace_id"]
+            if table not in whole:
+                cur = await conn.execute(_EXTENDED_COLUMNS_SQL, (table,))
+                columns += [str(r[0]) for r in await cur.fetchall() if r[0] != "workspace_id"]
             conn.add_notice_handler(notice)
             try:
-                target = sql.Identifier(table) if table in whole else sql.SQL("{} (workspace_id)").format(
-                    sql.Identifier(table))
+                target = sql.Identifier(table) if table in whole else sql.SQL("{} ({})").format(
+                    sql.Identifier(table), sql.SQL(", ").join(map(sql.Identifier, columns)))
                 await conn.execute(sql.SQL("ANALYZE (SKIP_LOCKED) {}").format(target))
             finally:
                 conn.remove_notice_handler(notice)

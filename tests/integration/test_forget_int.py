@@ -386,9 +386,17 @@ def test_what_forget_reaches_through_migration_0040_it_finds_by_index(stack: Sta
                         SELECT %s, 'm' || i, 'a' || i, 'b' || i, 'operator', 'x',
                                jsonb_build_object('mentions', jsonb_build_array('d' || i)), 't'
                           FROM generate_series(1, 3000) i""", (w,))
+        # Extraction's notes, on episodes and on drawers, as a workspace that extracts for a while has them
+        # (with none, the workspace's few history rows were walked, or not, as other tests left the table).
+        conn.execute("""INSERT INTO memory_history (workspace_id, id, action, actor, new_value)
+                        SELECT %s, 'kg' || i, 'KG_EXTRACT', 'enrich',
+                               CASE WHEN i %% 2 = 0 THEN jsonb_build_object('episode_id', 'ep' || i)
+                                    ELSE jsonb_build_object('drawers', jsonb_build_array('d' || i)) END
+                          FROM generate_series(1, 3000) i""", (w,))
         conn.execute("ANALYZE triples")
         conn.execute("ANALYZE triple_evidence")
         conn.execute("ANALYZE entity_merges")
+        conn.execute("ANALYZE memory_history")
         for q, index in [(sql._RESOURCE_TRIPLES_SQL, "triples_source_drawer"),
                          (sql._REHOME_EVIDENCE_SQL, "triple_evidence_drawer"),
                          (sql._REHOME_FACTS_SQL, "triples_source_drawer"),
@@ -398,6 +406,7 @@ def test_what_forget_reaches_through_migration_0040_it_finds_by_index(stack: Sta
                                                                         "q": [0], "e": ["x"], "d": ["x"]}))
             assert index in plan, plan
         conn.execute("DELETE FROM entity_merges WHERE workspace_id = %s", (w,))
+        conn.execute("DELETE FROM memory_history WHERE workspace_id = %s AND action = 'KG_EXTRACT'", (w,))
         conn.execute("DELETE FROM triple_evidence WHERE workspace_id = %s", (w,))
         conn.execute("DELETE FROM triples WHERE workspace_id = %s", (w,))
 

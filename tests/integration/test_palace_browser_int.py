@@ -24,7 +24,7 @@ import uvicorn
 from services.api.app import create_app
 from shared.config import Settings
 from shared.memory.citations import cite
-from tests.integration.helpers import Stack, analyze, api_key_for, session, wait_for, ws
+from tests.integration.helpers import Stack, api_key_for, fresh_database, session, wait_for, ws
 
 pytestmark = pytest.mark.integration
 
@@ -287,33 +287,37 @@ def test_palace_endpoints_scope_and_page(stack: Stack, authed_api: str) -> None:
 
 def test_room_pages_use_their_index(stack: Stack) -> None:
     """In a room of thousands of drawers a page is an index range of drawers_room_pages, first page and
-    later ones alike, never a read and sort of the whole room. The drawers and the statistics taken over
-    them are rolled back, so the shared test database's statistics (other tests' plans) stay as they were.
+    later ones alike, never a read and sort of the whole room. In a database of its own, so what other tests
+    wrote first does not decide the plan, and its statistics stay out of theirs.
 
-    Beside it, 100,000 drawers of 2,000 other workspaces (what else the table holds decided the plan: taken
-    as independent, workspace, wing and room made the room look a few rows long once the shared test
-    database held some 70,000 drawers, and the page was a sort of the whole room; migration 0059)."""
+    Beside the room, 100,000 drawers of 2,000 other workspaces: taken as independent, workspace, wing and
+    room made the room look a few rows long once the table held some 70,000 drawers, and the page was a
+    sort of the whole room (it flaked so in the shared test database; migration 0059)."""
+    from shared.db.migrate import apply_migrations
+
     w = ws()
-    with psycopg.connect(stack.database_url) as conn:
-        conn.execute(
-            "INSERT INTO drawers (workspace_id, id, content, content_hash, wing, room, state, filed_at, dedup_bands)"
-            " SELECT %s, md5(g::text), 'drawer ' || g, md5(g::text), 'big', 'hall', 'processed',"
-            "        now() - g * interval '1 second', '{}' FROM generate_series(1, 5000) g", (w,))
-        conn.execute(
-            "INSERT INTO drawers (workspace_id, id, content, content_hash, wing, room, state, filed_at, dedup_bands)"
-            " SELECT %s || '-' || (g %% 2000), 'o' || g, 'drawer ' || g, md5(g::text), 'agent-' || (g %% 3),"
-            "        (ARRAY['general', 'fact', 'decision', 'event'])[1 + g %% 4], 'processed', now(), '{}'"
-            "   FROM generate_series(1, 100000) g", (w,))
-        # Statistics that see the room, inside this transaction: pg_statistic is transactional, so the
-        # rollback below takes them away again with the rows.
-        analyze(conn, "drawers")
-        page = ("EXPLAIN SELECT id, content FROM drawers WHERE workspace_id = %s AND wing = 'big' AND room = 'hall'"
-                " AND deleted_at IS NULL AND state <> 'merged' {} ORDER BY filed_at DESC, id DESC LIMIT 26")
-        for keyset in ("", "AND (filed_at, id) < (now() - interval '100 seconds', 'zz')"):
-            rows = conn.execute(page.format(keyset), (w,)).fetchall()  # type: ignore[call-overload]
-            plan = "\n".join(r[0] for r in rows)
-            assert "drawers_room_pages" in plan and "Sort" not in plan, plan
-        conn.rollback()
+    with fresh_database(stack, "palace_rooms") as url:
+        apply_migrations(url, stack.settings.embed_dim)
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute(
+                "INSERT INTO drawers (workspace_id, id, content, content_hash, wing, room, state, filed_at,"
+                "                     dedup_bands)"
+                " SELECT %s, md5(g::text), 'drawer ' || g, md5(g::text), 'big', 'hall', 'processed',"
+                "        now() - g * interval '1 second', '{}' FROM generate_series(1, 5000) g", (w,))
+            conn.execute(
+                "INSERT INTO drawers (workspace_id, id, content, content_hash, wing, room, state, filed_at,"
+                "                     dedup_bands)"
+                " SELECT %s || '-' || (g %% 2000), 'o' || g, 'drawer ' || g, md5(g::text), 'agent-' || (g %% 3),"
+                "        (ARRAY['general', 'fact', 'decision', 'event'])[1 + g %% 4], 'processed', now(), '{}'"
+                "   FROM generate_series(1, 100000) g", (w,))
+            conn.execute("ANALYZE drawers")
+            page = ("EXPLAIN SELECT id, content FROM drawers WHERE workspace_id = %s AND wing = 'big'"
+                    " AND room = 'hall' AND deleted_at IS NULL AND state <> 'merged' {}"
+                    " ORDER BY filed_at DESC, id DESC LIMIT 26")
+            for keyset in ("", "AND (filed_at, id) < (now() - interval '100 seconds', 'zz')"):
+                rows = conn.execute(page.format(keyset), (w,)).fetchall()  # type: ignore[call-overload]
+                plan = "\n".join(r[0] for r in rows)
+                assert "drawers_room_pages" in plan and "Sort" not in plan, plan
 
 
 def test_the_cli_reads_an_authenticated_api_with_its_key(stack: Stack, authed_api: str) -> None:
