@@ -167,7 +167,9 @@ class Identity(_Model):
 
 
 class Accepted(_Model):
-    """A memory durably queued; the pipeline files it within seconds under ``drawer_ids``."""
+    """A memory durably queued; the pipeline files it within seconds under ``drawer_ids``. ``status``:
+    'accepted' (new), 'exists' (the same text is already filed, where wing/room say) or 'restored' (it had
+    been deleted and is back)."""
 
     status: str
     drawer_ids: list[str]

@@ -687,7 +687,7 @@ def add_cmd(content: Annotated[str, typer.Argument(help="The memory, verbatim.")
         a = _sdk(lambda: c.add(content, wing=wing, room=room, agent="cli"))
     if as_json:
         return _print_json(a)
-    console.print(f"accepted: drawer {', '.join(a.drawer_ids)} in {a.wing}/{a.room or '(by its type)'}")
+    console.print(f"{a.status}: drawer {', '.join(a.drawer_ids)} in {a.wing}/{a.room or '(by its type)'}")
     return None
 
 

@@ -15,7 +15,7 @@ import re
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Literal
 
 from faststream.nats import NatsBroker
 from psycopg_pool import AsyncConnectionPool
@@ -26,6 +26,7 @@ from shared.config import Settings
 from shared.db.drawer_admin import (
     DrawerSummary,
     diary_entries,
+    drawer_placements,
     drawers_by_id_prefix,
     restore_drawer,
     similar_drawers,
@@ -33,6 +34,7 @@ from shared.db.drawer_admin import (
 )
 from shared.db.drawers import drawers_by_id
 from shared.db.episodes import reopen_episodes_of
+from shared.db.forget import forgotten_session_drawers, writer_tx
 from shared.db.identity import get_identity, set_identity
 from shared.db.tenancy import workspace_tx
 from shared.endpoints import resolve_urls
@@ -93,7 +95,9 @@ class Hit(BaseModel):
     drawer_id: str
     citation: str = Field(description="wing/room/short id: cite this instead of quoting (memory_get_drawer "
                           "reads it back).")
-    score: float
+    score: float = Field(description="Relevance 0–1, on the scale memory_inject's threshold uses "
+                         f"({Settings.model_fields['inject_threshold'].default} by default): every search returns "
+                         "its best hits, and one well under that is usually unrelated to the query.")
     content: str
     wing: str
     room: str
@@ -130,12 +134,14 @@ class Duplicate(BaseModel):
 
 
 class Accepted(BaseModel):
-    status: str = Field(description="'accepted': durably queued; ingest files it within seconds, then it is "
-                        "embedded and classified.")
-    drawer_ids: list[str] = Field(description="Ids the new drawer(s) get (deterministic from the content).")
+    status: Literal["accepted", "exists", "restored"] = Field(description=(
+        "'accepted': new, durably queued; ingest files it within seconds, then it is embedded and classified. "
+        "'exists': the same text is already remembered, where wing/room say (not moved). 'restored': the same "
+        "text had been deleted; it is back where it was filed (audited as a RESTORE)."))
+    drawer_ids: list[str] = Field(description="The drawer ids (deterministic from the content).")
     event_id: str
     session_id: str
-    wing: str
+    wing: str = Field(description="Where it is filed: the wing asked for, or where the same text already is.")
     room: str | None = Field(description="None: classification files it in the room of its memory type.")
     hall: str | None
 
@@ -311,10 +317,33 @@ class PalaceOps:
         if not plan.drawers:
             raise OperationError(f"nothing to file: the text is empty or noise (under {s.min_chars} characters "
                                  "or only filler)")
+        ids = [d.id for d in plan.drawers]
+        # The same text is the same drawer: say where it already is, and whether it was deleted or forgotten,
+        # instead of "accepted" for words that search would never return (ingest files a new sighting only).
+        async with writer_tx(self.pool, ws) as conn:
+            gone, gone_drawers = await forgotten_session_drawers(conn, ws, session_id=session_id, user_id=None,
+                                                                 agent_id=agent, drawer_ids=ids)
+            placed = await drawer_placements(conn, ws, ids)
+        if gone or gone_drawers:
+            raise OperationError("this text (or its agent) was forgotten on request, and a forget is permanent: "
+                                 "it is not filed again")
         await publish_event(self.broker, s, event)
+        status: Literal["accepted", "exists", "restored"] = "exists" if len(placed) == len(ids) else "accepted"
+        deleted = [i for i in ids if i in placed and placed[i].deleted]
+        if deleted:
+            event_id = f"{self.actor}-restore:{event.event_id}"
+            async with workspace_tx(self.pool, ws) as conn:
+                for did in deleted:  # asked for again: back, audited, and in its sessions' episodes again
+                    if await restore_drawer(conn, ws, did, actor=self.actor, event_id=event_id,
+                                            reason="the same text was added again"):
+                        await reopen_episodes_of(conn, ws, did, change=event_id, due_after_s=s.episode_wait_s)
+            status = "restored"
         first = plan.drawers[0]
-        return Accepted(status="accepted", drawer_ids=[d.id for d in plan.drawers], event_id=event.event_id or "",
-                        session_id=session_id, wing=first.wing, room=first.room or None, hall=first.hall)
+        where = placed.get(first.id)
+        wing, room, hall = (where.wing, where.room, where.hall) if where else (first.wing, first.room or None,
+                                                                              first.hall)
+        return Accepted(status=status, drawer_ids=ids, event_id=event.event_id or "", session_id=session_id,
+                        wing=wing, room=room, hall=hall)
 
     async def delete_drawer(self, ws: str, drawer_id_: str, reason: str | None = None) -> Deleted:
         """Soft-delete by drawer id or citation. A whole id is taken as it is (deleting it again, or an

@@ -21,6 +21,7 @@ from psycopg_pool import AsyncConnectionPool
 from starlette.types import Receive, Scope, Send
 
 from services.api.deps import mark_authenticated
+from services.mcp.arguments import refuse_unknown_arguments
 from services.mcp.tools import TOOLS, Binding
 from shared.bus import build_broker, ensure_streams
 from shared.config import Settings
@@ -36,10 +37,11 @@ __all__ = ["INSTRUCTIONS", "McpHttpEndpoint", "PalaceMCPServer", "build_server",
 
 INSTRUCTIONS = (
     "Palace is this agent's long-term memory. Drawers hold verbatim memories, filed in wings (people, "
-    "projects, agents) and rooms (topics). Start with memory_status; recall with memory_search before "
-    "answering from memory and cite hits by their citation (include_episodes=true adds summaries of the "
-    "past conversations that match, to see a memory in context); check memory_check_duplicate before "
-    "memory_add_drawer. Everything you see and write belongs to one workspace."
+    "projects, agents) and rooms (topics). Start a session with memory_wake_up (who you are and the "
+    "essential story); before each answer, memory_inject gives the memories relevant to the user's message, "
+    "or nothing; recall with memory_search and cite hits by their citation (include_episodes=true adds "
+    "summaries of the past conversations that match, to see a memory in context). memory_add_drawer stores a "
+    "text once and says when it is already there. Everything you see and write belongs to one workspace."
 )
 
 WORKSPACE_STATE_KEY = "palace_workspace"
@@ -54,6 +56,9 @@ class PalaceMCPServer(MCPServer):
         self.palace_binding = binding
         for spec in TOOLS:
             self.add_tool(spec.fn, name=spec.name, annotations=spec.annotations, structured_output=True)
+            tool = self._tool_manager.get_tool(spec.name)
+            assert tool is not None
+            refuse_unknown_arguments(tool)
 
 
 def build_server(binding: Binding) -> PalaceMCPServer:

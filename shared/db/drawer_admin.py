@@ -50,7 +50,8 @@ async def soft_delete_drawer(
 
 
 async def restore_drawer(
-    conn: AsyncConnection[Any], workspace_id: str, drawer_id: str, *, actor: str, event_id: str
+    conn: AsyncConnection[Any], workspace_id: str, drawer_id: str, *, actor: str, event_id: str,
+    reason: str | None = None,
 ) -> bool:
     """Undo a soft delete. False if the drawer is not deleted (or does not exist)."""
     cur = await conn.execute(
@@ -61,8 +62,26 @@ async def restore_drawer(
     if await cur.fetchone() is None:
         return False
     await record_history(conn, workspace_id, drawer_id=drawer_id, action="RESTORE", actor=actor, event_id=event_id,
-                         new_value={"deleted_at": None})
+                         reason=reason, new_value={"deleted_at": None})
     return True
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a drawer is filed, and whether it is soft-deleted."""
+
+    wing: str
+    room: str | None
+    hall: str | None
+    deleted: bool
+
+
+async def drawer_placements(conn: AsyncConnection[Any], workspace_id: str, ids: list[str]) -> dict[str, Placement]:
+    """The drawers among ``ids`` that exist (deleted ones included), by primary key."""
+    cur = await conn.execute(
+        "SELECT id, wing, room, hall, deleted_at IS NOT NULL FROM drawers WHERE workspace_id = %s AND id = ANY(%s)",
+        (workspace_id, ids))
+    return {str(r[0]): Placement(str(r[1]), r[2], r[3], bool(r[4])) for r in await cur.fetchall()}
 
 
 async def similar_drawers(

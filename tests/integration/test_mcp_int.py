@@ -118,6 +118,9 @@ async def exercise_every_tool(session: ClientSession, stack: Stack, w: str, requ
     scores = [h["score"] for h in found["hits"]]
     assert scores == sorted(scores, reverse=True)
     assert "limit" in await call_error(session, "memory_search", query="x", limit=500)
+    # Another interface's name for an argument is refused with the right one (it was ignored: 5 hits, every wing).
+    wrong = await call_error(session, "memory_search", query="x", k=20, wing="alice")
+    assert "unknown argument 'k' (did you mean 'limit'?)" in wrong and "unknown argument 'wing'" in wrong, wrong
     # Episodes on request (each memory here is a one-message session): the violin lesson's first, citing
     # its drawer; the hits stay the same, and without the option there are none.
     assert found["episodes"] is None
@@ -179,8 +182,10 @@ async def exercise_every_tool(session: ClientSession, stack: Stack, w: str, requ
 
     # Knowledge graph (MemPalace's example): a fact ends, a new one begins; the past stays answerable.
     bass = ids[MEMORIES[2][0]]
+    assert "no live drawer" in await call_error(session, "memory_kg_add", subject="Orion", predicate="uses",
+                                                object="MongoDB", source_drawer_id="bob/music/0123456789ab")
     mongo = await call(session, "memory_kg_add", subject="Orion", predicate="uses", object="MongoDB",
-                       valid_from="2024-06-01", source_drawer_id=bass)
+                       valid_from="2024-06-01", source_drawer_id=f"bob/music/{bass[:12]}")  # a citation
     assert mongo["created"] and mongo["fact"]["current"] and mongo["fact"]["source_drawer"] == bass
     assert not (await call(session, "memory_kg_add", subject="orion", predicate="Uses", object="mongodb",
                            valid_from="2024-08-01"))["created"], "the same fact, already holding"
@@ -224,6 +229,17 @@ async def exercise_every_tool(session: ClientSession, stack: Stack, w: str, requ
                      (w, hiking)) == [(True,)], "the row stays: soft delete"
     assert await restore(stack, w, hiking)
     assert (await call(session, "memory_get_taxonomy"))["wings"]["alice"] == {"hiking": 1, "music": 1}
+    # The same text added again says where it already is; deleted, it comes back (it was "accepted" and
+    # never seen again: the drawer stayed deleted).
+    here = await call(session, "memory_add_drawer", content=MEMORIES[1][0], wing="bob", room="elsewhere")
+    assert (here["status"], here["wing"], here["room"], here["drawer_ids"]) == ("exists", "alice", "hiking", [hiking])
+    await call(session, "memory_delete_drawer", drawer_id=hiking)
+    back = await call(session, "memory_add_drawer", content=MEMORIES[1][0], wing="alice", room="hiking")
+    assert (back["status"], back["drawer_ids"]) == ("restored", [hiking])
+    hits = (await call(session, "memory_search", query="Kungsleden trail Lapland hike", limit=10))["hits"]
+    assert hiking in {h["drawer_id"] for h in hits}
+    assert stack.sql("SELECT reason FROM memory_history WHERE workspace_id = %s AND drawer_id = %s"
+                     " AND action = 'RESTORE' AND actor = 'mcp'", (w, hiking)) == [("the same text was added again",)]
 
     # The diary: wing 'diary', hall = the agent, newest first.
     for entry in ("Helped plan the Saturday market trip and the grocery list.",
@@ -244,6 +260,8 @@ async def exercise_every_tool(session: ClientSession, stack: Stack, w: str, requ
     entry = "Helped plan the Saturday market trip and the grocery list."
     assert "exactly one" in await call_error(session, "memory_forget", user_id="someone", everything=True)
     assert "exactly one" in await call_error(session, "memory_forget")
+    assert "confirm='forget user someone'" in await call_error(session, "memory_forget", user_id="someone",
+                                                                confirm="yes")
     cite = (await call(session, "memory_get_drawer", drawer=ids[entry]))["citation"]
     out = await call(session, "memory_forget", drawer=cite, verify=True)
     assert out["scope"] == f"drawer:{ids[entry]}" and out["counts"]["drawers"] == 1
@@ -252,6 +270,8 @@ async def exercise_every_tool(session: ClientSession, stack: Stack, w: str, requ
     audits = stack.sql("SELECT requested_by, scope_kind FROM forget_audit WHERE workspace_id = %s", (w,))
     assert audits == [(requester, "drawer")]  # over HTTP, the API key that asked (as over REST)
     assert len((await call(session, "memory_diary_read", agent="atlas"))["entries"]) == 1
+    # Forgotten is forgotten: the same words written again are refused, not "accepted" and dropped by ingest.
+    assert "forgotten on request" in await call_error(session, "memory_diary_write", agent="atlas", entry=entry)
     return ids
 
 
@@ -309,7 +329,8 @@ async def test_http_session_calls_every_tool_and_is_bound_to_its_key(stack: Stac
         assert (await call(other, "memory_delete_drawer", drawer_id=violin))["deleted"] is False
         assert "no live drawer" in await call_error(other, "memory_get_drawer", drawer=f"alice/music/{violin[:12]}")
         assert "no live drawer" in await call_error(other, "memory_forget", drawer=f"alice/music/{violin[:12]}")
-        everything = await call(other, "memory_forget", everything=True, verify=True)
+        assert "confirm='forget everything'" in await call_error(other, "memory_forget", everything=True)
+        everything = await call(other, "memory_forget", everything=True, verify=True, confirm="forget everything")
         assert everything["scope"] == "workspace" and not any(everything["remaining"].values())
         assert (await call(other, "memory_find_tunnels"))["tunnels"] == []
         assert (await call(other, "memory_status"))["identity"] is None
