@@ -69,6 +69,16 @@ _FACT_SELECT = """
       JOIN entities s ON s.workspace_id = t.workspace_id AND s.id = t.subject_id
       JOIN entities o ON o.workspace_id = t.workspace_id AND o.id = t.object_id
 """
+# Which facts a read past its limit keeps: the latest (an index on valid_from read backwards), then shown in the
+# order they started (``_chronological``). Oldest first, a busy entity's reads ended before today's facts.
+_NEWEST_FIRST = "t.valid_from DESC NULLS LAST, t.created_at DESC, t.id DESC"
+
+
+def _chronological(facts: list[Fact]) -> list[Fact]:
+    """In the order they started (no start first), then as recorded."""
+    return sorted(facts, key=lambda f: (f.valid_from is not None, f.valid_from or f.created_at, f.created_at, f.id))
+
+
 _FACT_FIELDS = ("id", "subject", "subject_id", "predicate", "object", "object_id", "valid_from", "valid_to",
                 "current", "direction", "confidence", "source_drawer", "source_episode", "source_session",
                 "source_seq", "created_at", "invalidated_at")
@@ -496,7 +506,8 @@ async def query_entity(
     direction: Direction | str = "both", limit: int = 200,
 ) -> list[Fact]:
     """The entity's relations (outgoing: it is the subject; incoming: the object), ordered by
-    valid_from. With ``as_of``, only the facts that held then, ended ones included."""
+    valid_from. With ``as_of``, only the facts that held then, ended ones included. Past ``limit``, the
+    facts that hold now and then the latest are kept (``_newest_first``): the oldest ones went first."""
     d = parse_direction(direction)
     window = as_of_window(as_of)
     eid = await resolve_entity(conn, workspace_id, name)
@@ -505,24 +516,25 @@ async def query_entity(
     lo, hi = window if window else (None, None)
     cur = await conn.execute(
         _FACT_SELECT.format(direction="t.dir", source=_EDGES)
-        + " ORDER BY t.valid_from NULLS FIRST, t.created_at, t.id LIMIT %(limit)s",
+        + (" ORDER BY " if window else " ORDER BY (t.valid_to IS NULL OR t.valid_to > now()) DESC, ")
+        + _NEWEST_FIRST + " LIMIT %(limit)s",
         {"ws": workspace_id, "e": eid, "lo": lo, "hi": hi, "out": d != "incoming", "in": d != "outgoing",
          "both": d == "both", "limit": max(1, min(int(limit), 1000))})
-    return [_fact(r) for r in await cur.fetchall()]
+    return _chronological([_fact(r) for r in await cur.fetchall()])
 
 
 async def entity_timeline(
     conn: AsyncConnection[Any], workspace_id: str, name: str | None = None, *, limit: int = 100
 ) -> list[Fact]:
     """Every fact about the entity (or the whole workspace when ``name`` is None), in the order they
-    started; ended facts are included with their end."""
+    started; ended facts are included with their end. Past ``limit``, the latest ones."""
     if name is not None:
         return await query_entity(conn, workspace_id, name, direction="both", limit=limit)
     cur = await conn.execute(
         _FACT_SELECT.format(direction="NULL::text", source="triples")
-        + " WHERE t.workspace_id = %s ORDER BY t.valid_from NULLS FIRST, t.created_at, t.id LIMIT %s",
+        + " WHERE t.workspace_id = %s ORDER BY " + _NEWEST_FIRST + " LIMIT %s",
         (workspace_id, max(1, min(int(limit), 1000))))
-    return [_fact(r) for r in await cur.fetchall()]
+    return _chronological([_fact(r) for r in await cur.fetchall()])
 
 
 async def kg_stats(conn: AsyncConnection[Any], workspace_id: str) -> KgStats:

@@ -115,6 +115,22 @@ async def test_a_late_statement_never_reopens_a_fact_across_its_invalidation(poo
         assert [f.object for f in await query_entity(c, w, "Ines", as_of="2025-01-05")] == ["Acme"]
 
 
+async def test_past_the_limit_the_facts_holding_now_and_the_latest_are_kept(pool: AsyncConnectionPool) -> None:
+    """A busy entity read with a small limit: what holds now and the latest facts come back, in the order
+    they started (oldest first, the read ended before today's facts)."""
+    w = ws()
+    async with workspace_tx(pool, w) as c:
+        await add_triple(c, w, "Vega", "lives_in", "Lisbon", valid_from="2015-03-01")  # still true
+        for year, tool in ((2020, "Jira"), (2021, "Linear"), (2022, "Asana")):
+            await add_triple(c, w, "Vega", "uses", tool, valid_from=f"{year}-01-01")
+            await invalidate_triple(c, w, "Vega", "uses", tool, ended=f"{year}-12-31")
+        got = await query_entity(c, w, "Vega", limit=2)
+        assert [(f.object, f.current) for f in got] == [("Lisbon", True), ("Asana", False)]
+        assert [f.object for f in await entity_timeline(c, w, "Vega", limit=2)] == ["Lisbon", "Asana"]
+        assert [f.object for f in await query_entity(c, w, "Vega", as_of="2021-06-01", limit=1)] == ["Linear"]
+        assert [f.object for f in await entity_timeline(c, w, None, limit=2)] == ["Linear", "Asana"]
+
+
 async def test_a_fact_is_stamped_with_when_it_was_said(pool: AsyncConnectionPool, stack: Stack) -> None:
     w = ws()
     msg = session(w, "s1", ["We are moving the billing service from MySQL to PostgreSQL next month.",
