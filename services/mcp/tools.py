@@ -25,7 +25,7 @@ from typing import Annotated, Any, Literal, ParamSpec, TypeVar
 import psycopg
 from mcp.server.mcpserver import Context
 from mcp.server.mcpserver.exceptions import ToolError
-from mcp.types import ToolAnnotations
+from mcp.types import CallToolResult, TextContent, ToolAnnotations
 from pydantic import BaseModel, Field
 
 from shared.db import kg
@@ -346,14 +346,18 @@ async def memory_wake_up(
     ctx: Context,
     wing: Annotated[Name | None, Field(description="Only this wing's memories in the essential story (e.g. "
                                        "the project or person the conversation is about); omit for all.")] = None,
-) -> WakeUpOut:
+) -> Annotated[CallToolResult, WakeUpOut]:
     """Load what to know at the start of a conversation: the identity (L0, who you are here) and the
     essential story (L1, the most important memories grouped by room, a short snippet each, about 2,000
     characters at most). Call it once when a session begins; use memory_search for anything specific."""
     ops, ws = bound(ctx)
     w = await wake_up(ops.pool, ws, wing)
-    return WakeUpOut(text=w.text, identity=w.identity, essential=w.essential,
-                     drawers=[LayerDrawerOut.of(d) for d in w.drawers], truncated=w.truncated)
+    out = WakeUpOut(text=w.text, identity=w.identity, essential=w.essential,
+                    drawers=[LayerDrawerOut.of(d) for d in w.drawers], truncated=w.truncated)
+    # The model reads the text once; the structured result (for the client application) holds it split up
+    # as well. As JSON text, the model read the essential story three times over (text, essential, drawers).
+    return CallToolResult(content=[TextContent(type="text", text=w.text)],
+                          structured_content=out.model_dump(mode="json"))
 
 
 @tool(READ)

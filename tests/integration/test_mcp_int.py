@@ -158,6 +158,9 @@ async def exercise_every_tool(session: ClientSession, stack: Stack, w: str, requ
     assert len(woke["essential"]) <= 2000
     for d in woke["drawers"]:
         assert f"[{d['wing']}/{d['room']}]" in woke["essential"] and d["snippet"] in woke["essential"]
+    # What the model reads is the text, once (as JSON it read the essential story three times over).
+    read = (await session.call_tool("memory_wake_up", {})).content
+    assert [c.text for c in read] == [woke["text"]]  # type: ignore[union-attr]
     bob = await call(session, "memory_wake_up", wing="bob")
     assert {d["wing"] for d in bob["drawers"]} == {"bob"} and len(bob["drawers"]) == 2
 
