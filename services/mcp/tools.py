@@ -33,7 +33,7 @@ from shared.db.tenancy import workspace_tx
 from shared.events.models import PlaceName
 from shared.faults import is_transient
 from shared.inject import DEFAULT_TOKEN_BUDGET, MIN_TOKEN_BUDGET, inject
-from shared.layers import L1_BUDGET, LayerDrawer, wake_up
+from shared.layers import L1_BUDGET, L2_BUDGET, L2_DRAWERS, LayerDrawer, recall_layer, wake_up
 from shared.limits import EPISODES_K_MAX, IDENTIFIER_MAX, KG_FACTS_MAX, SEARCH_K_MAX
 from shared.logging import get_logger
 from shared.memory.kg import Fact, KgError, KgStats, TripleAdded
@@ -213,6 +213,15 @@ class WakeUpOut(BaseModel):
     truncated: bool = Field(description="More was important than fits; use memory_search for the rest.")
 
 
+class RecallOut(BaseModel):
+    text: str = Field(description=f"L2: the most important memories of the wing and/or room, at most {L2_BUDGET} "
+                      "characters (empty when there are none).")
+    wing: str | None
+    room: str | None
+    drawers: list[LayerDrawerOut] = Field(description="The drawers the text shows, in its order.")
+    truncated: bool = Field(description="More was important than fits; use memory_search for the rest.")
+
+
 class InjectOut(BaseModel):
     block: str = Field(description="'<memory_context>…</memory_context>' to put before your answer, or empty.")
     tokens: int
@@ -358,6 +367,29 @@ async def memory_wake_up(
     # as well. As JSON text, the model read the essential story three times over (text, essential, drawers).
     return CallToolResult(content=[TextContent(type="text", text=w.text)],
                           structured_content=out.model_dump(mode="json"))
+
+
+@tool(READ)
+async def memory_recall(
+    ctx: Context,
+    wing: Annotated[Name | None, Field(description="The wing (a person, project or agent).")] = None,
+    room: Annotated[Name | None, Field(description="The room (a topic); with or without a wing.")] = None,
+) -> Annotated[CallToolResult, RecallOut]:
+    if wing is None and room is None:
+        raise ToolError("give a wing, a room or both (memory_wake_up covers the whole palace)")
+    ops, ws = bound(ctx)
+    r = await recall_layer(ops.pool, ws, wing, room)
+    out = RecallOut(text=r.text, wing=r.wing, room=r.room, drawers=[LayerDrawerOut.of(d) for d in r.drawers],
+                    truncated=r.truncated)
+    return CallToolResult(content=[TextContent(type="text", text=r.text or f"nothing filed in {wing or ''}"
+                                               f"{'/' if wing and room else ''}{room or ''} yet")],
+                          structured_content=out.model_dump(mode="json"))
+
+
+memory_recall.__doc__ = (  # the description an LLM reads, with the layer's own size
+    f"What matters most about one wing and/or room (layer L2): its {L2_DRAWERS} most important memories, a snippet "
+    "each, cited. Use it when the conversation turns to a person, project or topic (memory_list_wings / "
+    "memory_list_rooms name them); memory_search finds anything specific.")
 
 
 @tool(READ)

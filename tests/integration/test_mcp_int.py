@@ -27,7 +27,7 @@ EXPECTED_TOOLS = {
     "memory_check_duplicate", "memory_traverse", "memory_find_tunnels", "memory_graph_stats", "memory_add_drawer",
     "memory_delete_drawer", "memory_set_identity", "memory_diary_write", "memory_diary_read", "memory_wake_up",
     "memory_inject", "memory_kg_query", "memory_kg_add", "memory_kg_invalidate", "memory_kg_timeline",
-    "memory_kg_stats", "memory_get_drawer", "memory_forget",
+    "memory_kg_stats", "memory_get_drawer", "memory_forget", "memory_recall",
 }
 
 # (content, wing, room): alice/{music, hiking}, bob/{music, cooking}; music is the tunnel.
@@ -163,6 +163,13 @@ async def exercise_every_tool(session: ClientSession, stack: Stack, w: str, requ
     assert [c.text for c in read] == [woke["text"]]  # type: ignore[union-attr]
     bob = await call(session, "memory_wake_up", wing="bob")
     assert {d["wing"] for d in bob["drawers"]} == {"bob"} and len(bob["drawers"]) == 2
+    # L2: one wing's (or room's) most important memories, read as text by the model.
+    l2 = await call(session, "memory_recall", wing="bob")
+    assert {d["wing"] for d in l2["drawers"]} == {"bob"} and len(l2["drawers"]) == 2
+    assert l2["text"].startswith("## L2 — bob") and all(d["citation"][-12:] in l2["text"] for d in l2["drawers"])
+    music = await call(session, "memory_recall", room="music")
+    assert {d["drawer_id"] for d in music["drawers"]} == {ids[MEMORIES[0][0]], ids[MEMORIES[2][0]]}
+    assert "give a wing" in await call_error(session, "memory_recall")
 
     # Inject: nothing for a trivial message; the violin lessons for a question about them, within budget.
     trivial = await call(session, "memory_inject", message="ok thanks!")
