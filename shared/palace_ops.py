@@ -44,6 +44,7 @@ from shared.forget import forget as forget_scope
 from shared.forget import verify as verify_scope
 from shared.ids import content_hash, drawer_id, stable_id
 from shared.memory.citations import ID_LEN, cite, parse_citation
+from shared.memory.dedup import decide
 from shared.memory.filing import plan_session
 from shared.palace_graph import PalaceGraph
 from shared.recall import Recaller
@@ -127,7 +128,12 @@ class EpisodeHit(BaseModel):
 
 class Duplicate(BaseModel):
     drawer_id: str
-    similarity: float = Field(description="Cosine similarity, 1.0 for the exact same text.")
+    citation: str | None = Field(None, description="wing/room/short id (None while the same text is not filed yet).")
+    similarity: float = Field(description="Cosine similarity of the embeddings, 1.0 for the exact same text (not "
+                              "the 0-1 relevance of search).")
+    duplicate: bool = Field(False, description="The same memory: the exact text, or the same words but for filler "
+                            "(the pipeline's own twin rule). A similar one that says something else (another "
+                            "value, a negation) is not: add the new text, it is an update.")
     content: str
     wing: str | None
     room: str
@@ -264,12 +270,17 @@ class PalaceOps:
             small = (await self.graph.taxonomy(ws)).total <= self.recaller.params.exact_max
             async with workspace_tx(self.pool, ws) as conn:
                 near = await similar_drawers(conn, ws, vec, threshold=threshold, limit=limit, exact=small)
-        out = [Duplicate(drawer_id=d.id, similarity=1.0 if d.id == exact_id else round(d.similarity or 0.0, 4),
-                         content=d.content, wing=d.wing, room=d.room) for d in near]
+        def twin(d: DrawerSummary) -> bool:
+            return d.id == exact_id or decide(content, [(d.id, d.similarity or 0.0, d.content)],
+                                              threshold).action == "MERGE"
+
+        out = [Duplicate(drawer_id=d.id, citation=cite(d.wing, d.room, d.id),
+                         similarity=1.0 if d.id == exact_id else round(d.similarity or 0.0, 4),
+                         duplicate=twin(d), content=d.content, wing=d.wing, room=d.room) for d in near]
         if all(d.id != exact_id for d in near):
             async with workspace_tx(self.pool, ws) as conn:
-                out[:0] = [Duplicate(drawer_id=d.id, similarity=1.0, content=d.content, wing=None, room=d.room)
-                           for d in await drawers_by_id(conn, ws, [exact_id])]
+                out[:0] = [Duplicate(drawer_id=d.id, similarity=1.0, duplicate=True, content=d.content, wing=None,
+                                     room=d.room) for d in await drawers_by_id(conn, ws, [exact_id])]
         return sorted(out, key=lambda d: -d.similarity)[:limit]
 
     async def resolve(self, ws: str, ref: str) -> DrawerSummary:

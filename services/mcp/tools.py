@@ -169,8 +169,9 @@ class SearchOut(BaseModel):
 
 class DuplicatesOut(BaseModel):
     threshold: float
-    is_duplicate: bool
-    matches: list[Duplicate]
+    is_duplicate: bool = Field(description="A match is the same memory (see each match's 'duplicate'): no need to "
+                               "add it again.")
+    matches: list[Duplicate] = Field(description="Memories at or above the threshold, the most similar first.")
 
 
 class TraverseOut(BaseModel):
@@ -295,15 +296,17 @@ async def memory_search(
 async def memory_check_duplicate(
     ctx: Context,
     content: Content,
-    threshold: Annotated[float, Field(ge=0.5, le=1.0, description="Minimum cosine similarity to count as a "
-                                      "duplicate.")] = 0.9,
+    threshold: Annotated[float, Field(ge=0.5, le=1.0, description="Minimum cosine similarity of the embeddings "
+                                      "for a memory to be listed (not search's 0-1 relevance).")] = 0.9,
     limit: Annotated[int, Field(ge=1, le=20, description="Most matches to return.")] = 5,
 ) -> DuplicatesOut:
-    """Check whether a text is already remembered before adding it: drawers at or above the similarity
-    threshold (0.9 by default), the exact same text first."""
+    """Check whether a text is already remembered: the memories whose embedding is at or above the similarity
+    threshold, the exact same text first. is_duplicate only when one is the same memory (the same words but
+    for filler); a similar one that says something else ("uses MySQL" against "uses PostgreSQL") is an
+    update worth adding."""
     ops, ws = bound(ctx)
     matches = await ops.check_duplicate(ws, content, threshold, limit)
-    return DuplicatesOut(threshold=threshold, is_duplicate=bool(matches), matches=matches)
+    return DuplicatesOut(threshold=threshold, is_duplicate=any(m.duplicate for m in matches), matches=matches)
 
 
 @tool(READ)

@@ -139,7 +139,16 @@ async def exercise_every_tool(session: ClientSession, stack: Stack, w: str, requ
 
     dup = await call(session, "memory_check_duplicate", content=MEMORIES[3][0])
     assert dup["is_duplicate"] and dup["matches"][0]["drawer_id"] == ids[MEMORIES[3][0]]
-    assert dup["matches"][0]["similarity"] >= 0.99
+    assert dup["matches"][0]["similarity"] >= 0.99 and dup["matches"][0]["duplicate"]
+    assert dup["matches"][0]["citation"] == f"bob/cooking/{ids[MEMORIES[3][0]][:12]}"
+    # Similar is not the same memory: another bread is an update; the same words but for filler are a repeat.
+    bread = ids[MEMORIES[3][0]]
+    rye = await call(session, "memory_check_duplicate", content="Bob bakes rye bread with a starter he calls Gerald.",
+                     threshold=0.5)
+    assert [m["duplicate"] for m in rye["matches"] if m["drawer_id"] == bread] == [False] and not rye["is_duplicate"]
+    again = await call(session, "memory_check_duplicate", threshold=0.5,
+                       content="Bob bakes sourdough bread with a starter that he calls Gerald!")
+    assert [m["duplicate"] for m in again["matches"] if m["drawer_id"] == bread] == [True] and again["is_duplicate"]
     fresh = await call(session, "memory_check_duplicate", content="The quarterly VAT return is due on the 7th.")
     assert fresh == {"threshold": 0.9, "is_duplicate": False, "matches": []}
 
