@@ -257,6 +257,11 @@ class Settings(BaseSettings):
     mcp_workspace: str | None = Field(
         None, description="The one workspace 'palace mcp' (stdio) serves; every tool call is bound to it.",
     )
+    mcp_forget_scopes: list[Literal["drawer", "session", "user", "agent", "workspace"]] = Field(
+        ["drawer", "session"], description="What memory_forget may erase over MCP. A whole user, agent or workspace "
+        "erased by one tool call (which an instruction planted in a memory can ask for) is refused unless listed "
+        "here; 'palace forget' and POST /v1/forget do those for a person or an application.",
+    )
     mcp_stack_idle_s: float = Field(
         10.0, ge=0, description="Seconds the embedded stack that 'palace mcp' started keeps running after the last "
         "'palace mcp' using it exits (a client restarting within them finds it still up).",

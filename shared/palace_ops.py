@@ -270,17 +270,20 @@ class PalaceOps:
             small = (await self.graph.taxonomy(ws)).total <= self.recaller.params.exact_max
             async with workspace_tx(self.pool, ws) as conn:
                 near = await similar_drawers(conn, ws, vec, threshold=threshold, limit=limit, exact=small)
+        def same(d: DrawerSummary) -> bool:  # by its words: curation may have rewritten the drawer of this id
+            return d.id == exact_id and content_hash(d.content) == content_hash(content)
+
         def twin(d: DrawerSummary) -> bool:
-            return d.id == exact_id or decide(content, [(d.id, d.similarity or 0.0, d.content)],
-                                              threshold).action == "MERGE"
+            return same(d) or decide(content, [(d.id, d.similarity or 0.0, d.content)], threshold).action == "MERGE"
 
         out = [Duplicate(drawer_id=d.id, citation=cite(d.wing, d.room, d.id),
-                         similarity=1.0 if d.id == exact_id else round(d.similarity or 0.0, 4),
+                         similarity=1.0 if same(d) else round(d.similarity or 0.0, 4),
                          duplicate=twin(d), content=d.content, wing=d.wing, room=d.room) for d in near]
         if all(d.id != exact_id for d in near):
             async with workspace_tx(self.pool, ws) as conn:
                 out[:0] = [Duplicate(drawer_id=d.id, similarity=1.0, duplicate=True, content=d.content, wing=None,
-                                     room=d.room) for d in await drawers_by_id(conn, ws, [exact_id])]
+                                     room=d.room) for d in await drawers_by_id(conn, ws, [exact_id])
+                           if content_hash(d.content) == content_hash(content)]
         return sorted(out, key=lambda d: -d.similarity)[:limit]
 
     async def resolve(self, ws: str, ref: str) -> DrawerSummary:
@@ -335,6 +338,9 @@ class PalaceOps:
             gone, gone_drawers = await forgotten_session_drawers(conn, ws, session_id=session_id, user_id=None,
                                                                  agent_id=agent, drawer_ids=ids)
             placed = await drawer_placements(conn, ws, ids)
+        # Only a drawer that still holds these words is "the same text" (curation may have rewritten it).
+        hashes = {d.id: d.content_hash for d in plan.drawers}
+        placed = {i: p for i, p in placed.items() if p.content_hash == hashes[i]}
         if gone or gone_drawers:
             raise OperationError("this text (or its agent) was forgotten on request, and a forget is permanent: "
                                  "it is not filed again")
@@ -342,13 +348,13 @@ class PalaceOps:
         status: Literal["accepted", "exists", "restored"] = "exists" if len(placed) == len(ids) else "accepted"
         deleted = [i for i in ids if i in placed and placed[i].deleted]
         if deleted:
-            event_id = f"{self.actor}-restore:{event.event_id}"
+            event_id = f"{self.actor}-restore:{uuid.uuid4().hex}"  # each restore audited, as each delete is
             async with workspace_tx(self.pool, ws) as conn:
                 for did in deleted:  # asked for again: back, audited, and in its sessions' episodes again
                     if await restore_drawer(conn, ws, did, actor=self.actor, event_id=event_id,
                                             reason="the same text was added again"):
                         await reopen_episodes_of(conn, ws, did, change=event_id, due_after_s=s.episode_wait_s)
-            status = "restored"
+                        status = "restored"
         first = plan.drawers[0]
         where = placed.get(first.id)
         wing, room, hall = (where.wing, where.room, where.hall) if where else (first.wing, first.room or None,

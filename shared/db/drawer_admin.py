@@ -68,20 +68,22 @@ async def restore_drawer(
 
 @dataclass(frozen=True)
 class Placement:
-    """Where a drawer is filed, and whether it is soft-deleted."""
+    """Where a drawer is filed, whether it is soft-deleted, and the hash of the words it holds now (a curation
+    UPDATE rewrites a drawer's words under its id)."""
 
     wing: str
     room: str | None
     hall: str | None
     deleted: bool
+    content_hash: str
 
 
 async def drawer_placements(conn: AsyncConnection[Any], workspace_id: str, ids: list[str]) -> dict[str, Placement]:
     """The drawers among ``ids`` that exist (deleted ones included), by primary key."""
     cur = await conn.execute(
-        "SELECT id, wing, room, hall, deleted_at IS NOT NULL FROM drawers WHERE workspace_id = %s AND id = ANY(%s)",
-        (workspace_id, ids))
-    return {str(r[0]): Placement(str(r[1]), r[2], r[3], bool(r[4])) for r in await cur.fetchall()}
+        "SELECT id, wing, room, hall, deleted_at IS NOT NULL, content_hash FROM drawers"
+        " WHERE workspace_id = %s AND id = ANY(%s)", (workspace_id, ids))
+    return {str(r[0]): Placement(str(r[1]), r[2] or None, r[3], bool(r[4]), str(r[5])) for r in await cur.fetchall()}
 
 
 async def similar_drawers(

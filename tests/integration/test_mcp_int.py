@@ -56,8 +56,10 @@ def _live_drawers(stack: Stack, w: str) -> int:
     return stack.sql("SELECT count(*) FROM drawers WHERE workspace_id = %s AND deleted_at IS NULL", (w,))[0][0]
 
 
-async def exercise_every_tool(session: ClientSession, stack: Stack, w: str, requester: str = "mcp") -> dict[str, str]:
-    """Call all tools in a fresh workspace ``w`` and check what they return. Returns content → drawer id."""
+async def exercise_every_tool(session: ClientSession, stack: Stack, w: str, requester: str = "mcp",
+                              broad_forget: bool = False) -> dict[str, str]:
+    """Call all tools in a fresh workspace ``w`` and check what they return. Returns content → drawer id.
+    ``broad_forget``: the server lets memory_forget take a user, an agent or everything."""
     tools = await session.list_tools()
     assert {t.name for t in tools.tools} == EXPECTED_TOOLS
     for t in tools.tools:
@@ -279,8 +281,12 @@ async def exercise_every_tool(session: ClientSession, stack: Stack, w: str, requ
     entry = "Helped plan the Saturday market trip and the grocery list."
     assert "exactly one" in await call_error(session, "memory_forget", user_id="someone", everything=True)
     assert "exactly one" in await call_error(session, "memory_forget")
-    assert "confirm='forget user someone'" in await call_error(session, "memory_forget", user_id="someone",
-                                                                confirm="yes")
+    if broad_forget:  # allowed by the operator: then only with the person's confirmation
+        assert "confirm='forget user someone'" in await call_error(session, "memory_forget", user_id="someone",
+                                                                    confirm="yes")
+    else:  # by default one tool call never erases a whole user, agent or workspace
+        assert "PALACE_MCP_FORGET_SCOPES" in await call_error(session, "memory_forget", user_id="someone",
+                                                               confirm="forget user someone")
     cite = (await call(session, "memory_get_drawer", drawer=ids[entry]))["citation"]
     out = await call(session, "memory_forget", drawer=cite, verify=True)
     assert out["scope"] == f"drawer:{ids[entry]}" and out["counts"]["drawers"] == 1
@@ -314,11 +320,14 @@ async def http_session(stack: Stack, key: str | None) -> AsyncIterator[ClientSes
 async def test_stdio_session_calls_every_tool(stack: Stack) -> None:
     w = ws()
     with (Path(stack.settings.devstack_dir) / "mcp-stdio.log").open("w") as errlog:
-        async with (stdio_client(_stdio_params(stack, w), errlog=errlog) as (read, write),
+        params = _stdio_params(stack, w)
+        assert params.env is not None
+        params.env["PALACE_MCP_FORGET_SCOPES"] = '["drawer", "session", "user", "agent", "workspace"]'
+        async with (stdio_client(params, errlog=errlog) as (read, write),
                     ClientSession(read, write) as session):
             init = await session.initialize()
             assert init.server_info.name == "palace"
-            await exercise_every_tool(session, stack, w)
+            await exercise_every_tool(session, stack, w, broad_forget=True)
 
 
 async def test_stdio_needs_a_workspace(stack: Stack) -> None:
@@ -348,9 +357,12 @@ async def test_http_session_calls_every_tool_and_is_bound_to_its_key(stack: Stac
         assert (await call(other, "memory_delete_drawer", drawer_id=violin))["deleted"] is False
         assert "no live drawer" in await call_error(other, "memory_get_drawer", drawer=f"alice/music/{violin[:12]}")
         assert "no live drawer" in await call_error(other, "memory_forget", drawer=f"alice/music/{violin[:12]}")
-        assert "confirm='forget everything'" in await call_error(other, "memory_forget", everything=True)
-        everything = await call(other, "memory_forget", everything=True, verify=True, confirm="forget everything")
-        assert everything["scope"] == "workspace" and not any(everything["remaining"].values())
+        assert "PALACE_MCP_FORGET_SCOPES" in await call_error(other, "memory_forget", everything=True,
+                                                              confirm="forget everything")
+        # B's application forgets B entirely (over REST): A's memory is untouched.
+        async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {key_b}"}, timeout=120) as rest:
+            r = await rest.post(f"{stack.api_url}/v1/forget", json={"workspace_id": b, "all": True, "verify": True})
+        assert r.status_code == 200 and not any(r.json()["remaining"].values()), r.text
         assert (await call(other, "memory_find_tunnels"))["tunnels"] == []
         assert (await call(other, "memory_status"))["identity"] is None
         assert (await call(other, "memory_kg_query", entity="Orion"))["facts"] == []
