@@ -582,8 +582,8 @@ async def memory_kg_timeline(
     ctx: Context,
     entity: Annotated[str | None, Field(min_length=1, max_length=200, description="The entity; omit for the "
                                         "whole graph's history.")] = None,
-    limit: Annotated[int, Field(ge=1, le=KG_FACTS_MAX, description="Most facts; past it, the latest are "
-                                "kept.")] = 50,
+    limit: Annotated[int, Field(ge=1, le=KG_FACTS_MAX, description="Most facts; past it, those holding now "
+                                "(of an entity) and the latest are kept.")] = 50,
 ) -> KgFactsOut:
     """The chronological story of an entity (or of everything): every fact about it in the order they
     started, including those that have since ended. Use it to see how something changed over time."""

@@ -69,8 +69,8 @@ _FACT_SELECT = """
       JOIN entities s ON s.workspace_id = t.workspace_id AND s.id = t.subject_id
       JOIN entities o ON o.workspace_id = t.workspace_id AND o.id = t.object_id
 """
-# Which facts a read past its limit keeps: the latest (an index on valid_from read backwards), then shown in the
-# order they started (``_chronological``). Oldest first, a busy entity's reads ended before today's facts.
+# Which facts a read past its limit keeps: the latest, then shown in the order they started (``_chronological``).
+# Oldest first, a busy entity's reads ended before today's facts.
 _NEWEST_FIRST = "t.valid_from DESC NULLS LAST, t.created_at DESC, t.id DESC"
 
 
@@ -527,7 +527,8 @@ async def entity_timeline(
     conn: AsyncConnection[Any], workspace_id: str, name: str | None = None, *, limit: int = 100
 ) -> list[Fact]:
     """Every fact about the entity (or the whole workspace when ``name`` is None), in the order they
-    started; ended facts are included with their end. Past ``limit``, the latest ones."""
+    started; ended facts are included with their end. Past ``limit``, an entity's facts holding now and its
+    latest (``query_entity``); the workspace's latest."""
     if name is not None:
         return await query_entity(conn, workspace_id, name, direction="both", limit=limit)
     cur = await conn.execute(
