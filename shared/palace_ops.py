@@ -36,6 +36,7 @@ from shared.db.drawers import drawers_by_id
 from shared.db.episodes import reopen_episodes_of
 from shared.db.forget import forgotten_session_drawers, writer_tx
 from shared.db.identity import get_identity, set_identity
+from shared.db.lifecycle import restore_batch
 from shared.db.tenancy import workspace_tx
 from shared.endpoints import resolve_urls
 from shared.events import Message, SessionCompleted
@@ -350,9 +351,13 @@ class PalaceOps:
         if deleted:
             event_id = f"{self.actor}-restore:{uuid.uuid4().hex}"  # each restore audited, as each delete is
             async with workspace_tx(self.pool, ws) as conn:
+                # Archived by prune: back as `palace restore` brings it, importance raised to the prune
+                # threshold (or the next prune archives it again); deleted otherwise: back as it was.
                 for did in deleted:  # asked for again: back, audited, and in its sessions' episodes again
-                    if await restore_drawer(conn, ws, did, actor=self.actor, event_id=event_id,
-                                            reason="the same text was added again"):
+                    if await restore_batch(conn, ws, drawer_ids=[did], limit=1, actor=self.actor,
+                                           importance_floor=s.prune_importance_below) \
+                            or await restore_drawer(conn, ws, did, actor=self.actor, event_id=event_id,
+                                                    reason="the same text was added again"):
                         await reopen_episodes_of(conn, ws, did, change=event_id, due_after_s=s.episode_wait_s)
                         status = "restored"
         first = plan.drawers[0]

@@ -28,6 +28,7 @@ from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import CallToolResult, TextContent, ToolAnnotations
 from pydantic import BaseModel, Field
 
+from services.mcp.render import render_search
 from shared.db import kg
 from shared.db.tenancy import workspace_tx
 from shared.events.models import PlaceName
@@ -283,13 +284,15 @@ async def memory_search(
                                             "or to see a memory's whole conversation.")] = False,
     episodes_limit: Annotated[int, Field(ge=1, le=EPISODES_K_MAX, description="How many episodes at most, with "
                                          "include_episodes.")] = 3,
-) -> SearchOut:
+) -> Annotated[CallToolResult, SearchOut]:
     """Search memories by meaning and wording (hybrid semantic + full-text recall). Returns the best
     drawers first, each with a 0–1 relevance score and a citation (wing/room/short id) you can cite instead
     of quoting; with include_episodes, also the nearest past conversations, summarised."""
     ops, ws = bound(ctx)
     hits, episodes = await ops.search_with_episodes(ws, query, limit, episodes_limit if include_episodes else 0)
-    return SearchOut(query=query, hits=hits, episodes=episodes)
+    out = SearchOut(query=query, hits=hits, episodes=episodes)
+    return CallToolResult(content=[TextContent(type="text", text=render_search(query, hits, episodes))],
+                          structured_content=out.model_dump(mode="json"))
 
 
 @tool(READ)

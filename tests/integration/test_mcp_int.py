@@ -110,6 +110,10 @@ async def exercise_every_tool(session: ClientSession, stack: Stack, w: str, requ
     top = found["hits"][0]
     assert top["content"] == MEMORIES[0][0]
     assert top["citation"] == f"alice/music/{ids[MEMORIES[0][0]][:12]}"
+    # The model reads the hits as text (citation, score, words), the client the structured result.
+    read = (await session.call_tool("memory_search", {"query": "When are Alice's violin lessons?", "limit": 3})).content
+    text = read[0].text  # type: ignore[union-attr]
+    assert len(read) == 1 and f"[1] {top['citation']} · score " in text and MEMORIES[0][0] in text
     # A citation reads back to its drawer (so does the whole id); a wrong or malformed one is refused.
     cited = await call(session, "memory_get_drawer", drawer=top["citation"])
     assert (cited["drawer_id"], cited["content"], cited["citation"]) == (ids[MEMORIES[0][0]], MEMORIES[0][0],
@@ -261,6 +265,16 @@ async def exercise_every_tool(session: ClientSession, stack: Stack, w: str, requ
     assert hiking in {h["drawer_id"] for h in hits}
     assert stack.sql("SELECT reason FROM memory_history WHERE workspace_id = %s AND drawer_id = %s"
                      " AND action = 'RESTORE' AND actor = 'mcp'", (w, hiking)) == [("the same text was added again",)]
+    # Archived by prune: back with the prune threshold's importance (or the next prune archives it again).
+    stack.sql("WITH d AS (UPDATE drawers SET deleted_at = now(), importance = 0.1 WHERE workspace_id = %s AND id = %s"
+              "           RETURNING deleted_at)"
+              " INSERT INTO memory_history (workspace_id, id, drawer_id, action, actor, created_at)"
+              " SELECT %s, 'archive-test', %s, 'ARCHIVE', 'maintain.prune', deleted_at FROM d RETURNING 1",
+              (w, hiking, w, hiking))
+    assert (await call(session, "memory_add_drawer", content=MEMORIES[1][0], wing="alice",
+                       room="hiking"))["status"] == "restored"
+    assert stack.sql("SELECT deleted_at IS NULL, importance >= %s FROM drawers WHERE workspace_id = %s AND id = %s",
+                     (stack.settings.prune_importance_below, w, hiking)) == [(True, True)]
 
     # The diary: wing 'diary', hall = the agent, newest first.
     for entry in ("Helped plan the Saturday market trip and the grocery list.",

@@ -1,0 +1,41 @@
+"""What the model reads of a tool's answer, as text: the structured result stays for the client application.
+
+The SDK turns a structured result into its JSON, field by field: a search of five hits was ten fields a hit
+(ids, wing, room, session, types, ISO timestamps) around the five texts the model needed. Each hit is one
+header line (citation, score, who, when) and its words.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from shared.config import Settings
+from shared.palace_ops import EpisodeHit, Hit
+
+__all__ = ["render_search"]
+
+_THRESHOLD = Settings.model_fields["inject_threshold"].default
+_EPISODE_DRAWERS = 5  # citations listed per conversation (all of them are in the structured result)
+
+
+def _day(at: datetime | None) -> str | None:
+    return at.date().isoformat() if at is not None else None
+
+
+def render_search(query: str, hits: list[Hit], episodes: list[EpisodeHit] | None) -> str:
+    """Hits best first, then the conversations, as the model should read them."""
+    if not hits and not episodes:
+        return f"No memory matched {query!r}."
+    lines = [f"Memories for {query!r}, best first (relevance 0-1; under about {_THRESHOLD} usually unrelated):"]
+    for n, h in enumerate(hits, 1):
+        head = " · ".join(x for x in (h.citation, f"score {h.score:.2f}", h.speaker, _day(h.occurred_at)) if x)
+        lines += ["", f"[{n}] {head}", h.content]
+    if episodes:
+        lines += ["", "Past conversations, nearest first:"]
+        for e in episodes:
+            span = " → ".join(d for d in dict.fromkeys((_day(e.started_at), _day(e.completed_at))) if d)
+            head = " · ".join(x for x in (f"session {e.session_id}", f"score {e.score:.2f}", span) if x)
+            more = e.drawer_count - min(len(e.drawers), _EPISODE_DRAWERS)
+            cites = ", ".join(e.drawers[:_EPISODE_DRAWERS]) + (f" and {more} more" if more > 0 else "")
+            lines += ["", f"- {head}", e.abstract, f"  memories: {cites}" if cites else "  memories: none"]
+    return "\n".join(lines)
