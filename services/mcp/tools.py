@@ -549,6 +549,8 @@ WhenArg = Annotated[str | None, Field(max_length=40, description="ISO 8601 date 
 
 class KgFactsOut(BaseModel):
     entity: str | None
+    entity_found: bool | None = Field(None, description="Whether the graph knows the entity (by name or alias): "
+                                      "no facts about a known entity is not the same as an unknown name.")
     as_of: str | None = None
     facts: list[Fact] = Field(description="In the order they started; 'current' says whether each holds now.")
 
@@ -577,7 +579,8 @@ async def memory_kg_query(
     ops, ws = bound(ctx)
     async with workspace_tx(ops.pool, ws) as conn:
         facts = await kg.query_entity(conn, ws, entity, as_of=as_of, direction=direction, limit=limit)
-    return KgFactsOut(entity=entity, as_of=as_of, facts=facts)
+        found = bool(facts) or await kg.resolve_entity(conn, ws, entity) is not None
+    return KgFactsOut(entity=entity, entity_found=found, as_of=as_of, facts=facts)
 
 
 @tool(READ)
@@ -593,7 +596,8 @@ async def memory_kg_timeline(
     ops, ws = bound(ctx)
     async with workspace_tx(ops.pool, ws) as conn:
         facts = await kg.entity_timeline(conn, ws, entity, limit=limit)
-    return KgFactsOut(entity=entity, facts=facts)
+        found = None if entity is None else bool(facts) or await kg.resolve_entity(conn, ws, entity) is not None
+    return KgFactsOut(entity=entity, entity_found=found, facts=facts)
 
 
 @tool(READ)

@@ -224,12 +224,18 @@ async def exercise_every_tool(session: ClientSession, stack: Stack, w: str, requ
     then = await call(session, "memory_kg_query", entity="Orion", as_of="2024-12-01")
     assert [(f["predicate"], f["object"], f["current"]) for f in then["facts"]] == [("uses", "MongoDB", False)]
     now = await call(session, "memory_kg_query", entity="Orion", as_of="2025-06-01", direction="outgoing")
-    assert [f["object"] for f in now["facts"]] == ["PostgreSQL"]
+    assert [f["object"] for f in now["facts"]] == ["PostgreSQL"] and now["entity_found"]
+    # Known, with no fact then, is not the same as unknown.
+    before = await call(session, "memory_kg_query", entity="Orion", as_of="2020-01-01")
+    assert (before["facts"], before["entity_found"]) == ([], True)
+    nobody = await call(session, "memory_kg_query", entity="Zanzibar Holdings")
+    assert (nobody["facts"], nobody["entity_found"]) == ([], False)
     into = await call(session, "memory_kg_query", entity="PostgreSQL", direction="incoming")
     assert [(f["subject"], f["direction"]) for f in into["facts"]] == [("Orion", "incoming")]
     story = await call(session, "memory_kg_timeline", entity="Orion")
     assert [(f["object"], f["current"]) for f in story["facts"]] == [("MongoDB", False), ("PostgreSQL", True)]
-    assert len((await call(session, "memory_kg_timeline"))["facts"]) == 2
+    whole = await call(session, "memory_kg_timeline")
+    assert len(whole["facts"]) == 2 and whole["entity_found"] is None
     kstats = await call(session, "memory_kg_stats")
     assert (kstats["triples"], kstats["current_facts"], kstats["expired_facts"]) == (2, 1, 1)
     assert kstats["relationship_types"] == {"uses": 2} and kstats["entities"] >= 3
