@@ -6,6 +6,7 @@ The model is the one source of truth for names, defaults and meanings; the page 
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from shared.config import Settings
@@ -16,9 +17,11 @@ CONFIG_DOC = Path("docs/configuration.md")
 
 
 def _default(value: object) -> str:
+    """As the variable is written: a list or a mapping in JSON (Python's repr, with single quotes, copied
+    into the environment, stopped every service at start-up)."""
     if value is None:
         return "—"
-    text = str(value)
+    text = json.dumps(value) if isinstance(value, list | tuple | dict) else str(value)
     return f"`{text}`" if text else "(empty)"
 
 

@@ -355,7 +355,8 @@ class PalaceOps:
                 # threshold (or the next prune archives it again); deleted otherwise: back as it was.
                 for did in deleted:  # asked for again: back, audited, and in its sessions' episodes again
                     if await restore_batch(conn, ws, drawer_ids=[did], limit=1, actor=self.actor,
-                                           importance_floor=s.prune_importance_below) \
+                                           importance_floor=s.prune_importance_below, event_id=event_id,
+                                           reason="the same text was added again") \
                             or await restore_drawer(conn, ws, did, actor=self.actor, event_id=event_id,
                                                     reason="the same text was added again"):
                         await reopen_episodes_of(conn, ws, did, change=event_id, due_after_s=s.episode_wait_s)

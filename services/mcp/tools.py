@@ -291,7 +291,8 @@ async def memory_search(
     ops, ws = bound(ctx)
     hits, episodes = await ops.search_with_episodes(ws, query, limit, episodes_limit if include_episodes else 0)
     out = SearchOut(query=query, hits=hits, episodes=episodes)
-    return CallToolResult(content=[TextContent(type="text", text=render_search(query, hits, episodes))],
+    return CallToolResult(content=[TextContent(type="text", text=render_search(query, hits, episodes,
+                                                                       threshold=ops.settings.inject_threshold))],
                           structured_content=out.model_dump(mode="json"))
 
 

@@ -114,9 +114,10 @@ RESTORE_SQL = """
              WHERE d.workspace_id = %(ws)s AND d.id = p.id
             RETURNING d.workspace_id, d.id, p.importance AS was),
         hist AS (
-            INSERT INTO memory_history (workspace_id, id, drawer_id, action, actor, old_value, new_value)
+            INSERT INTO memory_history (workspace_id, id, drawer_id, action, actor, reason, event_id, old_value,
+                                        new_value)
             SELECT workspace_id, 'restore:' || md5(id || clock_timestamp()::text), id, 'RESTORE', %(actor)s,
-                   jsonb_build_object('importance', was),
+                   %(reason)s, %(event)s, jsonb_build_object('importance', was),
                    jsonb_build_object('importance', greatest(was, %(floor)s::real))
               FROM upd
             RETURNING 1)
@@ -274,14 +275,15 @@ async def archive_batch(
 
 async def restore_batch(
     conn: AsyncConnection[Any], workspace_id: str, *, drawer_ids: list[str] | None, limit: int, actor: str,
-    importance_floor: float = 0.0,
+    importance_floor: float = 0.0, reason: str | None = None, event_id: str | None = None,
 ) -> int:
     """Bring drawers prune archived back into search (all of them when ``drawer_ids`` is None, a batch
     at a time), importance raised to ``importance_floor`` (``RESTORE_SQL``). Each gets a RESTORE record in
     memory_history."""
     cur = await conn.execute(
         RESTORE_SQL,
-        {"ws": workspace_id, "ids": drawer_ids, "n": limit, "actor": actor, "floor": importance_floor},
+        {"ws": workspace_id, "ids": drawer_ids, "n": limit, "actor": actor, "floor": importance_floor,
+         "reason": reason, "event": event_id},
     )
     row = await cur.fetchone()
     return int(row[0]) if row else 0

@@ -281,6 +281,8 @@ async def exercise_every_tool(session: ClientSession, stack: Stack, w: str, requ
                        room="hiking"))["status"] == "restored"
     assert stack.sql("SELECT deleted_at IS NULL, importance >= %s FROM drawers WHERE workspace_id = %s AND id = %s",
                      (stack.settings.prune_importance_below, w, hiking)) == [(True, True)]
+    assert stack.sql("SELECT count(*) FROM memory_history WHERE workspace_id = %s AND drawer_id = %s AND action ="
+                     " 'RESTORE' AND reason = 'the same text was added again'", (w, hiking)) == [(2,)]
 
     # The diary: wing 'diary', hall = the agent, newest first.
     for entry in ("Helped plan the Saturday market trip and the grocery list.",
