@@ -11,6 +11,7 @@ memory_history and reversible.
 
 from __future__ import annotations
 
+import asyncio
 import re
 import uuid
 from dataclasses import dataclass
@@ -25,6 +26,7 @@ from shared.bus import publish_event
 from shared.config import Settings
 from shared.db.drawer_admin import (
     DrawerSummary,
+    Placement,
     diary_entries,
     drawer_placements,
     drawers_by_id_prefix,
@@ -40,10 +42,12 @@ from shared.db.lifecycle import restore_batch
 from shared.db.tenancy import workspace_tx
 from shared.endpoints import resolve_urls
 from shared.events import Message, SessionCompleted
+from shared.faults import is_transient
 from shared.forget import Scope
 from shared.forget import forget as forget_scope
 from shared.forget import verify as verify_scope
 from shared.ids import content_hash, drawer_id, stable_id
+from shared.logging import get_logger
 from shared.memory.citations import ID_LEN, cite, parse_citation
 from shared.memory.dedup import decide
 from shared.memory.filing import plan_session
@@ -71,6 +75,11 @@ __all__ = [
 IDENTITY_MAX_CHARS = 400  # L0's budget, never truncated: longer text is refused, not cut
 DIARY_WING = "diary"
 _HEX_ID = re.compile(r"[0-9a-f]+")
+# How long an add waits for the database to say whether its text is already filed, deleted or forgotten
+# before it answers "accepted" without knowing (an add is durable once NATS has the event).
+_ADD_CHECK_S = 2.0
+
+log = get_logger("palace.ops")
 
 
 class OperationError(ValueError):
@@ -335,10 +344,18 @@ class PalaceOps:
         ids = [d.id for d in plan.drawers]
         # The same text is the same drawer: say where it already is, and whether it was deleted or forgotten,
         # instead of "accepted" for words that search would never return (ingest files a new sighting only).
-        async with writer_tx(self.pool, ws) as conn:
-            gone, gone_drawers = await forgotten_session_drawers(conn, ws, session_id=session_id, user_id=None,
-                                                                 agent_id=agent, drawer_ids=ids)
-            placed = await drawer_placements(conn, ws, ids)
+        # Read before publishing (once published, ingest may file it first), and only as long as it takes:
+        # an add needs NATS, not PostgreSQL, so a database that is down or slow leaves the answer "accepted".
+        gone, gone_drawers, placed = False, set[str](), dict[str, Placement]()
+        try:
+            async with asyncio.timeout(_ADD_CHECK_S), writer_tx(self.pool, ws) as conn:
+                gone, gone_drawers = await forgotten_session_drawers(conn, ws, session_id=session_id, user_id=None,
+                                                                     agent_id=agent, drawer_ids=ids)
+                placed = await drawer_placements(conn, ws, ids)
+        except Exception as e:  # the check is advisory (ingest checks forgets again): only a failure of ours raises
+            if not (isinstance(e, TimeoutError) or is_transient(e)):
+                raise
+            log.warning("add_check_skipped", workspace=ws, error=repr(e)[:200])
         # Only a drawer that still holds these words is "the same text" (curation may have rewritten it).
         hashes = {d.id: d.content_hash for d in plan.drawers}
         placed = {i: p for i, p in placed.items() if p.content_hash == hashes[i]}
