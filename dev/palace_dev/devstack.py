@@ -122,11 +122,13 @@ class DevStack:
         self.root.mkdir(parents=True, exist_ok=True)
         # flock is held by an open file description, so it orders threads of one process as well.
         with open(self.root / "stack.lock", "a") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
+            with contextlib.suppress(OSError):  # a filesystem without flock (some network mounts): unlocked
+                fcntl.flock(lock, fcntl.LOCK_EX)
             state = self.read_state()
             state.update(updates)
             fd, tmp = tempfile.mkstemp(dir=self.root, prefix=".stack.", suffix=".tmp")
             try:
+                os.fchmod(fd, 0o644)  # as the file was before (mkstemp makes it 0600)
                 with os.fdopen(fd, "w") as f:
                     json.dump(state, f, indent=2)
                 os.replace(tmp, self.state_file)

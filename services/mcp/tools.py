@@ -437,7 +437,8 @@ async def memory_add_drawer(
 ) -> Accepted:
     """Store a new memory verbatim. It is durably queued at once, then filed, embedded and classified by
     the pipeline within seconds. The same text is stored once: status 'exists' says where it already is
-    (not moved), 'restored' that it had been deleted and is back; a text forgotten on request is refused."""
+    (not moved), 'restored' that it had been deleted and is back; a text forgotten on request is refused
+    (with the database unreachable the answer is 'accepted', and the pipeline still drops a forgotten text)."""
     ops, ws = bound(ctx)
     return await ops.add_drawer(ws, content, wing=wing, room=room, hall=hall, agent=agent)
 
