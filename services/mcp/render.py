@@ -10,11 +10,19 @@ from __future__ import annotations
 import textwrap
 from datetime import datetime
 
+from shared.inject import CLOSE, OPEN, as_data
 from shared.palace_ops import EpisodeHit, Hit
 
-__all__ = ["render_search"]
+__all__ = ["as_memory_block", "render_search"]
 
 _EPISODE_DRAWERS = 5  # citations listed per conversation (all of them are in the structured result)
+
+
+def as_memory_block(text: str) -> str:
+    """Memories the model will keep in its context, as data: inside ``<memory_context>``, with ``&``, ``<``
+    and ``>`` as entities, as memory_inject's block (a memory holds whatever was said, a forged instruction or
+    a closing tag included). Empty stays empty."""
+    return f"{OPEN}\n{as_data(text)}\n{CLOSE}" if text else ""
 
 
 def _when(at: datetime | None) -> str | None:

@@ -28,7 +28,7 @@ from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import CallToolResult, TextContent, ToolAnnotations
 from pydantic import BaseModel, Field
 
-from services.mcp.render import render_search
+from services.mcp.render import as_memory_block, render_search
 from shared.db import kg
 from shared.db.tenancy import workspace_tx
 from shared.events.models import PlaceName
@@ -372,7 +372,9 @@ async def memory_wake_up(
                     drawers=[LayerDrawerOut.of(d) for d in w.drawers], truncated=w.truncated)
     # The model reads the text once; the structured result (for the client application) holds it split up
     # as well. As JSON text, the model read the essential story three times over (text, essential, drawers).
-    return CallToolResult(content=[TextContent(type="text", text=w.text)],
+    # The identity, set by a person, is the model's to follow; the memories after it are data.
+    read = "\n\n".join(x for x in (w.identity, as_memory_block(w.essential)) if x)
+    return CallToolResult(content=[TextContent(type="text", text=read)],
                           structured_content=out.model_dump(mode="json"))
 
 
@@ -388,8 +390,8 @@ async def memory_recall(
     r = await recall_layer(ops.pool, ws, wing, room)
     out = RecallOut(text=r.text, wing=r.wing, room=r.room, drawers=[LayerDrawerOut.of(d) for d in r.drawers],
                     truncated=r.truncated)
-    return CallToolResult(content=[TextContent(type="text", text=r.text or f"nothing filed in {wing or ''}"
-                                               f"{'/' if wing and room else ''}{room or ''} yet")],
+    return CallToolResult(content=[TextContent(type="text", text=as_memory_block(r.text) or "nothing filed in "
+                                               f"{wing or ''}{'/' if wing and room else ''}{room or ''} yet")],
                           structured_content=out.model_dump(mode="json"))
 
 

@@ -174,8 +174,10 @@ async def exercise_every_tool(session: ClientSession, stack: Stack, w: str, requ
     for d in woke["drawers"]:
         assert f"[{d['wing']}/{d['room']}]" in woke["essential"] and d["snippet"] in woke["essential"]
     # What the model reads is the text, once (as JSON it read the essential story three times over).
+    # The identity is the model's to follow; the memories after it come as data (as memory_inject's block).
     read = (await session.call_tool("memory_wake_up", {})).content
-    assert [c.text for c in read] == [woke["text"]]  # type: ignore[union-attr]
+    assert [c.text for c in read] == [  # type: ignore[union-attr]
+        f"{woke['identity']}\n\n<memory_context>\n{woke['essential']}\n</memory_context>"]
     bob = await call(session, "memory_wake_up", wing="bob")
     assert {d["wing"] for d in bob["drawers"]} == {"bob"} and len(bob["drawers"]) == 2
     # L2: one wing's (or room's) most important memories, read as text by the model.
