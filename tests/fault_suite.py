@@ -350,9 +350,15 @@ def main() -> None:
     ap.add_argument("--rate", type=float, default=60.0, help="sessions published per second")
     ap.add_argument("--kills", type=int, default=6, help="SIGKILLs of random services (at least 5)")
     ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--env", action="append", default=[], metavar="PALACE_KEY=VALUE",
+                    help="a setting for the suite's services (repeatable): the suite runs with the product's\n"
+                         "defaults, whatever PALACE_ variables the calling shell holds")
     a = ap.parse_args()
+    if bad := [kv for kv in a.env if "=" not in kv or not kv.startswith("PALACE_")]:
+        ap.error(f"--env takes PALACE_KEY=VALUE: {', '.join(bad)}")
+    extra = dict(kv.split("=", 1) for kv in a.env)
     cfg = SuiteConfig(events=a.events, workspaces=a.workspaces, rate=a.rate, kills=a.kills, seed=a.seed)
-    r = run_suite(cfg)
+    r = run_suite(cfg, extra_env=extra)
     _report(cfg, r)
     print(r.line(), flush=True)
     sys.exit(0 if r.ok else 1)
