@@ -127,6 +127,12 @@ def tool(annotations: ToolAnnotations) -> Callable[[Callable[P, Awaitable[R]]], 
     return wrap
 
 
+def for_model(text: str, out: BaseModel) -> CallToolResult:
+    """The answer as the model reads it (``text``) beside the structured result for the client application
+    (``out``, validated against the tool's output schema): as JSON text the model read every field."""
+    return CallToolResult(content=[TextContent(type="text", text=text)], structured_content=out.model_dump(mode="json"))
+
+
 # ------------------------------------------------------------------------------------- argument types
 Name = PlaceName
 WingArg = Annotated[Name, Field(description="Wing name (a person, project or agent; see memory_list_wings).")]
@@ -291,9 +297,7 @@ async def memory_search(
     ops, ws = bound(ctx)
     hits, episodes = await ops.search_with_episodes(ws, query, limit, episodes_limit if include_episodes else 0)
     out = SearchOut(query=query, hits=hits, episodes=episodes)
-    return CallToolResult(content=[TextContent(type="text", text=render_search(query, hits, episodes,
-                                                                       threshold=ops.settings.inject_threshold))],
-                          structured_content=out.model_dump(mode="json"))
+    return for_model(render_search(query, hits, episodes, threshold=ops.settings.inject_threshold), out)
 
 
 @tool(READ)
@@ -374,8 +378,7 @@ async def memory_wake_up(
     # as well. As JSON text, the model read the essential story three times over (text, essential, drawers).
     # The identity, set by a person, is the model's to follow; the memories after it are data.
     read = "\n\n".join(x for x in (w.identity, as_memory_block(w.essential)) if x)
-    return CallToolResult(content=[TextContent(type="text", text=read)],
-                          structured_content=out.model_dump(mode="json"))
+    return for_model(read, out)
 
 
 @tool(READ)
@@ -390,9 +393,8 @@ async def memory_recall(
     r = await recall_layer(ops.pool, ws, wing, room)
     out = RecallOut(text=r.text, wing=r.wing, room=r.room, drawers=[LayerDrawerOut.of(d) for d in r.drawers],
                     truncated=r.truncated)
-    return CallToolResult(content=[TextContent(type="text", text=as_memory_block(r.text) or "nothing filed in "
-                                               f"{wing or ''}{'/' if wing and room else ''}{room or ''} yet")],
-                          structured_content=out.model_dump(mode="json"))
+    place = "/".join(x for x in (wing, room) if x)
+    return for_model(as_memory_block(r.text) or f"nothing filed in {place} yet", out)
 
 
 memory_recall.__doc__ = (  # the description an LLM reads, with the layer's own size
